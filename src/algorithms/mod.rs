@@ -1,0 +1,427 @@
+//! Pure rate-limiting cores: no Redis types in here.
+//!
+//! Every algorithm is a small state machine over integer milliseconds. A call hands the core the
+//! stored limiter (if any), the request and the time; the core answers a [`Decision`] (the six reply
+//! fields of the SPEC) and, when the request consumed something, the new state to store.
+//!
+//! Quantities are kept exact with *scaled units*: one request of cost is worth `P` scaled units and
+//! `L` scaled units flow per millisecond, so a rate of `L` per `P` ms never needs a fraction.
+//! Products such as `C·P` reach 10^12 · 3.15·10^11 and are computed in `u128`.
+
+pub mod fixed_window;
+pub mod leaky_bucket;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
+
+pub use sliding_log::SlidingLog;
+
+#[cfg(test)]
+mod proptests;
+
+/// Largest accepted `limit`, `BURST` and `COST`.
+pub const MAX_AMOUNT: u64 = 1_000_000_000_000;
+/// Largest accepted period: 3650 days in ms.
+pub const MAX_PERIOD_MS: u64 = 3650 * 86_400_000;
+/// `AT` (and every time) must stay below 2^53 ms.
+pub const TIME_LIMIT_MS: u64 = 1 << 53;
+
+/// The five algorithms, in the order used for statistics and encodings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    TokenBucket = 0,
+    LeakyBucket = 1,
+    FixedWindow = 2,
+    SlidingWindow = 3,
+    SlidingLog = 4,
+}
+
+impl Algorithm {
+    /// All algorithms, indexed by their discriminant.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+
+    /// The name used on the command line and in replies.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token-bucket",
+            Algorithm::LeakyBucket => "leaky-bucket",
+            Algorithm::FixedWindow => "fixed-window",
+            Algorithm::SlidingWindow => "sliding-window",
+            Algorithm::SlidingLog => "sliding-log",
+        }
+    }
+
+    /// Parses a name case-insensitively.
+    pub fn parse(name: &[u8]) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// Decodes the discriminant written by [`Algorithm::index`].
+    pub fn from_index(index: u8) -> Option<Algorithm> {
+        Algorithm::ALL.get(usize::from(index)).copied()
+    }
+
+    /// The discriminant, for statistics tables and encodings.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Buckets take a `BURST` capacity; windows and the log do not.
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+/// The parameters of a limiter, validated against the SPEC's bounds when built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// `L`: requests allowed per period; also the flow of scaled units per ms.
+    pub limit: u64,
+    /// `P`: the period in ms; one request is worth `P` scaled units.
+    pub period_ms: u64,
+    /// `C`: a bucket's capacity in requests (equal to `limit` for windows and the log).
+    pub capacity: u64,
+}
+
+/// Why a set of parameters was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamsError {
+    Limit,
+    Period,
+    Burst,
+}
+
+impl Params {
+    /// Builds parameters, refusing values outside the SPEC's bounds.
+    /// `burst` is `None` for windows and the log (their capacity is the limit).
+    pub fn new(limit: u64, period_ms: u64, burst: Option<u64>) -> Result<Params, ParamsError> {
+        if limit == 0 || limit > MAX_AMOUNT {
+            return Err(ParamsError::Limit);
+        }
+        if period_ms == 0 || period_ms > MAX_PERIOD_MS {
+            return Err(ParamsError::Period);
+        }
+        let capacity = burst.unwrap_or(limit);
+        if capacity == 0 || capacity > MAX_AMOUNT {
+            return Err(ParamsError::Burst);
+        }
+        Ok(Params {
+            limit,
+            period_ms,
+            capacity,
+        })
+    }
+
+    /// `C·P`: a full bucket in scaled units.
+    pub fn capacity_scaled(&self) -> u128 {
+        u128::from(self.capacity) * u128::from(self.period_ms)
+    }
+
+    /// `c·P`: a cost in scaled units.
+    pub fn cost_scaled(&self, cost: u64) -> u128 {
+        u128::from(cost) * u128::from(self.period_ms)
+    }
+
+    /// Start of the epoch-aligned window holding `t`.
+    pub fn window_start(&self, t_ms: u64) -> u64 {
+        t_ms - t_ms % self.period_ms
+    }
+}
+
+/// The six reply fields, in the SPEC's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// The request is admitted (and its cost consumed).
+    pub allowed: bool,
+    /// The most `remaining` can ever be: `C` for buckets, `L` for windows and the log.
+    pub limit: u64,
+    /// How much cost could still be admitted right now, after this decision.
+    pub remaining: u64,
+    /// 0 when allowed; else the least ms until the same request is admitted; -1 if it never can.
+    pub retry_after_ms: i64,
+    /// ms until the key's state is equivalent to a fresh key's (0: it already is).
+    pub reset_after_ms: u64,
+    /// Leaky bucket: ms to wait before processing an admitted request; 0 otherwise.
+    pub delay_ms: u64,
+}
+
+impl Decision {
+    /// The reply as the six integers of the RESP2 array.
+    pub fn to_array(&self) -> [i64; 6] {
+        [
+            i64::from(self.allowed),
+            saturating_i64(self.limit),
+            saturating_i64(self.remaining),
+            self.retry_after_ms,
+            saturating_i64(self.reset_after_ms),
+            saturating_i64(self.delay_ms),
+        ]
+    }
+}
+
+/// One call: the parameters named on it, its cost and the time of the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub algorithm: Algorithm,
+    pub params: Params,
+    /// `c`: the request's weight; 0 asks without consuming.
+    pub cost: u64,
+    /// The call time (the server's clock or `AT`), before `max(call, last)`.
+    pub now_ms: u64,
+}
+
+/// The per-algorithm part of a stored limiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// `tokens` in scaled units, `0 ..= C·P`.
+    TokenBucket { tokens_scaled: u128 },
+    /// `level` (queued work) in scaled units, `0 ..= C·P`.
+    LeakyBucket { level_scaled: u128 },
+    /// The count of the window starting at `window_start_ms`.
+    FixedWindow { window_start_ms: u64, count: u64 },
+    /// The counts of the window starting at `window_start_ms` and of the one before it.
+    SlidingWindow {
+        window_start_ms: u64,
+        current: u64,
+        previous: u64,
+    },
+    /// The exact multiset of admitted timestamps.
+    SlidingLog(SlidingLog),
+}
+
+/// A stored limiter: its parameters, the time of its last consuming call and its state at that time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limiter {
+    pub params: Params,
+    /// `last`: the time of the last consuming call; calls are evaluated at `max(call, last)`.
+    pub last_ms: u64,
+    pub state: State,
+}
+
+impl Limiter {
+    /// Which algorithm this limiter runs.
+    pub fn algorithm(&self) -> Algorithm {
+        match self.state {
+            State::TokenBucket { .. } => Algorithm::TokenBucket,
+            State::LeakyBucket { .. } => Algorithm::LeakyBucket,
+            State::FixedWindow { .. } => Algorithm::FixedWindow,
+            State::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            State::SlidingLog(_) => Algorithm::SlidingLog,
+        }
+    }
+
+    /// ms after `last` at which the state becomes equivalent to a fresh key's: the key's expiry is
+    /// `last + reset_after`.
+    pub fn reset_after_ms(&self) -> u64 {
+        let p = &self.params;
+        let t = self.last_ms;
+        match &self.state {
+            State::TokenBucket { tokens_scaled } => token_bucket::reset_after(p, *tokens_scaled),
+            State::LeakyBucket { level_scaled } => leaky_bucket::reset_after(p, *level_scaled),
+            State::FixedWindow {
+                window_start_ms,
+                count,
+            } => fixed_window::reset_after(p, *window_start_ms, *count, t),
+            State::SlidingWindow {
+                window_start_ms,
+                current,
+                previous,
+            } => sliding_window::reset_after(p, *window_start_ms, *current, *previous, t),
+            State::SlidingLog(log) => log.reset_after(p, t),
+        }
+    }
+
+    /// The absolute time (ms) at which this stored key expires.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.last_ms.saturating_add(self.reset_after_ms())
+    }
+}
+
+/// The answer to one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub decision: Decision,
+    /// The evaluation time `t = max(call, last)`.
+    pub t_ms: u64,
+    /// The call consumed cost: the key must be written (and replicated).
+    pub consumed: bool,
+}
+
+/// The key holds another algorithm than the call names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlgorithmMismatch {
+    pub stored: Algorithm,
+}
+
+/// What [`check`] did to the stored value.
+#[derive(Debug)]
+pub enum Write {
+    /// Nothing changed.
+    None,
+    /// `stored` was updated in place.
+    Updated,
+    /// The key was absent (or equivalent to fresh): this limiter is to be stored.
+    Created(Limiter),
+}
+
+/// Evaluates `request` against the stored limiter (`None` when the key is absent).
+///
+/// With `commit` and an admitted request of positive cost the state is written: in place when a
+/// limiter was stored, else returned as [`Write::Created`]. Without `commit` nothing is written and
+/// the decision is exactly the one a committing call would answer (PEEK equals the CHECK that follows).
+pub fn check(
+    stored: Option<&mut Limiter>,
+    request: &Request,
+    commit: bool,
+) -> Result<(Outcome, Write), AlgorithmMismatch> {
+    if let Some(limiter) = &stored {
+        let algorithm = limiter.algorithm();
+        if algorithm != request.algorithm {
+            return Err(AlgorithmMismatch { stored: algorithm });
+        }
+    }
+    let result = match request.algorithm {
+        Algorithm::TokenBucket => drive::<token_bucket::TokenBucket>(stored, request, commit),
+        Algorithm::LeakyBucket => drive::<leaky_bucket::LeakyBucket>(stored, request, commit),
+        Algorithm::FixedWindow => drive::<fixed_window::FixedWindow>(stored, request, commit),
+        Algorithm::SlidingWindow => drive::<sliding_window::SlidingWindow>(stored, request, commit),
+        Algorithm::SlidingLog => sliding_log::check(stored, request, commit),
+    };
+    Ok(result)
+}
+
+/// A fixed-size algorithm: its state is `Copy` and the whole call is computed on copies.
+pub(crate) trait FixedSize {
+    type State: Copy;
+    /// The state of a key that does not exist.
+    fn fresh(params: &Params, t_ms: u64) -> Self::State;
+    /// The state brought from `last` to `t` under the parameters it was stored with.
+    fn advance(state: Self::State, params: &Params, last_ms: u64, t_ms: u64) -> Self::State;
+    /// The state is equivalent to a fresh key's (such a state is never stored).
+    fn is_fresh(state: &Self::State, params: &Params) -> bool;
+    /// The state carried over from the stored parameters to the call's.
+    fn carry_over(state: Self::State, from: &Params, to: &Params, t_ms: u64) -> Self::State;
+    /// The decision at `t` and the state after it (meaningful only when admitted).
+    fn decide(state: Self::State, params: &Params, cost: u64, t_ms: u64)
+        -> (Decision, Self::State);
+    fn load(state: &State) -> Option<Self::State>;
+    fn store(state: Self::State) -> State;
+}
+
+fn drive<A: FixedSize>(
+    stored: Option<&mut Limiter>,
+    request: &Request,
+    commit: bool,
+) -> (Outcome, Write) {
+    let new_params = &request.params;
+    let (t_ms, carried) = match stored.as_deref() {
+        Some(limiter) => {
+            let t_ms = request.now_ms.max(limiter.last_ms);
+            // A stored limiter always holds its own algorithm's state (checked by the caller).
+            let state = A::load(&limiter.state)
+                .map(|state| A::advance(state, &limiter.params, limiter.last_ms, t_ms));
+            let carried = match state {
+                Some(state) if !A::is_fresh(&state, &limiter.params) => {
+                    A::carry_over(state, &limiter.params, new_params, t_ms)
+                }
+                _ => A::fresh(new_params, t_ms),
+            };
+            (t_ms, carried)
+        }
+        None => (request.now_ms, A::fresh(new_params, request.now_ms)),
+    };
+    let (decision, after) = A::decide(carried, new_params, request.cost, t_ms);
+    let consumed = decision.allowed && request.cost > 0;
+    let outcome = Outcome {
+        decision,
+        t_ms,
+        consumed,
+    };
+    if !(commit && consumed) {
+        return (outcome, Write::None);
+    }
+    let limiter = Limiter {
+        params: *new_params,
+        last_ms: t_ms,
+        state: A::store(after),
+    };
+    match stored {
+        Some(slot) => {
+            *slot = limiter;
+            (outcome, Write::Updated)
+        }
+        None => (outcome, Write::Created(limiter)),
+    }
+}
+
+/// `⌈a / b⌉` for `b > 0`.
+pub fn ceil_div(a: u128, b: u128) -> u128 {
+    a.div_ceil(b)
+}
+
+/// A `u128` quantity of ms or requests as `u64`, saturating (only reachable beyond the SPEC's bounds).
+pub fn to_u64(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Runs a timeline `(at, cost, expected reply)` on one fresh key and checks every reply.
+    pub fn run_table(
+        algorithm: Algorithm,
+        limit: u64,
+        period_ms: u64,
+        burst: Option<u64>,
+        rows: &[(u64, u64, [i64; 6])],
+    ) {
+        let params = Params::new(limit, period_ms, burst).expect("valid params");
+        let mut stored: Option<Limiter> = None;
+        for (i, (at, cost, expected)) in rows.iter().enumerate() {
+            let request = Request {
+                algorithm,
+                params,
+                cost: *cost,
+                now_ms: *at,
+            };
+            let reply = apply(&mut stored, &request);
+            assert_eq!(
+                reply.to_array(),
+                *expected,
+                "{} row {i}: AT {at} COST {cost}",
+                algorithm.name()
+            );
+        }
+    }
+
+    /// One committing call on an `Option<Limiter>` slot, storing what is created.
+    pub fn apply(stored: &mut Option<Limiter>, request: &Request) -> Decision {
+        let (outcome, write) = check(stored.as_mut(), request, true).expect("same algorithm");
+        if let Write::Created(limiter) = write {
+            *stored = Some(limiter);
+        }
+        outcome.decision
+    }
+
+    /// A non-committing call (PEEK).
+    pub fn peek(stored: &Option<Limiter>, request: &Request) -> Decision {
+        let mut copy = stored.clone();
+        let (outcome, write) = check(copy.as_mut(), request, false).expect("same algorithm");
+        assert!(matches!(write, Write::None));
+        assert_eq!(&copy, stored, "peek must not change the state");
+        outcome.decision
+    }
+}

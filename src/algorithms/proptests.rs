@@ -1,0 +1,1 @@
+//! Property tests of the cores (filled in by the property-test work).

@@ -1,0 +1,2 @@
+//! redis-ratelimit: native rate limiting inside Redis.
+pub mod algorithms;
