@@ -1,2 +1,137 @@
-//! redis-ratelimit: native rate limiting inside Redis.
+//! redis-ratelimit: distributed rate limiting as native Redis commands.
+//!
+//! Registration only: the module, its data type, its commands and its INFO section. The
+//! arithmetic lives in [`algorithms`], the Redis glue in [`commands`] and [`store`].
+
 pub mod algorithms;
+mod api;
+pub mod commands;
+pub mod config;
+pub mod error;
+pub mod stats;
+pub mod store;
+
+use std::ffi::{c_int, CStr};
+
+use redis_module::{raw, redis_module, Context, RedisString, Status};
+
+use crate::algorithms::Algorithm;
+use crate::store::LIMITER_TYPE;
+
+type Handler = unsafe extern "C" fn(
+    *mut raw::RedisModuleCtx,
+    *mut *mut raw::RedisModuleString,
+    c_int,
+) -> c_int;
+
+/// `(name, handler, flags, first key, last key, key step)`.
+const COMMANDS: [(&CStr, Handler, &CStr, c_int, c_int, c_int); 5] = [
+    (
+        c"ratelimit.check",
+        commands::check::check_command,
+        c"write deny-oom fast",
+        1,
+        1,
+        1,
+    ),
+    (
+        c"ratelimit.peek",
+        commands::check::peek_command,
+        c"readonly fast",
+        1,
+        1,
+        1,
+    ),
+    (
+        c"ratelimit.reset",
+        commands::reset::reset_command,
+        c"write",
+        1,
+        -1,
+        1,
+    ),
+    (
+        c"ratelimit.info",
+        commands::info::info_command,
+        c"readonly fast",
+        1,
+        1,
+        1,
+    ),
+    (
+        c"ratelimit.apply",
+        commands::apply::apply_command,
+        c"write deny-oom",
+        1,
+        1,
+        1,
+    ),
+];
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    if let Some(name) = api::missing_required() {
+        ctx.log_warning(&format!(
+            "ratelimit: this server lacks {name}; Redis 7.0 or later is required"
+        ));
+        return Status::Err;
+    }
+    // SAFETY: called once from OnLoad with the module's context.
+    unsafe {
+        if let Some(set_options) = raw::RedisModule_SetModuleOptions {
+            set_options(ctx.ctx, raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS as c_int);
+        }
+    }
+    // SAFETY: OnLoad context; replaces the crate's default INFO callback with ours.
+    unsafe { api::rm!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(info)) };
+    for (name, handler, flags, first, last, step) in COMMANDS {
+        // SAFETY: OnLoad context; the strings are static and NUL-terminated.
+        let status = unsafe {
+            api::rm!(RedisModule_CreateCommand)(
+                ctx.ctx,
+                name.as_ptr(),
+                Some(handler),
+                flags.as_ptr(),
+                first,
+                last,
+                step,
+            )
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            ctx.log_warning(&format!("ratelimit: could not register {name:?}"));
+            return Status::Err;
+        }
+    }
+    Status::Ok
+}
+
+/// `INFO ratelimit`: calls, allowed, rejected and live keys per algorithm.
+unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: Redis's INFO context for this callback; names are NUL-terminated.
+        unsafe { api::rm!(RedisModule_InfoAddSection)(ctx, c"".as_ptr()) };
+        for algorithm in Algorithm::ALL {
+            let figures = stats::figures(algorithm);
+            for (field, value) in [
+                ("calls", figures.calls),
+                ("allowed", figures.allowed),
+                ("rejected", figures.rejected),
+                ("keys", figures.keys),
+            ] {
+                let name = format!("{}_{field}\0", algorithm.name().replace('-', "_"));
+                // SAFETY: as above.
+                unsafe {
+                    api::rm!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr().cast(), value)
+                };
+            }
+        }
+    });
+}
+
+#[cfg(not(test))]
+redis_module! {
+    name: "ratelimit",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    data_types: [LIMITER_TYPE],
+    init: init,
+}

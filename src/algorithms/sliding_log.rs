@@ -52,12 +52,17 @@ impl SlidingLog {
         self.words.iter().map(|word| unpack(*word))
     }
 
-    /// Rebuilds a log from runs, refusing unordered, empty or out-of-range runs.
+    /// Rebuilds a log from runs as [`SlidingLog::runs`] yields them, refusing unordered, empty,
+    /// oversized (above 2048, so memory stays bounded by the input) or out-of-range runs.
     pub fn from_runs(runs: impl IntoIterator<Item = (u64, u64)>) -> Result<SlidingLog, InvalidLog> {
         let mut log = SlidingLog::default();
         for (timestamp_ms, count) in runs {
             let newest = log.newest_ms();
-            if count == 0 || timestamp_ms >= super::TIME_LIMIT_MS || newest > Some(timestamp_ms) {
+            if count == 0
+                || count > MAX_RUN
+                || timestamp_ms >= super::TIME_LIMIT_MS
+                || newest > Some(timestamp_ms)
+            {
                 return Err(InvalidLog);
             }
             log.push(timestamp_ms, count);
@@ -208,25 +213,37 @@ pub(crate) fn check(
     if !(commit && consumed) {
         return (outcome, Write::None);
     }
+    (outcome, append(live, params, t_ms, cost))
+}
+
+/// Records `cost` entries at `t_ms` under `params` and stores the new parameters: the write of an
+/// admitted call, also what replicas and AOF replay apply. `stored` must hold a sliding log last
+/// written at or before `t_ms`; one that has entirely slid out of its window is replaced.
+pub fn append(stored: Option<&mut Limiter>, params: &Params, t_ms: u64, cost: u64) -> Write {
+    let live = stored.filter(|limiter| limiter.last_ms + limiter.params.period_ms > t_ms);
     match live {
         Some(limiter) => {
+            let cutoff = later(
+                t_ms.checked_sub(limiter.params.period_ms),
+                t_ms.checked_sub(params.period_ms),
+            );
             if let State::SlidingLog(log) = &mut limiter.state {
-                log.drop_front(expired_words, expired_entries);
+                let (words, entries) = log.expired(cutoff);
+                log.drop_front(words, entries);
                 log.push(t_ms, cost);
             }
             limiter.params = *params;
             limiter.last_ms = t_ms;
-            (outcome, Write::Updated)
+            Write::Updated
         }
         None => {
             let mut log = SlidingLog::default();
             log.push(t_ms, cost);
-            let limiter = Limiter {
+            Write::Created(Limiter {
                 params: *params,
                 last_ms: t_ms,
                 state: State::SlidingLog(log),
-            };
-            (outcome, Write::Created(limiter))
+            })
         }
     }
 }
@@ -292,6 +309,7 @@ mod tests {
     fn from_runs_refuses_disorder_and_empty_runs() {
         assert_eq!(SlidingLog::from_runs([(5, 1), (4, 1)]), Err(InvalidLog));
         assert_eq!(SlidingLog::from_runs([(5, 0)]), Err(InvalidLog));
+        assert_eq!(SlidingLog::from_runs([(5, 2049)]), Err(InvalidLog));
         assert_eq!(
             SlidingLog::from_runs([(super::super::TIME_LIMIT_MS, 1)]),
             Err(InvalidLog)

@@ -1,0 +1,70 @@
+//! `RATELIMIT.APPLY key payload`: replays one limiter write with its explicit time.
+//!
+//! CHECK sends this to replicas and the AOF instead of itself, so a replica, an AOF replay or a
+//! rewrite reproduces the master's state exactly whatever its own clock says. The payload is a
+//! [`Change`](crate::store::codec::Change): a whole limiter, or a sliding log's appended entries.
+//! Not meant to be called by applications.
+
+use std::ffi::c_int;
+
+use redis_module::raw;
+
+use super::{guard, replicate_verbatim, Call};
+use crate::algorithms::{sliding_log, Algorithm, Write};
+use crate::error::{self, ArgError};
+use crate::store::codec::Change;
+use crate::store::{Key, Slot};
+
+pub unsafe extern "C" fn apply_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard(ctx, argv, argc, run)
+}
+
+fn run(call: &Call) -> c_int {
+    if call.len() != 3 {
+        return call.error(&ArgError::WrongArity.message("ratelimit.apply"));
+    }
+    let Ok(change) = Change::decode(call.bytes(2)) else {
+        return call.error(error::STATE);
+    };
+    let key = Key::open(call.ctx, call.string(1), true);
+    let stored = match key.slot() {
+        Slot::WrongType => return call.error(error::WRONG_TYPE),
+        Slot::Empty => None,
+        Slot::Limiter(limiter) => Some(limiter),
+    };
+    let expires_at_ms = match change {
+        Change::Replace(limiter) => {
+            let expires_at_ms = limiter.expires_at_ms();
+            match stored {
+                Some(slot) if slot.algorithm() == limiter.algorithm() => *slot = limiter,
+                _ => {
+                    key.set(limiter);
+                }
+            }
+            expires_at_ms
+        }
+        Change::LogAppend { params, t_ms, cost } => {
+            let stored = match stored {
+                Some(limiter)
+                    if limiter.algorithm() != Algorithm::SlidingLog || limiter.last_ms > t_ms =>
+                {
+                    return call.error(error::STATE)
+                }
+                other => other,
+            };
+            if let Write::Created(limiter) = sliding_log::append(stored, &params, t_ms, cost) {
+                key.set(limiter);
+            }
+            t_ms + params.period_ms
+        }
+    };
+    key.expire_at(expires_at_ms);
+    drop(key);
+    replicate_verbatim(call);
+    call.reply_name(c"OK");
+    raw::REDISMODULE_OK as c_int
+}

@@ -1,0 +1,91 @@
+//! `RATELIMIT.INFO key`: the stored state as field/value pairs (a map under RESP3); nil when the
+//! key does not exist (or its state is already equivalent to a fresh key's).
+
+use std::ffi::{c_int, CStr, CString};
+
+use redis_module::raw;
+
+use super::{guard, now_ms, Call};
+use crate::algorithms::{self, ceil_div, to_u64, Limiter, Request, State};
+use crate::error::{self, ArgError};
+use crate::store::{Key, Slot};
+
+pub unsafe extern "C" fn info_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard(ctx, argv, argc, run)
+}
+
+/// The algorithm's own fields, in requests or ms.
+fn own_fields(limiter: &Limiter) -> Vec<(&'static CStr, u64)> {
+    let period = u128::from(limiter.params.period_ms);
+    match &limiter.state {
+        State::TokenBucket { tokens_scaled } => vec![(c"tokens", to_u64(tokens_scaled / period))],
+        State::LeakyBucket { level_scaled } => {
+            vec![(c"level", to_u64(ceil_div(*level_scaled, period)))]
+        }
+        State::FixedWindow {
+            window_start_ms,
+            count,
+        } => vec![(c"window_start", *window_start_ms), (c"count", *count)],
+        State::SlidingWindow {
+            window_start_ms,
+            current,
+            previous,
+        } => vec![
+            (c"window_start", *window_start_ms),
+            (c"count", *current),
+            (c"previous", *previous),
+        ],
+        State::SlidingLog(log) => vec![(c"entries", log.len())],
+    }
+}
+
+fn run(call: &Call) -> c_int {
+    if call.len() != 2 {
+        return call.error(&ArgError::WrongArity.message("ratelimit.info"));
+    }
+    let key = Key::open(call.ctx, call.string(1), false);
+    let limiter = match key.slot() {
+        Slot::Empty => None,
+        Slot::WrongType => return call.error(error::WRONG_TYPE),
+        Slot::Limiter(limiter) => Some(limiter.clone()),
+    };
+    drop(key);
+    let now = now_ms();
+    let Some(mut limiter) = limiter.filter(|limiter| limiter.expires_at_ms() > now) else {
+        call.reply_null();
+        return raw::REDISMODULE_OK as c_int;
+    };
+    let request = Request {
+        algorithm: limiter.algorithm(),
+        params: limiter.params,
+        cost: 0,
+        now_ms: now,
+    };
+    let decision = match algorithms::check(Some(&mut limiter), &request, false) {
+        Ok((outcome, _)) => outcome.decision,
+        Err(_) => return call.error(error::INTERNAL),
+    };
+    let own = own_fields(&limiter);
+    let resp3 = call.resp3();
+    call.reply_map(7 + own.len(), resp3);
+    call.reply_name(c"algorithm");
+    let algorithm = CString::new(limiter.algorithm().name()).unwrap_or_default();
+    call.reply_name(&algorithm);
+    let common = [
+        (c"limit", limiter.params.limit),
+        (c"period_ms", limiter.params.period_ms),
+        (c"burst", limiter.params.capacity),
+        (c"remaining", decision.remaining),
+        (c"reset_after_ms", decision.reset_after_ms),
+        (c"updated_at_ms", limiter.last_ms),
+    ];
+    for (name, value) in common.into_iter().chain(own) {
+        call.reply_name(name);
+        call.reply_integer(i64::try_from(value).unwrap_or(i64::MAX));
+    }
+    raw::REDISMODULE_OK as c_int
+}

@@ -1,0 +1,267 @@
+//! Argument parsing: pure functions over byte slices, so they can be fuzzed without Redis.
+
+use crate::algorithms::{Algorithm, Params, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
+use crate::error::ArgError;
+
+/// One limit: the algorithm and its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitSpec {
+    pub algorithm: Algorithm,
+    pub params: Params,
+}
+
+/// `RATELIMIT.CHECK` / `PEEK` arguments after the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckArgs {
+    pub spec: LimitSpec,
+    pub cost: u64,
+    /// `AT`: evaluate at this time instead of the server's clock.
+    pub at_ms: Option<u64>,
+}
+
+/// A plain decimal integer: digits only, no sign, fraction or exponent.
+pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |value, byte| {
+        let digit = byte.checked_sub(b'0').filter(|digit| *digit < 10)?;
+        value.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// A period: integer ms, or an integer with a unit `ms`, `s`, `m`, `h`, `d` (case-insensitive).
+pub fn parse_period(bytes: &[u8]) -> Option<u64> {
+    let digits = bytes
+        .iter()
+        .take_while(|byte| byte.is_ascii_digit())
+        .count();
+    let (number, unit) = bytes.split_at(digits);
+    let scale: u64 = match unit.to_ascii_lowercase().as_slice() {
+        b"" | b"ms" => 1,
+        b"s" => 1_000,
+        b"m" => 60_000,
+        b"h" => 3_600_000,
+        b"d" => 86_400_000,
+        _ => return None,
+    };
+    parse_integer(number)?
+        .checked_mul(scale)
+        .filter(|ms| (1..=MAX_PERIOD_MS).contains(ms))
+}
+
+fn amount(bytes: &[u8], min: u64, error: ArgError) -> Result<u64, ArgError> {
+    parse_integer(bytes)
+        .filter(|value| (min..=MAX_AMOUNT).contains(value))
+        .ok_or(error)
+}
+
+/// `algorithm limit period` at the front of `args`.
+fn parse_spec_head(args: &[&[u8]]) -> Result<(Algorithm, u64, u64), ArgError> {
+    let [algorithm, limit, period, ..] = args else {
+        return Err(ArgError::WrongArity);
+    };
+    let algorithm = Algorithm::parse(algorithm).ok_or(ArgError::UnknownAlgorithm)?;
+    let limit = amount(limit, 1, ArgError::Limit)?;
+    let period = parse_period(period).ok_or(ArgError::Period)?;
+    Ok((algorithm, limit, period))
+}
+
+/// Builds the spec, applying the BURST rules and the sliding-log bound.
+fn finish_spec(
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    burst: Option<u64>,
+    max_log_limit: u64,
+) -> Result<LimitSpec, ArgError> {
+    if burst.is_some() && !algorithm.is_bucket() {
+        return Err(ArgError::BurstOnWindow);
+    }
+    if algorithm == Algorithm::SlidingLog && limit > max_log_limit {
+        return Err(ArgError::LogLimit {
+            limit,
+            max: max_log_limit,
+        });
+    }
+    let params = Params::new(limit, period_ms, burst)?;
+    Ok(LimitSpec { algorithm, params })
+}
+
+/// Options recognised case-insensitively.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Option_ {
+    Burst,
+    Cost,
+    At,
+}
+
+fn option(name: &[u8]) -> Option<Option_> {
+    [
+        (Option_::Burst, "BURST"),
+        (Option_::Cost, "COST"),
+        (Option_::At, "AT"),
+    ]
+    .into_iter()
+    .find(|(_, text)| text.as_bytes().eq_ignore_ascii_case(name))
+    .map(|(option, _)| option)
+}
+
+fn option_name(option: Option_) -> &'static str {
+    match option {
+        Option_::Burst => "BURST",
+        Option_::Cost => "COST",
+        Option_::At => "AT",
+    }
+}
+
+/// The value of one option, checked for its range.
+fn option_value(option: Option_, bytes: &[u8]) -> Result<u64, ArgError> {
+    match option {
+        Option_::Burst => amount(bytes, 1, ArgError::Burst),
+        Option_::Cost => amount(bytes, 0, ArgError::Cost),
+        Option_::At => parse_integer(bytes)
+            .filter(|at| *at < TIME_LIMIT_MS)
+            .ok_or(ArgError::At),
+    }
+}
+
+/// Shared `COST` and `AT` (and, for CHECK, `BURST`) collected from option pairs.
+#[derive(Default)]
+struct Options {
+    burst: Option<u64>,
+    cost: Option<u64>,
+    at_ms: Option<u64>,
+}
+
+impl Options {
+    fn set(&mut self, option: Option_, bytes: Option<&&[u8]>) -> Result<(), ArgError> {
+        let name = option_name(option);
+        let bytes = bytes.ok_or(ArgError::MissingValue(name))?;
+        let value = option_value(option, bytes)?;
+        let slot = match option {
+            Option_::Burst => &mut self.burst,
+            Option_::Cost => &mut self.cost,
+            Option_::At => &mut self.at_ms,
+        };
+        if slot.replace(value).is_some() {
+            return Err(ArgError::Duplicate(name));
+        }
+        Ok(())
+    }
+}
+
+/// `algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`, options in any order.
+pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgError> {
+    let (algorithm, limit, period_ms) = parse_spec_head(args)?;
+    let mut options = Options::default();
+    let mut rest = args[3..].iter();
+    while let Some(name) = rest.next() {
+        let option = option(name).ok_or(ArgError::UnknownOption)?;
+        options.set(option, rest.next())?;
+    }
+    let spec = finish_spec(algorithm, limit, period_ms, options.burst, max_log_limit)?;
+    Ok(CheckArgs {
+        spec,
+        cost: options.cost.unwrap_or(1),
+        at_ms: options.at_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<CheckArgs, ArgError> {
+        let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+        parse_check(&args, 100_000)
+    }
+
+    #[test]
+    fn integers_are_plain_decimal() {
+        assert_eq!(parse_integer(b"0"), Some(0));
+        assert_eq!(parse_integer(b"007"), Some(7));
+        assert_eq!(parse_integer(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"+1",
+            b"-1",
+            b"1.0",
+            b"1e3",
+            b" 1",
+            b"18446744073709551616",
+        ] {
+            assert_eq!(parse_integer(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn periods_take_units() {
+        assert_eq!(parse_period(b"250"), Some(250));
+        assert_eq!(parse_period(b"250ms"), Some(250));
+        assert_eq!(parse_period(b"1s"), Some(1000));
+        assert_eq!(parse_period(b"15M"), Some(900_000));
+        assert_eq!(parse_period(b"1h"), Some(3_600_000));
+        assert_eq!(parse_period(b"3650d"), Some(MAX_PERIOD_MS));
+        for bad in [
+            &b"0"[..],
+            b"0s",
+            b"3651d",
+            b"s",
+            b"1w",
+            b"1 s",
+            b"-1s",
+            b"1.5s",
+        ] {
+            assert_eq!(parse_period(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn options_come_in_any_order_once_each() {
+        let args = parse("TOKEN-BUCKET 10 1s at 5 cost 2 burst 20").unwrap();
+        assert_eq!(args.spec.algorithm, Algorithm::TokenBucket);
+        assert_eq!(args.spec.params, Params::new(10, 1000, Some(20)).unwrap());
+        assert_eq!((args.cost, args.at_ms), (2, Some(5)));
+        assert_eq!(parse("fixed-window 10 1s").unwrap().cost, 1);
+        assert_eq!(
+            parse("fixed-window 10 1s COST 1 COST 2"),
+            Err(ArgError::Duplicate("COST"))
+        );
+        assert_eq!(
+            parse("fixed-window 10 1s COST"),
+            Err(ArgError::MissingValue("COST"))
+        );
+        assert_eq!(
+            parse("fixed-window 10 1s LIMIT 3"),
+            Err(ArgError::UnknownOption)
+        );
+    }
+
+    #[test]
+    fn every_bad_argument_is_named() {
+        assert_eq!(parse("gcra 10 1s"), Err(ArgError::UnknownAlgorithm));
+        assert_eq!(parse("fixed-window 0 1s"), Err(ArgError::Limit));
+        assert_eq!(parse("fixed-window 1000000000001 1s"), Err(ArgError::Limit));
+        assert_eq!(parse("fixed-window 10 0"), Err(ArgError::Period));
+        assert_eq!(
+            parse("fixed-window 10 1s BURST 5"),
+            Err(ArgError::BurstOnWindow)
+        );
+        assert_eq!(parse("token-bucket 10 1s BURST 0"), Err(ArgError::Burst));
+        assert_eq!(parse("token-bucket 10 1s COST -1"), Err(ArgError::Cost));
+        assert_eq!(
+            parse("token-bucket 10 1s AT 9007199254740992"),
+            Err(ArgError::At)
+        );
+        assert_eq!(parse("token-bucket 10"), Err(ArgError::WrongArity));
+        assert_eq!(
+            parse("sliding-log 100001 1s"),
+            Err(ArgError::LogLimit {
+                limit: 100_001,
+                max: 100_000
+            })
+        );
+        assert!(parse("token-bucket 1000000000000 3650d BURST 1000000000000 COST 1000000000000 AT 9007199254740991").is_ok());
+    }
+}

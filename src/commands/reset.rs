@@ -1,0 +1,43 @@
+//! `RATELIMIT.RESET key [key ...]`: removes limiter keys; replies the number removed.
+
+use std::ffi::c_int;
+
+use redis_module::raw;
+
+use super::{guard, replicate_verbatim, Call};
+use crate::error::{self, ArgError};
+use crate::store::{Key, Slot};
+
+pub unsafe extern "C" fn reset_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard(ctx, argv, argc, run)
+}
+
+fn run(call: &Call) -> c_int {
+    if call.len() < 2 {
+        return call.error(&ArgError::WrongArity.message("ratelimit.reset"));
+    }
+    let keys: Vec<Key> = (1..call.len())
+        .map(|i| Key::open(call.ctx, call.string(i), true))
+        .collect();
+    // All or nothing: any key of another type fails the whole call before anything is removed.
+    if keys.iter().any(|key| matches!(key.slot(), Slot::WrongType)) {
+        return call.error(error::WRONG_TYPE);
+    }
+    let mut removed = 0;
+    for key in &keys {
+        if matches!(key.slot(), Slot::Limiter(_)) {
+            key.delete();
+            removed += 1;
+        }
+    }
+    drop(keys);
+    if removed > 0 {
+        replicate_verbatim(call);
+    }
+    call.reply_integer(removed);
+    raw::REDISMODULE_OK as c_int
+}

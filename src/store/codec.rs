@@ -1,0 +1,381 @@
+//! The one binary encoding of a limiter, shared by RDB, AOF rewrite, replication and digests.
+//!
+//! Layout (little-endian), encoding version 1:
+//! ```text
+//! u8  algorithm            0 token-bucket .. 4 sliding-log
+//! u64 limit, u64 period_ms, u64 capacity, u64 last_ms
+//! token-bucket:   u128 tokens_scaled
+//! leaky-bucket:   u128 level_scaled
+//! fixed-window:   u64 window_start_ms, u64 count
+//! sliding-window: u64 window_start_ms, u64 current, u64 previous
+//! sliding-log:    u64 runs, then per run u64 timestamp_ms, u64 count (oldest first)
+//! ```
+//! A replicated or rewritten write is a [`Change`]: a kind byte, then either a whole limiter
+//! (`1`) or, for the sliding log whose whole state can be large, the entries one call appended
+//! (`2`: u64 limit, u64 period_ms, u64 t_ms, u64 cost).
+//!
+//! Decoding validates everything a command could never have stored (bounds, ordering, a state
+//! beyond its capacity), so a corrupt RDB payload, RESTORE or AOF line is refused, never trusted.
+
+use crate::algorithms::{Algorithm, Limiter, Params, SlidingLog, State, MAX_AMOUNT, TIME_LIMIT_MS};
+
+/// Bytes of the fixed-size head: algorithm, limit, period, capacity, last.
+const HEAD_LEN: usize = 1 + 4 * 8;
+
+/// Why a payload was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The payload ends early or has bytes left over.
+    Length,
+    /// An unknown algorithm byte.
+    Algorithm,
+    /// Parameters outside the SPEC's bounds.
+    Params,
+    /// A state no command could have produced.
+    State,
+}
+
+/// Where an encoding is written: a `Vec`, or a stack buffer on the hot path.
+pub trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// A fixed stack buffer, large enough for every change a command replicates.
+pub struct StackBuf {
+    bytes: [u8; 64],
+    len: usize,
+    overflowed: bool,
+}
+
+impl Default for StackBuf {
+    fn default() -> Self {
+        StackBuf {
+            bytes: [0; 64],
+            len: 0,
+            overflowed: false,
+        }
+    }
+}
+
+impl StackBuf {
+    /// The bytes written, or `None` if they did not fit.
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        (!self.overflowed).then_some(&self.bytes[..self.len])
+    }
+}
+
+impl Sink for StackBuf {
+    fn put(&mut self, bytes: &[u8]) {
+        match self.bytes.get_mut(self.len..self.len + bytes.len()) {
+            Some(room) => {
+                room.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => self.overflowed = true,
+        }
+    }
+}
+
+/// Appends the encoding of `limiter` to `out`.
+pub fn encode(limiter: &Limiter, out: &mut impl Sink) {
+    out.put(&[limiter.algorithm().index() as u8]);
+    for value in [
+        limiter.params.limit,
+        limiter.params.period_ms,
+        limiter.params.capacity,
+        limiter.last_ms,
+    ] {
+        out.put(&value.to_le_bytes());
+    }
+    match &limiter.state {
+        State::TokenBucket { tokens_scaled: v } | State::LeakyBucket { level_scaled: v } => {
+            out.put(&v.to_le_bytes())
+        }
+        State::FixedWindow {
+            window_start_ms,
+            count,
+        } => {
+            out.put(&window_start_ms.to_le_bytes());
+            out.put(&count.to_le_bytes());
+        }
+        State::SlidingWindow {
+            window_start_ms,
+            current,
+            previous,
+        } => {
+            for value in [*window_start_ms, *current, *previous] {
+                out.put(&value.to_le_bytes());
+            }
+        }
+        State::SlidingLog(log) => {
+            out.put(&(log.runs().len() as u64).to_le_bytes());
+            for (timestamp_ms, count) in log.runs() {
+                out.put(&timestamp_ms.to_le_bytes());
+                out.put(&count.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// The encoding of `limiter` as a new buffer.
+pub fn to_bytes(limiter: &Limiter) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEAD_LEN + 24);
+    encode(limiter, &mut out);
+    out
+}
+
+/// A cursor over a payload.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let (head, rest) = self
+            .bytes
+            .split_first_chunk::<N>()
+            .ok_or(DecodeError::Length)?;
+        self.bytes = rest;
+        Ok(*head)
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
+
+    fn u128(&mut self) -> Result<u128, DecodeError> {
+        self.take::<16>().map(u128::from_le_bytes)
+    }
+}
+
+fn check(condition: bool) -> Result<(), DecodeError> {
+    if condition {
+        Ok(())
+    } else {
+        Err(DecodeError::State)
+    }
+}
+
+/// Decodes and validates one limiter.
+pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
+    let mut reader = Reader { bytes };
+    let [algorithm] = reader.take::<1>()?;
+    let algorithm = Algorithm::from_index(algorithm).ok_or(DecodeError::Algorithm)?;
+    let limit = reader.u64()?;
+    let period_ms = reader.u64()?;
+    let capacity = reader.u64()?;
+    let last_ms = reader.u64()?;
+    let burst = algorithm.is_bucket().then_some(capacity);
+    let params = Params::new(limit, period_ms, burst).map_err(|_| DecodeError::Params)?;
+    if params.capacity != capacity || last_ms >= TIME_LIMIT_MS {
+        return Err(DecodeError::Params);
+    }
+    let state = match algorithm {
+        Algorithm::TokenBucket => {
+            let tokens_scaled = reader.u128()?;
+            check(tokens_scaled <= params.capacity_scaled())?;
+            State::TokenBucket { tokens_scaled }
+        }
+        Algorithm::LeakyBucket => {
+            let level_scaled = reader.u128()?;
+            check(level_scaled <= params.capacity_scaled())?;
+            State::LeakyBucket { level_scaled }
+        }
+        Algorithm::FixedWindow => {
+            let window_start_ms = reader.u64()?;
+            let count = reader.u64()?;
+            check(window_start_ms == params.window_start(last_ms) && count <= MAX_AMOUNT)?;
+            State::FixedWindow {
+                window_start_ms,
+                count,
+            }
+        }
+        Algorithm::SlidingWindow => {
+            let window_start_ms = reader.u64()?;
+            let current = reader.u64()?;
+            let previous = reader.u64()?;
+            check(
+                window_start_ms == params.window_start(last_ms)
+                    && current <= MAX_AMOUNT
+                    && previous <= MAX_AMOUNT,
+            )?;
+            State::SlidingWindow {
+                window_start_ms,
+                current,
+                previous,
+            }
+        }
+        Algorithm::SlidingLog => {
+            let runs = reader.u64()?;
+            // Each run takes 16 bytes: a count beyond the payload is corrupt, not a reason to allocate.
+            check(runs <= (reader.bytes.len() / 16) as u64)?;
+            let mut pairs = Vec::with_capacity(runs as usize);
+            for _ in 0..runs {
+                let timestamp_ms = reader.u64()?;
+                let count = reader.u64()?;
+                pairs.push((timestamp_ms, count));
+            }
+            let log = SlidingLog::from_runs(pairs).map_err(|_| DecodeError::State)?;
+            let oldest = log.runs().next().map(|(timestamp_ms, _)| timestamp_ms);
+            check(
+                log.len() <= params.limit
+                    && log.newest_ms().is_none_or(|newest| newest <= last_ms)
+                    && oldest.is_none_or(|oldest| oldest + period_ms > last_ms),
+            )?;
+            State::SlidingLog(log)
+        }
+    };
+    if !reader.bytes.is_empty() {
+        return Err(DecodeError::Length);
+    }
+    Ok(Limiter {
+        params,
+        last_ms,
+        state,
+    })
+}
+
+/// Writes `Change::Replace(limiter)` without owning the limiter.
+pub fn encode_replace(limiter: &Limiter, out: &mut impl Sink) {
+    out.put(&[REPLACE]);
+    encode(limiter, out);
+}
+
+/// A write to replay: on replicas (replication), at AOF load and from AOF rewrites.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Store this limiter.
+    Replace(Limiter),
+    /// A sliding log admitted `cost` entries at `t_ms` under `params`.
+    LogAppend {
+        params: Params,
+        t_ms: u64,
+        cost: u64,
+    },
+}
+
+const REPLACE: u8 = 1;
+const LOG_APPEND: u8 = 2;
+
+impl Change {
+    /// Writes the change to `out`.
+    pub fn encode(&self, out: &mut impl Sink) {
+        match self {
+            Change::Replace(limiter) => encode_replace(limiter, out),
+            Change::LogAppend { params, t_ms, cost } => {
+                out.put(&[LOG_APPEND]);
+                for value in [params.limit, params.period_ms, *t_ms, *cost] {
+                    out.put(&value.to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// The change as a new buffer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        self.encode(&mut out);
+        out
+    }
+
+    /// Decodes and validates a change.
+    pub fn decode(bytes: &[u8]) -> Result<Change, DecodeError> {
+        let (kind, rest) = bytes.split_first().ok_or(DecodeError::Length)?;
+        match *kind {
+            REPLACE => decode(rest).map(Change::Replace),
+            LOG_APPEND => {
+                let mut reader = Reader { bytes: rest };
+                let limit = reader.u64()?;
+                let period_ms = reader.u64()?;
+                let t_ms = reader.u64()?;
+                let cost = reader.u64()?;
+                if !reader.bytes.is_empty() {
+                    return Err(DecodeError::Length);
+                }
+                let params =
+                    Params::new(limit, period_ms, None).map_err(|_| DecodeError::Params)?;
+                check(t_ms < TIME_LIMIT_MS && cost >= 1 && cost <= limit)?;
+                Ok(Change::LogAppend { params, t_ms, cost })
+            }
+            _ => Err(DecodeError::Algorithm),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{check as run, Request, Write};
+
+    fn built(algorithm: Algorithm, burst: Option<u64>, calls: &[(u64, u64)]) -> Limiter {
+        let params = Params::new(5, 1000, burst).unwrap();
+        let mut stored: Option<Limiter> = None;
+        for &(now_ms, cost) in calls {
+            let request = Request {
+                algorithm,
+                params,
+                cost,
+                now_ms,
+            };
+            if let (_, Write::Created(limiter)) = run(stored.as_mut(), &request, true).unwrap() {
+                stored = Some(limiter);
+            }
+        }
+        stored.expect("a consuming call")
+    }
+
+    #[test]
+    fn every_algorithm_round_trips() {
+        for algorithm in Algorithm::ALL {
+            let burst = algorithm.is_bucket().then_some(7);
+            let limiter = built(algorithm, burst, &[(10, 1), (10, 2), (1500, 1)]);
+            let bytes = to_bytes(&limiter);
+            assert_eq!(decode(&bytes), Ok(limiter.clone()), "{}", algorithm.name());
+            let change = Change::Replace(limiter);
+            let mut stack = StackBuf::default();
+            change.encode(&mut stack);
+            if algorithm != Algorithm::SlidingLog {
+                assert_eq!(stack.as_slice(), Some(&change.to_bytes()[..]));
+            }
+            assert_eq!(Change::decode(&change.to_bytes()), Ok(change));
+        }
+        let append = Change::LogAppend {
+            params: Params::new(5, 1000, None).unwrap(),
+            t_ms: 77,
+            cost: 5,
+        };
+        assert_eq!(Change::decode(&append.to_bytes()), Ok(append));
+    }
+
+    #[test]
+    fn truncated_and_padded_payloads_are_refused() {
+        let bytes = to_bytes(&built(Algorithm::SlidingLog, None, &[(10, 2), (20, 1)]));
+        for len in 0..bytes.len() {
+            assert!(decode(&bytes[..len]).is_err(), "prefix of {len} bytes");
+        }
+        let mut padded = bytes.clone();
+        padded.push(0);
+        assert_eq!(decode(&padded), Err(DecodeError::Length));
+    }
+
+    #[test]
+    fn impossible_states_are_refused() {
+        let mut bytes = to_bytes(&built(Algorithm::TokenBucket, None, &[(10, 1)]));
+        // Tokens beyond the capacity.
+        bytes[HEAD_LEN..].copy_from_slice(&u128::MAX.to_le_bytes());
+        assert_eq!(decode(&bytes), Err(DecodeError::State));
+        // Unknown algorithm.
+        bytes[0] = 9;
+        assert_eq!(decode(&bytes), Err(DecodeError::Algorithm));
+        // A huge run count with no runs behind it.
+        let mut log = to_bytes(&built(Algorithm::SlidingLog, None, &[(10, 1)]));
+        log[HEAD_LEN..HEAD_LEN + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(decode(&log), Err(DecodeError::State));
+    }
+}

@@ -1,0 +1,293 @@
+//! The module data type `ratelimit`: a boxed [`Limiter`] per key, with its RDB, AOF, digest,
+//! memory and copy callbacks, and the key access used by the commands.
+
+pub mod codec;
+
+use std::ffi::{c_int, c_void, CString};
+use std::os::raw::c_char;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use redis_module::native_types::RedisType;
+use redis_module::raw;
+
+use crate::algorithms::{Limiter, State};
+use crate::api::rm;
+use crate::stats;
+
+/// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
+pub const ENCODING_VERSION: c_int = 1;
+
+/// The data type, exactly 9 characters as Redis requires.
+pub static LIMITER_TYPE: RedisType = RedisType::new(
+    "ratelimit",
+    ENCODING_VERSION,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    },
+);
+
+fn raw_type() -> *mut raw::RedisModuleType {
+    *LIMITER_TYPE.raw_type.borrow()
+}
+
+/// Logs through Redis's log (the crate's logger allocates a CString; fine off the hot path).
+pub fn log_warning(message: &str) {
+    if let Ok(message) = CString::new(message) {
+        if let Some(log) = unsafe { raw::RedisModule_Log } {
+            // SAFETY: a NULL context logs as the module; both strings are NUL-terminated.
+            unsafe {
+                log(
+                    ptr::null_mut(),
+                    c"warning".as_ptr(),
+                    c"%s".as_ptr(),
+                    message.as_ptr(),
+                )
+            };
+        }
+    }
+}
+
+/// Runs a type callback, turning a panic into `fallback` (never unwinding into Redis).
+fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        log_warning(&format!("ratelimit: {name} callback panicked"));
+        fallback
+    })
+}
+
+/// Hands a new limiter to Redis as a module value pointer.
+pub fn into_value(limiter: Limiter) -> *mut c_void {
+    stats::key_created(limiter.algorithm());
+    Box::into_raw(Box::new(limiter)).cast()
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    guarded("rdb_load", ptr::null_mut(), || {
+        if encver != 1 {
+            log_warning(&format!(
+                "ratelimit: cannot load encoding version {encver} (this module reads 1); \
+                 upgrade the module"
+            ));
+            return ptr::null_mut();
+        }
+        let mut len = 0usize;
+        // SAFETY: rdb is the IO handle Redis passed us; len receives the buffer's length.
+        let buffer = unsafe { rm!(RedisModule_LoadStringBuffer)(rdb, &mut len) };
+        // SAFETY: as above.
+        if buffer.is_null() || unsafe { rm!(RedisModule_IsIOError)(rdb) } != 0 {
+            return ptr::null_mut();
+        }
+        // SAFETY: Redis returned `len` readable bytes at `buffer`, ours to free.
+        let decoded = codec::decode(unsafe { std::slice::from_raw_parts(buffer.cast(), len) });
+        // SAFETY: the buffer was allocated by Redis for us and is not used after this.
+        unsafe { rm!(RedisModule_Free)(buffer.cast()) };
+        match decoded {
+            Ok(limiter) => into_value(limiter),
+            Err(error) => {
+                log_warning(&format!(
+                    "ratelimit: refusing corrupt limiter in RDB: {error:?}"
+                ));
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// The limiter behind a module value pointer.
+///
+/// # Safety
+/// `value` must be a pointer made by [`into_value`] and still owned by Redis.
+unsafe fn limiter<'a>(value: *mut c_void) -> &'a Limiter {
+    // SAFETY: guaranteed by the caller.
+    unsafe { &*value.cast::<Limiter>() }
+}
+
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    guarded("rdb_save", (), || {
+        // SAFETY: Redis passes a value of our type.
+        let bytes = codec::to_bytes(unsafe { limiter(value) });
+        // SAFETY: rdb is Redis's IO handle; the buffer outlives the call.
+        unsafe { rm!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len()) };
+    })
+}
+
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    guarded("aof_rewrite", (), || {
+        // SAFETY: Redis passes a value of our type.
+        let change = codec::Change::Replace(unsafe { limiter(value) }.clone());
+        let bytes = change.to_bytes();
+        // SAFETY: a registered command, "sb" = key string + buffer, both valid for the call.
+        unsafe {
+            rm!(RedisModule_EmitAOF)(
+                aof,
+                c"ratelimit.apply".as_ptr(),
+                c"sb".as_ptr(),
+                key,
+                bytes.as_ptr().cast::<c_char>(),
+                bytes.len(),
+            )
+        };
+    })
+}
+
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    guarded("mem_usage", 0, || {
+        // SAFETY: Redis passes a value of our type.
+        let limiter = unsafe { &*value.cast::<Limiter>() };
+        let heap = match &limiter.state {
+            State::SlidingLog(log) => log.heap_bytes(),
+            _ => 0,
+        };
+        std::mem::size_of::<Limiter>() + heap
+    })
+}
+
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    guarded("digest", (), || {
+        // SAFETY: Redis passes a value of our type.
+        let bytes = codec::to_bytes(unsafe { limiter(value) });
+        // SAFETY: md is Redis's digest handle; the buffer is valid for the call.
+        unsafe {
+            rm!(RedisModule_DigestAddStringBuffer)(
+                md,
+                bytes.as_ptr().cast_mut().cast(),
+                bytes.len(),
+            );
+            rm!(RedisModule_DigestEndSequence)(md);
+        }
+    })
+}
+
+unsafe extern "C" fn free(value: *mut c_void) {
+    guarded("free", (), || {
+        // SAFETY: Redis hands back ownership of a pointer made by `into_value`, exactly once.
+        let limiter = unsafe { Box::from_raw(value.cast::<Limiter>()) };
+        stats::key_freed(limiter.algorithm());
+    })
+}
+
+unsafe extern "C" fn copy(
+    _from: *mut raw::RedisModuleString,
+    _to: *mut raw::RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    guarded("copy", ptr::null_mut(), || {
+        // SAFETY: Redis passes a value of our type.
+        into_value(unsafe { &*value.cast::<Limiter>() }.clone())
+    })
+}
+
+/// What a key holds.
+pub enum Slot<'a> {
+    Empty,
+    Limiter(&'a mut Limiter),
+    WrongType,
+}
+
+/// An open key, closed on drop.
+pub struct Key {
+    ctx: *mut raw::RedisModuleCtx,
+    key: *mut raw::RedisModuleKey,
+}
+
+impl Key {
+    /// Opens `name` for reading, or for reading and writing.
+    pub fn open(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        write: bool,
+    ) -> Key {
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
+        // SAFETY: ctx and name are the command's own; the key is closed on drop.
+        let key = unsafe { rm!(RedisModule_OpenKey)(ctx, name, mode as c_int) };
+        Key {
+            ctx,
+            key: key.cast(),
+        }
+    }
+
+    /// The key's content.
+    pub fn slot(&self) -> Slot<'_> {
+        // SAFETY: KeyType accepts NULL (a missing key opened read-only) and answers EMPTY.
+        let kind = unsafe { rm!(RedisModule_KeyType)(self.key) } as isize;
+        if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
+            return Slot::Empty;
+        }
+        // SAFETY: a non-empty open key.
+        if kind != raw::REDISMODULE_KEYTYPE_MODULE
+            || unsafe { rm!(RedisModule_ModuleTypeGetType)(self.key) } != raw_type()
+        {
+            return Slot::WrongType;
+        }
+        // SAFETY: the key holds our type, whose values are made by `into_value`.
+        let value = unsafe { rm!(RedisModule_ModuleTypeGetValue)(self.key) };
+        // SAFETY: valid while the key is open; `&self` ties the borrow to it.
+        Slot::Limiter(unsafe { &mut *value.cast::<Limiter>() })
+    }
+
+    /// Stores a new limiter in the (write-opened) key.
+    pub fn set(&self, limiter: Limiter) -> bool {
+        let value = into_value(limiter);
+        // SAFETY: the key is open for writing; Redis takes ownership of `value` on success.
+        let status = unsafe { rm!(RedisModule_ModuleTypeSetValue)(self.key, raw_type(), value) };
+        if status != raw::REDISMODULE_OK as c_int {
+            // SAFETY: Redis refused the value, so it is still ours.
+            unsafe { free(value) };
+            return false;
+        }
+        true
+    }
+
+    /// Sets the key's absolute expiry (ms since the epoch).
+    pub fn expire_at(&self, at_ms: u64) {
+        // SAFETY: an open, non-empty key.
+        unsafe {
+            rm!(RedisModule_SetAbsExpire)(self.key, i64::try_from(at_ms).unwrap_or(i64::MAX))
+        };
+    }
+
+    /// Deletes the key.
+    pub fn delete(&self) {
+        // SAFETY: an open key.
+        unsafe { rm!(RedisModule_DeleteKey)(self.key) };
+    }
+
+    /// The context the key was opened in.
+    pub fn ctx(&self) -> *mut raw::RedisModuleCtx {
+        self.ctx
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        // SAFETY: CloseKey accepts NULL and each key is closed once.
+        unsafe { rm!(RedisModule_CloseKey)(self.key) };
+    }
+}
