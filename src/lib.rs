@@ -127,11 +127,44 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
     });
 }
 
-#[cfg(not(test))]
+/// Redis's allocator inside redis-server (so module memory counts in `used_memory` and
+/// `maxmemory`); the system allocator where no Redis is present (unit tests, fuzzing, benches that
+/// link the cores). The choice never changes within a process: in the module, Redis's allocator is
+/// set up before the first allocation; elsewhere it never is.
+pub struct ModuleAlloc;
+
+// SAFETY: delegates every call to one of two valid allocators, chosen identically for an
+// allocation and its release.
+unsafe impl std::alloc::GlobalAlloc for ModuleAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if redis_allocator_ready() {
+            // SAFETY: forwarded as is.
+            unsafe { redis_module::alloc::RedisAlloc.alloc(layout) }
+        } else {
+            // SAFETY: forwarded as is.
+            unsafe { std::alloc::System.alloc(layout) }
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        if redis_allocator_ready() {
+            // SAFETY: allocated by the same allocator (see the type's comment).
+            unsafe { redis_module::alloc::RedisAlloc.dealloc(ptr, layout) }
+        } else {
+            // SAFETY: as above.
+            unsafe { std::alloc::System.dealloc(ptr, layout) }
+        }
+    }
+}
+
+fn redis_allocator_ready() -> bool {
+    api::has!(RedisModule_Alloc) && api::has!(RedisModule_Free)
+}
+
 redis_module! {
     name: "ratelimit",
     version: 1,
-    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    allocator: (ModuleAlloc, ModuleAlloc),
     data_types: [LIMITER_TYPE],
     init: init,
 }
