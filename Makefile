@@ -1,0 +1,59 @@
+# redis-ratelimit: build, run and test the native Redis rate-limiting module.
+# `make help` lists the targets; each one documents itself with a `## ` comment.
+
+SHELL := bash
+.DEFAULT_GOAL := help
+
+# Port for `make run` (`make run PORT=6380`).
+PORT ?= 6379
+# The module library cargo builds, and where `make run` keeps its RDB/AOF files (see redis.conf).
+MODULE := $(CURDIR)/target/release/libredis_ratelimit.so
+DATA_DIR := target/redis-data
+
+# Debian packages the build and the tests need: redis-server and redis-cli to run the module,
+# libclang-dev for the bindgen step of the redis-module crate.
+APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
+
+# FUZZ-RUN: placeholder for a bounded fuzz run appended to `make test` (set by the lead; empty = none).
+FUZZ_RUN :=
+
+.PHONY: help deps build run test lint fmt clean
+
+help: ## List the targets
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-6s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+deps: ## Install redis-server, redis-tools and libclang-dev with apt-get (only what is missing)
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing+=" redis-server"; \
+	command -v redis-cli >/dev/null 2>&1 || missing+=" redis-tools"; \
+	dpkg -s libclang-dev >/dev/null 2>&1 || compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null \
+		|| missing+=" libclang-dev"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(APT_GET) update && $(APT_GET) install -y $$missing; \
+	fi
+
+build: deps ## Build the module (target/release/libredis_ratelimit.so)
+	cargo build --release
+
+run: build ## Start redis-server in the foreground with redis.conf and the module (PORT=6379)
+	@if (exec 3<>/dev/tcp/127.0.0.1/$(PORT)) 2>/dev/null; then \
+		echo "port $(PORT) is already in use; try make run PORT=$$(( $(PORT) + 1 ))" >&2; exit 1; \
+	fi
+	mkdir -p $(DATA_DIR)
+	redis-server redis.conf --port $(PORT)
+
+test: export RATELIMIT_MODULE := $(MODULE)
+test: build ## Run every test (unit, integration) against the built module
+	cargo test --release
+	$(FUZZ_RUN)
+
+lint: deps ## Check formatting and run clippy with warnings as errors
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+
+fmt: ## Format the code
+	cargo fmt
+
+clean: ## Remove build output and the data of `make run`
+	cargo clean
