@@ -15,9 +15,9 @@ DATA_DIR := target/redis-data
 APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
 # FUZZ-RUN: placeholder for a bounded fuzz run appended to `make test` (set by the lead; empty = none).
-FUZZ_RUN :=
+FUZZ_RUN := bash fuzz/run.sh
 
-.PHONY: help deps build run test lint fmt clean
+.PHONY: help deps build run test lint fmt clean bench
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-6s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -47,6 +47,10 @@ test: export RATELIMIT_MODULE := $(MODULE)
 test: build ## Run every test (unit, integration) against the built module
 	cargo test --release
 	$(FUZZ_RUN)
+
+bench: export RATELIMIT_MODULE := $(MODULE)
+bench: build ## Native commands vs Lua scripts on one server (BENCH_QUICK=1: ~1 min); see target/bench/
+	cargo bench --bench compare
 
 lint: deps ## Check formatting and run clippy with warnings as errors
 	cargo fmt --check

@@ -25,7 +25,7 @@ type Handler = unsafe extern "C" fn(
 ) -> c_int;
 
 /// `(name, handler, flags, first key, last key, key step)`.
-const COMMANDS: [(&CStr, Handler, &CStr, c_int, c_int, c_int); 5] = [
+const COMMANDS: [(&CStr, Handler, &CStr, c_int, c_int, c_int); 6] = [
     (
         c"ratelimit.check",
         commands::check::check_command,
@@ -33,6 +33,15 @@ const COMMANDS: [(&CStr, Handler, &CStr, c_int, c_int, c_int); 5] = [
         1,
         1,
         1,
+    ),
+    // Keys declared by a `numkeys` key spec and the getkeys-api callback (commands::checkall).
+    (
+        commands::checkall::NAME,
+        commands::checkall::checkall_command,
+        commands::checkall::FLAGS,
+        0,
+        0,
+        0,
     ),
     (
         c"ratelimit.peek",
@@ -68,11 +77,17 @@ const COMMANDS: [(&CStr, Handler, &CStr, c_int, c_int, c_int); 5] = [
     ),
 ];
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if let Some(name) = api::missing_required() {
         ctx.log_warning(&format!(
             "ratelimit: this server lacks {name}; Redis 7.0 or later is required"
         ));
+        return Status::Err;
+    }
+    // Module configs (`ratelimit.*`): load arguments set their initial values, then Redis applies
+    // the `ratelimit.*` directives; any bad value refuses the load.
+    if let Err(why) = config::load(ctx.ctx, args) {
+        ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
         return Status::Err;
     }
     // SAFETY: called once from OnLoad with the module's context.
@@ -101,27 +116,61 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    if let Err(why) = commands::checkall::declare_keys(ctx.ctx) {
+        ctx.log_warning(&format!("ratelimit: {why}; its keys are declared by getkeys-api only"));
+    }
     Status::Ok
 }
 
 /// `INFO ratelimit`: calls, allowed, rejected and live keys per algorithm.
 unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    /// Field names per algorithm (Redis prefixes them with `ratelimit_`).
+    const FIELDS: [[&CStr; 4]; 5] = [
+        [
+            c"token_bucket_calls",
+            c"token_bucket_allowed",
+            c"token_bucket_rejected",
+            c"token_bucket_keys",
+        ],
+        [
+            c"leaky_bucket_calls",
+            c"leaky_bucket_allowed",
+            c"leaky_bucket_rejected",
+            c"leaky_bucket_keys",
+        ],
+        [
+            c"fixed_window_calls",
+            c"fixed_window_allowed",
+            c"fixed_window_rejected",
+            c"fixed_window_keys",
+        ],
+        [
+            c"sliding_window_calls",
+            c"sliding_window_allowed",
+            c"sliding_window_rejected",
+            c"sliding_window_keys",
+        ],
+        [
+            c"sliding_log_calls",
+            c"sliding_log_allowed",
+            c"sliding_log_rejected",
+            c"sliding_log_keys",
+        ],
+    ];
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: Redis's INFO context for this callback; names are NUL-terminated.
+        // SAFETY: Redis's INFO context for this callback; names are static and NUL-terminated.
         unsafe { api::rm!(RedisModule_InfoAddSection)(ctx, c"".as_ptr()) };
-        for algorithm in Algorithm::ALL {
+        for (algorithm, names) in Algorithm::ALL.into_iter().zip(FIELDS) {
             let figures = stats::figures(algorithm);
-            for (field, value) in [
-                ("calls", figures.calls),
-                ("allowed", figures.allowed),
-                ("rejected", figures.rejected),
-                ("keys", figures.keys),
-            ] {
-                let name = format!("{}_{field}\0", algorithm.name().replace('-', "_"));
+            let values = [
+                figures.calls,
+                figures.allowed,
+                figures.rejected,
+                figures.keys,
+            ];
+            for (name, value) in names.into_iter().zip(values) {
                 // SAFETY: as above.
-                unsafe {
-                    api::rm!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr().cast(), value)
-                };
+                unsafe { api::rm!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr(), value) };
             }
         }
     });

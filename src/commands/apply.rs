@@ -15,7 +15,7 @@ use crate::error::{self, ArgError};
 use crate::store::codec::Change;
 use crate::store::{Key, Slot};
 
-pub unsafe extern "C" fn apply_command(
+pub(crate) unsafe extern "C" fn apply_command(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
@@ -24,39 +24,34 @@ pub unsafe extern "C" fn apply_command(
 }
 
 fn run(call: &Call) -> c_int {
-    if call.len() != 3 {
+    if call.argc() != 3 {
         return call.error(&ArgError::WrongArity.message("ratelimit.apply"));
     }
     let Ok(change) = Change::decode(call.bytes(2)) else {
         return call.error(error::STATE);
     };
     let key = Key::open(call.ctx, call.string(1), true);
-    let stored = match key.slot() {
+    let mut stored = match key.slot() {
         Slot::WrongType => return call.error(error::WRONG_TYPE),
         Slot::Empty => None,
         Slot::Limiter(limiter) => Some(limiter),
     };
     let expires_at_ms = match change {
         Change::Replace(limiter) => {
+            drop(stored);
             let expires_at_ms = limiter.expires_at_ms();
-            match stored {
-                Some(slot) if slot.algorithm() == limiter.algorithm() => *slot = limiter,
-                _ => {
-                    key.set(limiter);
-                }
-            }
+            key.set(limiter);
             expires_at_ms
         }
         Change::LogAppend { params, t_ms, cost } => {
-            let stored = match stored {
-                Some(limiter)
-                    if limiter.algorithm() != Algorithm::SlidingLog || limiter.last_ms > t_ms =>
-                {
-                    return call.error(error::STATE)
+            if let Some(limiter) = &stored {
+                if limiter.algorithm() != Algorithm::SlidingLog || limiter.last_ms > t_ms {
+                    return call.error(error::STATE);
                 }
-                other => other,
-            };
-            if let Write::Created(limiter) = sliding_log::append(stored, &params, t_ms, cost) {
+            }
+            let write = sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost);
+            drop(stored);
+            if let Write::Created(limiter) = write {
                 key.set(limiter);
             }
             t_ms + params.period_ms

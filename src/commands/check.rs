@@ -18,7 +18,7 @@ use crate::store::{Key, Slot};
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
 const MAX_ARGS: usize = 11;
 
-pub unsafe extern "C" fn check_command(
+pub(crate) unsafe extern "C" fn check_command(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
@@ -26,7 +26,7 @@ pub unsafe extern "C" fn check_command(
     guard(ctx, argv, argc, |call| run(call, true))
 }
 
-pub unsafe extern "C" fn peek_command(
+pub(crate) unsafe extern "C" fn peek_command(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
@@ -36,14 +36,14 @@ pub unsafe extern "C" fn peek_command(
 
 /// Parses the arguments after the key of a CHECK-shaped call.
 pub fn parse_call(call: &Call, first: usize, name: &str) -> Result<CheckArgs, String> {
-    let count = call.len().saturating_sub(first);
+    let count = call.argc().saturating_sub(first);
     // Extra arguments are options given twice or unknown: let the parser name them.
     let mut slices: [&[u8]; MAX_ARGS + 2] = [&[]; MAX_ARGS + 2];
     let count = count.min(slices.len());
     for (i, slot) in slices[..count].iter_mut().enumerate() {
         *slot = call.bytes(first + i);
     }
-    let result = if call.len() < 5 {
+    let result = if call.argc() < 5 {
         Err(ArgError::WrongArity)
     } else {
         parse_check(&slices[..count], max_log_limit())
@@ -91,14 +91,16 @@ fn run(call: &Call, commit: bool) -> c_int {
 /// Decides on one open key and, with `commit`, writes the result into it (state and expiry).
 /// The error is the reply to send (WRONGTYPE, another algorithm).
 pub fn evaluate(key: &Key, request: &Request, commit: bool) -> Result<Outcome, String> {
-    let stored = match key.slot() {
+    let mut stored = match key.slot() {
         Slot::Empty => None,
         Slot::Limiter(limiter) => Some(limiter),
         Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
     };
-    let (outcome, write) = algorithms::check(stored, request, commit).map_err(|mismatch| {
+    let (outcome, write) = algorithms::check(stored.as_deref_mut(), request, commit).map_err(|mismatch| {
         error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
     })?;
+    // Store an in-place update before anything reads the key again.
+    drop(stored);
     let written = match write {
         Write::None => false,
         Write::Updated => true,
@@ -111,7 +113,7 @@ pub fn evaluate(key: &Key, request: &Request, commit: bool) -> Result<Outcome, S
 }
 
 /// Sends replicas and the AOF the write this call made, with its explicit time.
-fn replicate_write(
+pub(crate) fn replicate_write(
     call: &Call,
     key_name: *mut raw::RedisModuleString,
     request: &Request,
@@ -127,7 +129,7 @@ fn replicate_write(
         }
         .encode(&mut payload);
     } else if let Slot::Limiter(limiter) = key.slot() {
-        encode_replace(limiter, &mut payload);
+        encode_replace(&limiter, &mut payload);
     }
     if let Some(bytes) = payload.as_slice() {
         replicate_apply(call, key_name, bytes);
@@ -135,7 +137,7 @@ fn replicate_write(
 }
 
 /// Raises the `ratelimit.rejected` keyspace event (Redis drops it unless module events are on).
-fn notify_rejected(call: &Call, key_name: *mut raw::RedisModuleString) {
+pub(crate) fn notify_rejected(call: &Call, key_name: *mut raw::RedisModuleString) {
     // SAFETY: the command's context, a static NUL-terminated event name and the command's key.
     unsafe {
         rm!(RedisModule_NotifyKeyspaceEvent)(

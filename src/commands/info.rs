@@ -10,7 +10,7 @@ use crate::algorithms::{self, ceil_div, to_u64, Limiter, Request, State};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
-pub unsafe extern "C" fn info_command(
+pub(crate) unsafe extern "C" fn info_command(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
@@ -44,7 +44,7 @@ fn own_fields(limiter: &Limiter) -> Vec<(&'static CStr, u64)> {
 }
 
 fn run(call: &Call) -> c_int {
-    if call.len() != 2 {
+    if call.argc() != 2 {
         return call.error(&ArgError::WrongArity.message("ratelimit.info"));
     }
     let key = Key::open(call.ctx, call.string(1), false);

@@ -7,6 +7,7 @@
 
 pub mod apply;
 pub mod check;
+pub mod checkall;
 pub mod info;
 pub mod parse;
 pub mod reset;
@@ -31,7 +32,7 @@ pub struct Call {
 
 impl Call {
     /// The number of arguments, the command name included.
-    pub fn len(&self) -> usize {
+    pub fn argc(&self) -> usize {
         self.argc
     }
 
@@ -168,7 +169,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// Replicates (and appends to the AOF) `ratelimit.apply key payload`.
-pub fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]) {
+pub(crate) fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]) {
     // SAFETY: a registered command; "sb" = a key string and a buffer, both valid for the call.
     let status = unsafe {
         rm!(RedisModule_Replicate)(

@@ -37,12 +37,16 @@ pub fn parse_period(bytes: &[u8]) -> Option<u64> {
         .take_while(|byte| byte.is_ascii_digit())
         .count();
     let (number, unit) = bytes.split_at(digits);
-    let scale: u64 = match unit.to_ascii_lowercase().as_slice() {
-        b"" | b"ms" => 1,
-        b"s" => 1_000,
-        b"m" => 60_000,
-        b"h" => 3_600_000,
-        b"d" => 86_400_000,
+    let scale: u64 = match unit {
+        b"" => 1,
+        [unit] => match unit.to_ascii_lowercase() {
+            b's' => 1_000,
+            b'm' => 60_000,
+            b'h' => 3_600_000,
+            b'd' => 86_400_000,
+            _ => return None,
+        },
+        _ if unit.eq_ignore_ascii_case(b"ms") => 1,
         _ => return None,
     };
     parse_integer(number)?
@@ -168,6 +172,87 @@ pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgE
     })
 }
 
+/// `RATELIMIT.CHECKALL` arguments after the command name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckAllArgs {
+    /// How many keys follow `numkeys` (at least 1); they are arguments `2 ..= numkeys + 1`.
+    pub numkeys: usize,
+    /// One limit per key, in the keys' order.
+    pub specs: Vec<LimitSpec>,
+    /// The shared `COST`.
+    pub cost: u64,
+    /// The shared `AT`.
+    pub at_ms: Option<u64>,
+}
+
+/// `numkeys` of a CHECKALL, given how many arguments follow it: an integer from 1 to the number
+/// of keys given (some argument must follow the keys). Keys that leave too few arguments for one
+/// three-argument spec each are a wrong number of arguments.
+pub fn parse_numkeys(numkeys: &[u8], after: usize) -> Result<usize, ArgError> {
+    let numkeys = parse_integer(numkeys)
+        .filter(|n| *n >= 1 && *n < after as u64)
+        .ok_or(ArgError::NumKeys)? as usize;
+    if numkeys * 4 > after {
+        return Err(ArgError::WrongArity);
+    }
+    Ok(numkeys)
+}
+
+/// `numkeys key [key ...] algorithm limit period [BURST capacity] [...] [COST cost] [AT unix-ms]`.
+///
+/// One spec per key, in order. Every spec but the last is `algorithm limit period` with an
+/// optional `BURST capacity` right after it; the last spec and the shared options follow the
+/// grammar of [`parse_check`] exactly (options in any order, each once), so a CHECKALL of one key
+/// takes the very arguments a CHECK takes after its key.
+pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs, ArgError> {
+    let Some((numkeys, rest)) = args.split_first() else {
+        return Err(ArgError::WrongArity);
+    };
+    if rest.len() < 4 {
+        return Err(ArgError::WrongArity);
+    }
+    let numkeys = parse_numkeys(numkeys, rest.len())?;
+    let mut specs = Vec::with_capacity(numkeys);
+    let mut i = numkeys;
+    let mut burst = None;
+    for _ in 1..numkeys {
+        let head = spec_start(&rest[i..], burst.is_some())?;
+        let (algorithm, limit, period_ms) = parse_spec_head(head)?;
+        i += 3;
+        burst = None;
+        if rest.get(i).and_then(|name| option(name)) == Some(Option_::Burst) {
+            let value = rest.get(i + 1).ok_or(ArgError::MissingValue("BURST"))?;
+            burst = Some(option_value(Option_::Burst, value)?);
+            i += 2;
+        }
+        specs.push(finish_spec(
+            algorithm,
+            limit,
+            period_ms,
+            burst,
+            max_log_limit,
+        )?);
+    }
+    let last = parse_check(spec_start(&rest[i..], burst.is_some())?, max_log_limit)?;
+    specs.push(last.spec);
+    Ok(CheckAllArgs {
+        numkeys,
+        specs,
+        cost: last.cost,
+        at_ms: last.at_ms,
+    })
+}
+
+/// Where a spec must start. `COST` or `AT` there means a spec is missing; `BURST` there is the
+/// spec before giving a second one.
+fn spec_start<'a, 'b>(args: &'a [&'b [u8]], after_burst: bool) -> Result<&'a [&'b [u8]], ArgError> {
+    match args.first().and_then(|name| option(name)) {
+        Some(Option_::Burst) if after_burst => Err(ArgError::Duplicate("BURST")),
+        Some(Option_::Cost | Option_::At) => Err(ArgError::WrongArity),
+        _ => Ok(args),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,5 +348,137 @@ mod tests {
             })
         );
         assert!(parse("token-bucket 1000000000000 3650d BURST 1000000000000 COST 1000000000000 AT 9007199254740991").is_ok());
+    }
+
+    fn parse_all(line: &str) -> Result<CheckAllArgs, ArgError> {
+        let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+        parse_checkall(&args, 100_000)
+    }
+
+    #[test]
+    fn checkall_takes_one_spec_per_key_then_shared_options() {
+        let args = parse_all(
+            "3 a b c token-bucket 10 1s BURST 20 fixed-window 100 1h sliding-log 5 1m AT 7 COST 2",
+        )
+        .unwrap();
+        assert_eq!(args.numkeys, 3);
+        assert_eq!(
+            args.specs,
+            [
+                LimitSpec {
+                    algorithm: Algorithm::TokenBucket,
+                    params: Params::new(10, 1000, Some(20)).unwrap()
+                },
+                LimitSpec {
+                    algorithm: Algorithm::FixedWindow,
+                    params: Params::new(100, 3_600_000, None).unwrap()
+                },
+                LimitSpec {
+                    algorithm: Algorithm::SlidingLog,
+                    params: Params::new(5, 60_000, None).unwrap()
+                },
+            ]
+        );
+        assert_eq!((args.cost, args.at_ms), (2, Some(7)));
+        // The last spec takes its BURST among the options, as CHECK does.
+        let args = parse_all("2 a b fixed-window 1 1s leaky-bucket 3 1s COST 0 burst 9").unwrap();
+        assert_eq!(args.specs[1].params, Params::new(3, 1000, Some(9)).unwrap());
+        assert_eq!(args.cost, 0);
+    }
+
+    #[test]
+    fn checkall_of_one_key_parses_like_check() {
+        for tail in [
+            "token-bucket 10 1s",
+            "TOKEN-BUCKET 10 1s at 5 cost 2 burst 20",
+            "fixed-window 10 1s COST 1 COST 2",
+            "fixed-window 10 1s COST",
+            "fixed-window 10 1s LIMIT 3",
+            "fixed-window 10 1s BURST 5",
+            "gcra 10 1s",
+            "sliding-log 100001 1s",
+            "token-bucket 10 1s AT 9007199254740992",
+        ] {
+            let check = parse(tail);
+            let all = parse_all(&format!("1 k {tail}"));
+            match (check, all) {
+                (Ok(check), Ok(all)) => {
+                    assert_eq!(all.specs, [check.spec], "{tail}");
+                    assert_eq!((all.cost, all.at_ms), (check.cost, check.at_ms), "{tail}");
+                }
+                (check, all) => assert_eq!(check.err(), all.err(), "{tail}"),
+            }
+        }
+    }
+
+    #[test]
+    fn checkall_names_its_bad_arguments() {
+        assert_eq!(parse_all("1 k fixed-window 1"), Err(ArgError::WrongArity));
+        assert_eq!(parse_all("0 k fixed-window 1 1s"), Err(ArgError::NumKeys));
+        assert_eq!(parse_all("-1 k fixed-window 1 1s"), Err(ArgError::NumKeys));
+        assert_eq!(parse_all("x k fixed-window 1 1s"), Err(ArgError::NumKeys));
+        assert_eq!(
+            parse_all("3 a b fixed-window 1 1s fixed-window 1 1s"),
+            Err(ArgError::WrongArity)
+        );
+        assert_eq!(parse_all("9 a b c d"), Err(ArgError::NumKeys));
+        // A missing spec: the options come where a spec should.
+        assert_eq!(
+            parse_all("2 a b fixed-window 1 1s COST 1 AT 5 x"),
+            Err(ArgError::WrongArity)
+        );
+        assert_eq!(
+            parse_all("2 a b fixed-window 1 1s fixed-window 1"),
+            Err(ArgError::WrongArity)
+        );
+        assert_eq!(
+            parse_all("2 a b token-bucket 1 1s BURST 2 BURST 3 fixed-window 1 1s"),
+            Err(ArgError::Duplicate("BURST"))
+        );
+        assert_eq!(
+            parse_all("2 a b fixed-window 1 1s BURST 2 fixed-window 1 1s"),
+            Err(ArgError::BurstOnWindow)
+        );
+        assert_eq!(
+            parse_all("2 a b token-bucket 1 1s BURST"),
+            Err(ArgError::MissingValue("BURST"))
+        );
+        assert_eq!(
+            parse_all("2 a b gcra 1 1s fixed-window 1 1s"),
+            Err(ArgError::UnknownAlgorithm)
+        );
+        assert_eq!(
+            parse_all("2 a b fixed-window 1 0 fixed-window 1 1s"),
+            Err(ArgError::Period)
+        );
+        assert_eq!(
+            parse_all("2 a b fixed-window 1 1s fixed-window 1 1s COST 1 COST 2"),
+            Err(ArgError::Duplicate("COST"))
+        );
+        assert_eq!(
+            parse_all("2 a b fixed-window 1 1s fixed-window 1 1s fixed-window 1 1s"),
+            Err(ArgError::UnknownOption)
+        );
+        assert_eq!(
+            parse_all("2 a b sliding-log 100001 1s fixed-window 1 1s"),
+            Err(ArgError::LogLimit {
+                limit: 100_001,
+                max: 100_000
+            })
+        );
+    }
+
+    #[test]
+    fn numkeys_leaves_room_for_the_specs() {
+        assert_eq!(parse_numkeys(b"1", 4), Ok(1));
+        assert_eq!(parse_numkeys(b"2", 8), Ok(2));
+        assert_eq!(parse_numkeys(b"2", 7), Err(ArgError::WrongArity));
+        assert_eq!(parse_numkeys(b"7", 7), Err(ArgError::NumKeys));
+        assert_eq!(parse_numkeys(b"0", 8), Err(ArgError::NumKeys));
+        assert_eq!(parse_numkeys(b"+1", 8), Err(ArgError::NumKeys));
+        assert_eq!(
+            parse_numkeys(b"99999999999999999999", 8),
+            Err(ArgError::NumKeys)
+        );
     }
 }

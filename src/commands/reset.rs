@@ -8,7 +8,7 @@ use super::{guard, replicate_verbatim, Call};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
-pub unsafe extern "C" fn reset_command(
+pub(crate) unsafe extern "C" fn reset_command(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
@@ -17,10 +17,10 @@ pub unsafe extern "C" fn reset_command(
 }
 
 fn run(call: &Call) -> c_int {
-    if call.len() < 2 {
+    if call.argc() < 2 {
         return call.error(&ArgError::WrongArity.message("ratelimit.reset"));
     }
-    let keys: Vec<Key> = (1..call.len())
+    let keys: Vec<Key> = (1..call.argc())
         .map(|i| Key::open(call.ctx, call.string(i), true))
         .collect();
     // All or nothing: any key of another type fails the whole call before anything is removed.

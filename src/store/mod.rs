@@ -2,6 +2,7 @@
 //! memory and copy callbacks, and the key access used by the commands.
 
 pub mod codec;
+pub mod value;
 
 use std::ffi::{c_int, c_void, CString};
 use std::os::raw::c_char;
@@ -11,7 +12,8 @@ use std::ptr;
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::algorithms::{Limiter, State};
+use crate::algorithms::Limiter;
+use value::{LimiterRef, Value};
 use crate::api::rm;
 use crate::stats;
 
@@ -75,9 +77,9 @@ fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
 }
 
 /// Hands a new limiter to Redis as a module value pointer.
-pub fn into_value(limiter: Limiter) -> *mut c_void {
+pub(crate) fn into_value(limiter: Limiter) -> *mut c_void {
     stats::key_created(limiter.algorithm());
-    Box::into_raw(Box::new(limiter)).cast()
+    Box::into_raw(Box::new(Value::new(limiter))).cast()
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
@@ -112,19 +114,19 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     })
 }
 
-/// The limiter behind a module value pointer.
+/// The stored value behind a module value pointer.
 ///
 /// # Safety
 /// `value` must be a pointer made by [`into_value`] and still owned by Redis.
-unsafe fn limiter<'a>(value: *mut c_void) -> &'a Limiter {
+unsafe fn stored<'a>(value: *const c_void) -> &'a Value {
     // SAFETY: guaranteed by the caller.
-    unsafe { &*value.cast::<Limiter>() }
+    unsafe { &*value.cast::<Value>() }
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guarded("rdb_save", (), || {
         // SAFETY: Redis passes a value of our type.
-        let bytes = codec::to_bytes(unsafe { limiter(value) });
+        let bytes = codec::to_bytes(&unsafe { stored(value) }.read());
         // SAFETY: rdb is Redis's IO handle; the buffer outlives the call.
         unsafe { rm!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len()) };
     })
@@ -137,8 +139,8 @@ unsafe extern "C" fn aof_rewrite(
 ) {
     guarded("aof_rewrite", (), || {
         // SAFETY: Redis passes a value of our type.
-        let change = codec::Change::Replace(unsafe { limiter(value) }.clone());
-        let bytes = change.to_bytes();
+        let mut bytes = Vec::new();
+        codec::encode_replace(&unsafe { stored(value) }.read(), &mut bytes);
         // SAFETY: a registered command, "sb" = key string + buffer, both valid for the call.
         unsafe {
             rm!(RedisModule_EmitAOF)(
@@ -156,19 +158,14 @@ unsafe extern "C" fn aof_rewrite(
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     guarded("mem_usage", 0, || {
         // SAFETY: Redis passes a value of our type.
-        let limiter = unsafe { &*value.cast::<Limiter>() };
-        let heap = match &limiter.state {
-            State::SlidingLog(log) => log.heap_bytes(),
-            _ => 0,
-        };
-        std::mem::size_of::<Limiter>() + heap
+        unsafe { stored(value) }.memory_bytes()
     })
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guarded("digest", (), || {
         // SAFETY: Redis passes a value of our type.
-        let bytes = codec::to_bytes(unsafe { limiter(value) });
+        let bytes = codec::to_bytes(&unsafe { stored(value) }.read());
         // SAFETY: md is Redis's digest handle; the buffer is valid for the call.
         unsafe {
             rm!(RedisModule_DigestAddStringBuffer)(
@@ -184,8 +181,8 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
 unsafe extern "C" fn free(value: *mut c_void) {
     guarded("free", (), || {
         // SAFETY: Redis hands back ownership of a pointer made by `into_value`, exactly once.
-        let limiter = unsafe { Box::from_raw(value.cast::<Limiter>()) };
-        stats::key_freed(limiter.algorithm());
+        let value = unsafe { Box::from_raw(value.cast::<Value>()) };
+        stats::key_freed(value.algorithm());
     })
 }
 
@@ -196,14 +193,15 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     guarded("copy", ptr::null_mut(), || {
         // SAFETY: Redis passes a value of our type.
-        into_value(unsafe { &*value.cast::<Limiter>() }.clone())
+        into_value(unsafe { stored(value) }.to_limiter())
     })
 }
 
 /// What a key holds.
 pub enum Slot<'a> {
     Empty,
-    Limiter(&'a mut Limiter),
+    /// A limiter; a change made through it is stored when it drops.
+    Limiter(LimiterRef<'a>),
     WrongType,
 }
 
@@ -215,7 +213,7 @@ pub struct Key {
 
 impl Key {
     /// Opens `name` for reading, or for reading and writing.
-    pub fn open(
+    pub(crate) fn open(
         ctx: *mut raw::RedisModuleCtx,
         name: *mut raw::RedisModuleString,
         write: bool,
@@ -248,8 +246,9 @@ impl Key {
         }
         // SAFETY: the key holds our type, whose values are made by `into_value`.
         let value = unsafe { rm!(RedisModule_ModuleTypeGetValue)(self.key) };
-        // SAFETY: valid while the key is open; `&self` ties the borrow to it.
-        Slot::Limiter(unsafe { &mut *value.cast::<Limiter>() })
+        // SAFETY: valid while the key is open; `&self` ties the borrow to it, and commands hold
+        // one handle at a time.
+        Slot::Limiter(unsafe { &mut *value.cast::<Value>() }.limiter())
     }
 
     /// Stores a new limiter in the (write-opened) key.

@@ -1,0 +1,216 @@
+//! `cargo test --bench compare` (or `cargo bench --bench compare -- --self-test`): checks, without
+//! any server, that the bench understands the tools' output and writes well-formed reports. Not a
+//! timed test: it takes milliseconds. Panics (exit status 101) on the first failure.
+
+use std::io::BufReader;
+
+use crate::model::*;
+use crate::parse::{parse_benchmark_csv, parse_cmdstat, parse_info, Summary};
+use crate::report;
+use crate::resp::{self, Reply};
+
+/// `redis-benchmark --csv` of redis 7.0.15, one custom command.
+const CSV_70: &str = r#""test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+"RATELIMIT.CHECK rl:__rand_int__ token-bucket 1000000 1000","83472.46","8.786","0.544","7.751","20.303","27.935","28.895"
+"#;
+
+/// The same, with an argument holding a comma and a quote, and columns reordered.
+const CSV_ODD: &str = "\"rps\",\"test\",\"p99_latency_ms\"\n\"1234.5\",\"EVALSHA x \"\"a,b\"\" \",\"9.5\"\n";
+
+const COMMANDSTATS: &str = "# Commandstats\r\n\
+cmdstat_ratelimit.check:calls=100002,usec=399548,usec_per_call=4.00,rejected_calls=0,failed_calls=1\r\n\
+cmdstat_evalsha:calls=50000,usec=2828590,usec_per_call=56.57,rejected_calls=0,failed_calls=0\r\n\
+cmdstat_config|resetstat:calls=1,usec=7,usec_per_call=7.00,rejected_calls=0,failed_calls=0\r\n";
+
+const INFO_MEMORY: &str = "# Memory\r\nused_memory:1104536\r\nused_memory_human:1.05M\r\n";
+
+pub fn run() {
+    let line = parse_benchmark_csv(CSV_70).expect("7.0 CSV");
+    assert_eq!(line.rps, 83472.46);
+    assert_eq!(line.p50_ms, 7.751);
+    assert_eq!(line.p99_ms, 27.935);
+    assert_eq!(line.avg_ms, 8.786);
+    let odd = parse_benchmark_csv(CSV_ODD).expect("reordered CSV");
+    assert_eq!((odd.rps, odd.p99_ms), (1234.5, 9.5));
+    assert!(odd.p50_ms.is_nan());
+    assert!(parse_benchmark_csv("").is_err());
+    assert!(parse_benchmark_csv("\"test\",\"rps\"\n\"PING\",\"0.00\"\n").is_err());
+
+    let check = parse_cmdstat(COMMANDSTATS, "ratelimit.check").expect("cmdstat");
+    assert_eq!((check.calls, check.usec, check.failed_calls), (100002, 399548, 1));
+    assert!((check.usec_per_call - 399548.0 / 100002.0).abs() < 1e-9);
+    let evalsha = parse_cmdstat(COMMANDSTATS, "evalsha").expect("evalsha");
+    assert_eq!(evalsha.calls, 50000);
+    assert!(parse_cmdstat(COMMANDSTATS, "set").is_none());
+    assert_eq!(parse_info(INFO_MEMORY)["used_memory"], "1104536");
+
+    let s = Summary::of(&[3.0, 1.0, 2.0, f64::NAN]).expect("summary");
+    assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+    assert_eq!(Summary::of(&[1.0, 4.0]).expect("even").median, 2.5);
+    assert!(Summary::of(&[]).is_none());
+
+    let mut wire: &[u8] = b"*6\r\n:1\r\n:3\r\n:2\r\n:0\r\n:334\r\n:0\r\n-ERR bad\r\n$-1\r\n$3\r\nabc\r\n+OK\r\n";
+    let mut reader = BufReader::new(&mut wire);
+    let first = resp::read_reply(&mut reader).expect("array");
+    assert_eq!(first.allowed(), Some(1));
+    assert_eq!(
+        resp::read_reply(&mut reader).expect("error"),
+        Reply::Error("ERR bad".into())
+    );
+    assert_eq!(
+        resp::read_reply(&mut reader).expect("nil"),
+        Reply::Bulk(None)
+    );
+    assert_eq!(
+        resp::read_reply(&mut reader).expect("bulk"),
+        Reply::Bulk(Some(b"abc".to_vec()))
+    );
+    assert_eq!(
+        resp::read_reply(&mut reader).expect("status"),
+        Reply::Status("OK".into())
+    );
+    assert!(resp::read_reply(&mut reader).is_err());
+    let mut wire: &[u8] = b"*2\r\n:0\r\n$2\r\nab\r\n-ERR x\r\n:-7\r\n+OK\r\n";
+    let mut reader = BufReader::new(&mut wire);
+    let mut line = Vec::new();
+    let mut skim = || resp::skim_reply(&mut reader, &mut line).expect("skim");
+    assert_eq!(skim(), Ok(Some(0)));
+    assert_eq!(skim(), Err("ERR x".to_string()));
+    assert_eq!(skim(), Ok(Some(-7)));
+    assert_eq!(skim(), Ok(None));
+    let mut encoded = Vec::new();
+    resp::encode(&mut encoded, &["EVALSHA", ""]);
+    assert_eq!(encoded, b"*2\r\n$7\r\nEVALSHA\r\n$0\r\n\r\n");
+
+    let results = synthetic();
+    let md = report::markdown(&results);
+    for needle in [
+        "| token-bucket native | 150.0 [140.0..160.0] | 5.00x |",
+        "#### Targets",
+        "| SET k v PXAT t |",
+        "sliding-log, 100 entries per key",
+        "PASS",
+        "**FAIL**",
+    ] {
+        assert!(md.contains(needle), "Markdown lacks {needle:?}:\n{md}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&report::json(&results)).expect("the JSON report parses");
+    assert_eq!(json["cases"].as_array().map(Vec::len), Some(results.cases.len()));
+    assert_eq!(json["cases"][0]["rps"]["median"], 150000.0);
+    assert!(json["targets"].as_array().is_some_and(|t| !t.is_empty()));
+    let svg = report::svg(&results);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(
+        svg.matches("<text").count(),
+        svg.matches("</text>").count(),
+        "unbalanced SVG text elements"
+    );
+    assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+    println!("bench self-test: parsers and report writers OK (run `make bench` to benchmark)");
+}
+
+fn sample(rps: f64, usec: f64) -> Sample {
+    Sample {
+        requests: 1000,
+        seconds: 1.0,
+        rps,
+        avg_ms: 1.0,
+        p50_ms: 0.5,
+        p99_ms: 2.0,
+        usec_per_call: usec,
+    }
+}
+
+/// Results with round numbers: natives at 150k, Lua at 30k, floors 120k-200k.
+fn synthetic() -> Results {
+    let mut cases = Vec::new();
+    let groups = [
+        Group::Random { pipeline: 16 },
+        Group::Hot { pipeline: 16 },
+        Group::Random { pipeline: 1 },
+        Group::Hot { pipeline: 1 },
+    ];
+    for group in groups {
+        let mut subjects = Vec::new();
+        for a in 0..ALGORITHMS.len() {
+            subjects.push((Subject::Native(a), 150e3, 4.0));
+            subjects.push((Subject::Lua(a), 30e3, 25.0));
+        }
+        subjects.push((Subject::SetPxat, 140e3, 3.5));
+        subjects.push((Subject::Incr, 200e3, 1.0));
+        subjects.push((Subject::Ping, 250e3, 0.2));
+        for (subject, rps, usec) in subjects {
+            cases.push(CaseResult {
+                group,
+                subject,
+                command: vec!["CMD".into(), "__rand_int__".into(), String::new()],
+                samples: vec![
+                    sample(rps - 10e3, usec),
+                    sample(rps, usec),
+                    sample(rps + 10e3, usec),
+                ],
+            });
+        }
+    }
+    let memory = |id: &str, bytes: f64| MemoryResult {
+        id: id.into(),
+        label: id.into(),
+        keys: 1000,
+        calls_per_key: 1,
+        bytes_per_key: bytes + 20.0,
+        marginal: Some((500, bytes)),
+        memory_usage: Some(bytes as i64),
+    };
+    let flat = |v: f64| Summary {
+        median: v,
+        min: v,
+        max: v,
+    };
+    Results {
+        machine: Machine {
+            date_utc: "2025-01-01 00:00 UTC".into(),
+            cpu_model: "Test <CPU> & Co".into(),
+            nproc: 2,
+            ..Machine::default()
+        },
+        quick: true,
+        repetitions: 3,
+        clients: 50,
+        keyspace: 100_000,
+        run_seconds_target: 0.5,
+        total_seconds: 60.0,
+        cases,
+        memory: vec![
+            memory("set-pxat", 90.0),
+            memory("token-bucket/native", 120.0),
+            memory("leaky-bucket/native", 140.0),
+            memory("sliding-log/native-100", 900.0),
+            memory("sliding-log/seed-zset-100", 2000.0),
+        ],
+        scaling: vec![
+            ScalingResult {
+                subject: Subject::SetPxat,
+                points: vec![(1_000, Some(flat(2.0)), None), (1_000_000, Some(flat(3.0)), None)],
+            },
+            ScalingResult {
+                subject: Subject::Native(0),
+                points: vec![(1_000, Some(flat(3.0)), None), (1_000_000, Some(flat(4.0)), None)],
+            },
+        ],
+        log_scaling: vec![
+            LogScalingResult {
+                limit: 10,
+                native_consume: Some(flat(3.0)),
+                ..LogScalingResult::default()
+            },
+            LogScalingResult {
+                limit: 100_000,
+                native_consume: Some(flat(4.0)),
+                note: Some("synthetic".into()),
+                ..LogScalingResult::default()
+            },
+        ],
+        notes: vec!["synthetic results".into()],
+    }
+}

@@ -1,0 +1,399 @@
+//! The in-memory form of a stored limiter, sized to its algorithm.
+//!
+//! Buckets and windows are bit-packed into 32 bytes (jemalloc's 32-byte class): every field has a
+//! bound from the SPEC, so its width is fixed. The sliding log, whose entries live on the heap
+//! anyway, stays a boxed [`Limiter`].
+//!
+//! ```text
+//! bits    field
+//! 0..3    algorithm (its index; 7 marks a boxed limiter)
+//! 3..56   last_ms           (< 2^53)
+//! 56..96  limit             (<= 10^12 < 2^40)
+//! 96..135 period_ms         (<= 3650 days < 2^39)
+//! token/leaky bucket: 135..175 capacity (< 2^40), 175..254 tokens/level scaled (<= C·P < 2^79)
+//! fixed window:       135..175 count
+//! sliding window:     135..175 current, 175..215 previous
+//! ```
+//! A window's start is not stored: it is the window holding `last_ms` (the codec checks the same).
+
+use std::borrow::Cow;
+use std::ops::{Deref, DerefMut};
+
+use crate::algorithms::{Algorithm, Limiter, Params, State};
+
+const ALGORITHM_BITS: u32 = 3;
+const TIME_BITS: u32 = 53;
+const AMOUNT_BITS: u32 = 40;
+const PERIOD_BITS: u32 = 39;
+const SCALED_BITS: u32 = 79;
+/// The algorithm tag of a boxed limiter.
+const BOXED: u128 = 7;
+
+/// A stored limiter: 32 bytes, packed or pointing to a boxed limiter.
+pub struct Value {
+    words: [u64; 4],
+}
+
+/// Bit positions of the fields (see the module comment).
+const ALGORITHM_AT: u32 = 0;
+const LAST_AT: u32 = ALGORITHM_AT + ALGORITHM_BITS;
+const LIMIT_AT: u32 = LAST_AT + TIME_BITS;
+const PERIOD_AT: u32 = LIMIT_AT + AMOUNT_BITS;
+const FIRST_AT: u32 = PERIOD_AT + PERIOD_BITS;
+const SECOND_AT: u32 = FIRST_AT + AMOUNT_BITS;
+const _: () = assert!(SECOND_AT + SCALED_BITS <= 256);
+
+/// The 256 bits as two `u128` halves, so every field is one or two shifts.
+#[inline(always)]
+fn halves(words: &[u64; 4]) -> [u128; 2] {
+    [
+        u128::from(words[0]) | u128::from(words[1]) << 64,
+        u128::from(words[2]) | u128::from(words[3]) << 64,
+    ]
+}
+
+#[inline(always)]
+fn mask(width: u32) -> u128 {
+    u128::MAX >> (128 - width)
+}
+
+/// The `width`-bit field at bit `at`.
+#[inline(always)]
+fn get(bits: &[u128; 2], at: u32, width: u32) -> u128 {
+    let value = if at >= 128 {
+        bits[1] >> (at - 128)
+    } else if at + width <= 128 {
+        bits[0] >> at
+    } else {
+        bits[0] >> at | bits[1] << (128 - at)
+    };
+    value & mask(width)
+}
+
+/// Sets the `width`-bit field at bit `at` (initially zero); false if `value` is too wide.
+#[inline(always)]
+fn put(bits: &mut [u128; 2], at: u32, width: u32, value: u128) -> bool {
+    if value & !mask(width) != 0 {
+        return false;
+    }
+    if at >= 128 {
+        bits[1] |= value << (at - 128);
+    } else {
+        bits[0] |= value << at;
+        if at + width > 128 {
+            bits[1] |= value >> (128 - at);
+        }
+    }
+    true
+}
+
+fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
+    let mut bits = [0u128; 2];
+    let params = &limiter.params;
+    let window_start = params.window_start(limiter.last_ms);
+    let mut fits = put(
+        &mut bits,
+        ALGORITHM_AT,
+        ALGORITHM_BITS,
+        limiter.algorithm().index() as u128,
+    ) & put(&mut bits, LAST_AT, TIME_BITS, limiter.last_ms.into())
+        & put(&mut bits, LIMIT_AT, AMOUNT_BITS, params.limit.into())
+        & put(&mut bits, PERIOD_AT, PERIOD_BITS, params.period_ms.into());
+    fits &= match &limiter.state {
+        State::TokenBucket { tokens_scaled: v } | State::LeakyBucket { level_scaled: v } => {
+            put(&mut bits, FIRST_AT, AMOUNT_BITS, params.capacity.into())
+                & put(&mut bits, SECOND_AT, SCALED_BITS, *v)
+        }
+        State::FixedWindow {
+            window_start_ms,
+            count,
+        } if *window_start_ms == window_start => {
+            put(&mut bits, FIRST_AT, AMOUNT_BITS, (*count).into())
+        }
+        State::SlidingWindow {
+            window_start_ms,
+            current,
+            previous,
+        } if *window_start_ms == window_start => {
+            put(&mut bits, FIRST_AT, AMOUNT_BITS, (*current).into())
+                & put(&mut bits, SECOND_AT, AMOUNT_BITS, (*previous).into())
+        }
+        _ => false,
+    };
+    fits.then_some([
+        bits[0] as u64,
+        (bits[0] >> 64) as u64,
+        bits[1] as u64,
+        (bits[1] >> 64) as u64,
+    ])
+}
+
+fn unpack(words: &[u64; 4]) -> Limiter {
+    let bits = halves(words);
+    let field = |at, width| get(&bits, at, width) as u64;
+    let last_ms = field(LAST_AT, TIME_BITS);
+    let limit = field(LIMIT_AT, AMOUNT_BITS);
+    let period_ms = field(PERIOD_AT, PERIOD_BITS);
+    let mut params = Params {
+        limit,
+        period_ms,
+        capacity: limit,
+    };
+    let window_start_ms = params.window_start(last_ms);
+    let state = match Algorithm::from_index(field(ALGORITHM_AT, ALGORITHM_BITS) as u8) {
+        Some(Algorithm::TokenBucket) => {
+            params.capacity = field(FIRST_AT, AMOUNT_BITS);
+            State::TokenBucket {
+                tokens_scaled: get(&bits, SECOND_AT, SCALED_BITS),
+            }
+        }
+        Some(Algorithm::LeakyBucket) => {
+            params.capacity = field(FIRST_AT, AMOUNT_BITS);
+            State::LeakyBucket {
+                level_scaled: get(&bits, SECOND_AT, SCALED_BITS),
+            }
+        }
+        Some(Algorithm::FixedWindow) => State::FixedWindow {
+            window_start_ms,
+            count: field(FIRST_AT, AMOUNT_BITS),
+        },
+        Some(Algorithm::SlidingWindow) => State::SlidingWindow {
+            window_start_ms,
+            current: field(FIRST_AT, AMOUNT_BITS),
+            previous: field(SECOND_AT, AMOUNT_BITS),
+        },
+        // Only `pack` writes these words, and it never packs a log or an unknown tag.
+        _ => unreachable!("packed limiter with tag of a boxed one"),
+    };
+    Limiter {
+        params,
+        last_ms,
+        state,
+    }
+}
+
+impl Value {
+    /// Stores `limiter` packed when it fits, else boxed.
+    pub fn new(limiter: Limiter) -> Value {
+        match pack(&limiter) {
+            Some(words) => Value { words },
+            None => {
+                let pointer = Box::into_raw(Box::new(limiter)) as u64;
+                Value {
+                    words: [BOXED as u64, pointer, 0, 0],
+                }
+            }
+        }
+    }
+
+    fn boxed(&self) -> Option<*mut Limiter> {
+        (u128::from(self.words[0]) & BOXED == BOXED).then_some(self.words[1] as *mut Limiter)
+    }
+
+    /// The limiter, to read or change; changes are stored back when the returned handle drops.
+    pub fn limiter(&mut self) -> LimiterRef<'_> {
+        match self.boxed() {
+            // SAFETY: the pointer was made by `Box::into_raw` in `new` and is owned by this value.
+            Some(pointer) => LimiterRef::Boxed(unsafe { &mut *pointer }),
+            None => {
+                let limiter = unpack(&self.words);
+                LimiterRef::Packed {
+                    words: &mut self.words,
+                    limiter,
+                }
+            }
+        }
+    }
+
+    /// The limiter, read-only: borrowed when boxed, unpacked when packed.
+    pub fn read(&self) -> Cow<'_, Limiter> {
+        match self.boxed() {
+            // SAFETY: as in `limiter`.
+            Some(pointer) => Cow::Borrowed(unsafe { &*pointer }),
+            None => Cow::Owned(unpack(&self.words)),
+        }
+    }
+
+    /// A copy of the limiter.
+    pub fn to_limiter(&self) -> Limiter {
+        self.read().into_owned()
+    }
+
+    /// The algorithm, without unpacking.
+    pub fn algorithm(&self) -> Algorithm {
+        match self.boxed() {
+            // SAFETY: as in `limiter`.
+            Some(pointer) => unsafe { (*pointer).algorithm() },
+            None => Algorithm::from_index((self.words[0] & BOXED as u64) as u8)
+                .unwrap_or(Algorithm::TokenBucket),
+        }
+    }
+
+    /// Bytes held, for `MEMORY USAGE`.
+    pub fn memory_bytes(&self) -> usize {
+        let boxed = match self.boxed() {
+            // SAFETY: as in `limiter`.
+            Some(pointer) => {
+                let limiter = unsafe { &*pointer };
+                let heap = match &limiter.state {
+                    State::SlidingLog(log) => log.heap_bytes(),
+                    _ => 0,
+                };
+                std::mem::size_of::<Limiter>() + heap
+            }
+            None => 0,
+        };
+        std::mem::size_of::<Value>() + boxed
+    }
+}
+
+impl Drop for Value {
+    fn drop(&mut self) {
+        if let Some(pointer) = self.boxed() {
+            // SAFETY: made by `Box::into_raw` in `new`, released exactly once here.
+            drop(unsafe { Box::from_raw(pointer) });
+        }
+    }
+}
+
+/// A limiter borrowed from a [`Value`]; a packed one is written back when this drops.
+pub enum LimiterRef<'a> {
+    Packed {
+        words: &'a mut [u64; 4],
+        limiter: Limiter,
+    },
+    Boxed(&'a mut Limiter),
+}
+
+impl Deref for LimiterRef<'_> {
+    type Target = Limiter;
+
+    fn deref(&self) -> &Limiter {
+        match self {
+            LimiterRef::Packed { limiter, .. } => limiter,
+            LimiterRef::Boxed(limiter) => limiter,
+        }
+    }
+}
+
+impl DerefMut for LimiterRef<'_> {
+    fn deref_mut(&mut self) -> &mut Limiter {
+        match self {
+            LimiterRef::Packed { limiter, .. } => limiter,
+            LimiterRef::Boxed(limiter) => limiter,
+        }
+    }
+}
+
+impl Drop for LimiterRef<'_> {
+    fn drop(&mut self) {
+        if let LimiterRef::Packed { words, limiter } = self {
+            // A packed limiter stays packable: commands keep its algorithm and the SPEC's bounds.
+            if let Some(packed) = pack(limiter) {
+                **words = packed;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{check, Request, SlidingLog, Write, MAX_AMOUNT, MAX_PERIOD_MS};
+
+    fn limiter(algorithm: Algorithm, limit: u64, period_ms: u64, burst: Option<u64>) -> Limiter {
+        let params = Params::new(limit, period_ms, burst).unwrap();
+        let request = Request {
+            algorithm,
+            params,
+            cost: 1,
+            now_ms: (1 << 53) - 1 - 2 * MAX_PERIOD_MS,
+        };
+        match check(None, &request, true).unwrap().1 {
+            Write::Created(limiter) => limiter,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn value_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Value>(), 32);
+    }
+
+    #[test]
+    fn every_algorithm_round_trips_at_the_largest_values() {
+        for algorithm in Algorithm::ALL {
+            for (limit, period, burst) in [(1, 1, 1), (MAX_AMOUNT, MAX_PERIOD_MS, MAX_AMOUNT)] {
+                let burst = algorithm.is_bucket().then_some(burst);
+                let mut original = limiter(algorithm, limit, period, burst);
+                if let State::SlidingWindow { previous, .. } = &mut original.state {
+                    *previous = limit;
+                }
+                let mut value = Value::new(original.clone());
+                assert_eq!(value.to_limiter(), original, "{}", algorithm.name());
+                assert_eq!(value.algorithm(), algorithm);
+                assert_eq!(*value.limiter(), original);
+                assert_eq!(
+                    value.boxed().is_some(),
+                    algorithm == Algorithm::SlidingLog,
+                    "{}",
+                    algorithm.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn changes_through_the_handle_are_stored() {
+        let mut value = Value::new(limiter(Algorithm::TokenBucket, 10, 1000, Some(20)));
+        value.limiter().last_ms += 5;
+        if let State::TokenBucket { tokens_scaled } = &mut value.limiter().state {
+            *tokens_scaled = 1234;
+        }
+        let stored = value.to_limiter();
+        assert_eq!(
+            stored.state,
+            State::TokenBucket {
+                tokens_scaled: 1234
+            }
+        );
+        assert_eq!(stored.params.capacity, 20);
+        let mut log = Value::new(Limiter {
+            params: Params::new(3, 1000, None).unwrap(),
+            last_ms: 7,
+            state: State::SlidingLog(SlidingLog::from_runs([(7, 2)]).unwrap()),
+        });
+        log.limiter().last_ms = 9;
+        assert_eq!(log.to_limiter().last_ms, 9);
+        assert!(log.memory_bytes() > 32);
+    }
+
+    proptest::proptest! {
+        /// Any state the cores can produce packs and unpacks to itself.
+        #[test]
+        fn states_from_random_calls_round_trip(
+            algorithm in 0u8..4,
+            limit in 1u64..=MAX_AMOUNT,
+            period in 1u64..=MAX_PERIOD_MS,
+            burst in 1u64..=MAX_AMOUNT,
+            calls in proptest::collection::vec((0u64..=MAX_PERIOD_MS, 0u64..=MAX_AMOUNT), 1..20),
+        ) {
+            let algorithm = Algorithm::from_index(algorithm).unwrap();
+            let params = Params::new(limit, period, algorithm.is_bucket().then_some(burst)).unwrap();
+            let mut stored: Option<Limiter> = None;
+            let mut now = 0u64;
+            for (gap, cost) in calls {
+                now += gap;
+                let request = Request { algorithm, params, cost: cost.min(limit), now_ms: now };
+                if let (_, Write::Created(limiter)) = check(stored.as_mut(), &request, true).unwrap() {
+                    stored = Some(limiter);
+                }
+                if let Some(limiter) = &stored {
+                    let value = Value::new(limiter.clone());
+                    proptest::prop_assert!(value.boxed().is_none());
+                    proptest::prop_assert_eq!(&value.to_limiter(), limiter);
+                }
+            }
+        }
+    }
+}

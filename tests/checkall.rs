@@ -1,0 +1,880 @@
+//! `RATELIMIT.CHECKALL` against a real redis-server, checked against the SPEC's model: each key
+//! decides as CHECK would (the pure cores of `redis_ratelimit::algorithms`, whose arithmetic other
+//! tests hold to the SPEC's tables and the Lua references), and the call as a whole is
+//! all-or-nothing, with the overall decision built from the per-key ones by the SPEC's rules
+//! (re-implemented here, independently of the module's own `combine`).
+//!
+//! `RATELIMIT_CHECKALL_SEQUENCES` sets how many random sequences run (default 150);
+//! `RATELIMIT_CHECKALL_SEED` replays one sequence.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{future_base_ms, wait_replica_sync, Server};
+use redis::Value;
+use redis_ratelimit::algorithms::{self, Algorithm, Decision, Limiter, Params, Request, Write};
+
+// ---------------------------------------------------------------------------------------------
+// The model
+
+/// One limit as given on the command line.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    burst: Option<u64>,
+}
+
+impl Spec {
+    fn params(&self) -> Params {
+        Params::new(self.limit, self.period_ms, self.burst).expect("valid spec")
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            self.algorithm.name().to_string(),
+            self.limit.to_string(),
+            self.period_ms.to_string(),
+        ];
+        if let Some(burst) = self.burst {
+            args.extend(["BURST".to_string(), burst.to_string()]);
+        }
+        args
+    }
+
+    fn request(&self, cost: u64, at_ms: u64) -> Request {
+        Request {
+            algorithm: self.algorithm,
+            params: self.params(),
+            cost,
+            now_ms: at_ms,
+        }
+    }
+}
+
+/// The SPEC's model of the stored keys.
+#[derive(Default)]
+struct Model {
+    keys: HashMap<String, Option<Limiter>>,
+}
+
+impl Model {
+    fn peek(&self, key: &str, request: &Request) -> Decision {
+        let mut copy = self.keys.get(key).cloned().flatten();
+        let (outcome, _) =
+            algorithms::check(copy.as_mut(), request, false).expect("same algorithm");
+        outcome.decision
+    }
+
+    fn check(&mut self, key: &str, request: &Request) -> Decision {
+        let stored = self.keys.entry(key.to_string()).or_default();
+        let (outcome, write) =
+            algorithms::check(stored.as_mut(), request, true).expect("same algorithm");
+        if let Write::Created(limiter) = write {
+            *stored = Some(limiter);
+        }
+        outcome.decision
+    }
+
+    /// CHECKALL: per-key PEEKs; if all admit, per-key CHECKs. Returns the per-key decisions.
+    fn checkall(&mut self, keys: &[&str], requests: &[Request]) -> Vec<Decision> {
+        let peeks: Vec<Decision> = keys
+            .iter()
+            .zip(requests)
+            .map(|(key, request)| self.peek(key, request))
+            .collect();
+        if !peeks.iter().all(|decision| decision.allowed) {
+            return peeks;
+        }
+        keys.iter()
+            .zip(requests)
+            .map(|(key, request)| self.check(key, request))
+            .collect()
+    }
+}
+
+/// The SPEC's overall decision, as the six integers of the reply.
+fn overall(decisions: &[[i64; 6]]) -> [i64; 6] {
+    let allowed = decisions.iter().all(|d| d[0] == 1);
+    let least = decisions.iter().map(|d| d[2]).min().expect("a key");
+    let first_least = decisions.iter().find(|d| d[2] == least).expect("a key");
+    let retry = if decisions.iter().any(|d| d[3] == -1) {
+        -1
+    } else {
+        decisions.iter().map(|d| d[3]).max().expect("a key")
+    };
+    [
+        i64::from(allowed),
+        first_least[1],
+        least,
+        retry,
+        decisions.iter().map(|d| d[4]).max().expect("a key"),
+        decisions.iter().map(|d| d[5]).max().expect("a key"),
+    ]
+}
+
+/// A small deterministic generator (xorshift64*), so a failing sequence can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `low..=high`.
+    fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next() % (high - low + 1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.range(1, 100) <= percent
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.range(0, items.len() as u64 - 1) as usize]
+    }
+
+    fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.range(0, i as u64) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+fn random_spec(rng: &mut Rng, algorithm: Algorithm) -> Spec {
+    let limit = rng.range(1, 5);
+    let burst = (algorithm.is_bucket() && rng.chance(40)).then(|| rng.range(1, 7));
+    Spec {
+        algorithm,
+        limit,
+        period_ms: rng.pick(&[500, 1000, 2000, 60_000]),
+        burst,
+    }
+}
+
+fn random_cost(rng: &mut Rng) -> u64 {
+    match rng.range(1, 100) {
+        1..=10 => 0,
+        11..=75 => 1,
+        76..=95 => rng.range(2, 3),
+        _ => rng.range(6, 12), // above most limits: retry_after -1
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Talking to the server
+
+fn checkall_cmd(keys: &[&str], specs: &[Spec], cost: u64, at_ms: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
+    cmd.arg(keys.len()).arg(keys);
+    for spec in specs {
+        cmd.arg(spec.args());
+    }
+    cmd.arg("COST").arg(cost).arg("AT").arg(at_ms);
+    cmd
+}
+
+fn check_cmd(key: &str, spec: &Spec, cost: u64, at_ms: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("RATELIMIT.CHECK");
+    cmd.arg(key)
+        .arg(spec.args())
+        .arg("COST")
+        .arg(cost)
+        .arg("AT")
+        .arg(at_ms);
+    cmd
+}
+
+/// What a key holds on the server, byte for byte: its DUMP payload and absolute expiry.
+type Snapshot = Vec<(Option<Vec<u8>>, i64)>;
+
+fn snapshot(con: &mut redis::Connection, keys: &[String]) -> Snapshot {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("DUMP").arg(key).cmd("PEXPIRETIME").arg(key);
+    }
+    let flat: Vec<Value> = pipe.query(con).expect("DUMP/PEXPIRETIME");
+    flat.chunks(2)
+        .map(|pair| {
+            let dump: Option<Vec<u8>> = redis::from_redis_value(&pair[0]).expect("DUMP payload");
+            let expiry: i64 = redis::from_redis_value(&pair[1]).expect("PEXPIRETIME");
+            (dump, expiry)
+        })
+        .collect()
+}
+
+/// A command as text, for failure messages.
+fn show(cmd: &redis::Cmd) -> String {
+    cmd.args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            redis::Arg::Cursor => "<cursor>".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn query_error(con: &mut redis::Connection, cmd: &redis::Cmd) -> String {
+    match cmd.query::<Value>(con) {
+        Ok(value) => panic!("{}: expected an error, got {value:?}", show(cmd)),
+        Err(error) => error.to_string(),
+    }
+}
+
+fn sequences() -> u64 {
+    std::env::var("RATELIMIT_CHECKALL_SEQUENCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+/// Random sequences over 1 to 4 keys of mixed algorithms, CHECKALLs over random subsets in random
+/// orders interleaved with single-key CHECKs: every reply equals the model's, and whenever any key
+/// rejects, no key changes at all (DUMP payload and absolute expiry).
+#[test]
+fn random_sequences_follow_the_model() {
+    let server = Server::start();
+    let mut con = server.client();
+    let base = future_base_ms();
+    let seeds: Vec<u64> = match std::env::var("RATELIMIT_CHECKALL_SEED") {
+        Ok(seed) => vec![seed.parse().expect("RATELIMIT_CHECKALL_SEED")],
+        Err(_) => (1..=sequences()).collect(),
+    };
+    let (mut admitted, mut refused, mut steps) = (0, 0, 0);
+    for seed in seeds {
+        let mut rng = Rng::new(seed);
+        let mut model = Model::default();
+        let count = rng.range(1, 4) as usize;
+        let keys: Vec<String> = (0..count).map(|i| format!("seq{seed}:k{i}")).collect();
+        let mut specs: Vec<Spec> = (0..count)
+            .map(|_| {
+                let algorithm = rng.pick(&Algorithm::ALL);
+                random_spec(&mut rng, algorithm)
+            })
+            .collect();
+        let mut at = base + rng.range(0, 5_000);
+        for step in 0..40 {
+            steps += 1;
+            // Time mostly moves forward, in bursts and gaps; now and then a call comes late.
+            match rng.range(1, 100) {
+                1..=30 => {}
+                31..=90 => at += rng.range(1, 400),
+                91..=95 => at += rng.range(1_000, 3_000),
+                _ => at = at.saturating_sub(rng.range(1, 300)).max(base),
+            }
+            if rng.chance(5) {
+                // New parameters for one key (same algorithm): the state carries over.
+                let i = rng.range(0, count as u64 - 1) as usize;
+                specs[i] = random_spec(&mut rng, specs[i].algorithm);
+            }
+            let cost = random_cost(&mut rng);
+            let context = format!("seed {seed} step {step}");
+            if rng.chance(20) {
+                let i = rng.range(0, count as u64 - 1) as usize;
+                let reply: Vec<i64> = check_cmd(&keys[i], &specs[i], cost, at)
+                    .query(&mut con)
+                    .unwrap_or_else(|e| panic!("{context}: CHECK: {e}"));
+                let expected = model.check(&keys[i], &specs[i].request(cost, at));
+                assert_eq!(reply, expected.to_array(), "{context}: CHECK {}", keys[i]);
+                continue;
+            }
+            let mut order: Vec<usize> = (0..count).collect();
+            rng.shuffle(&mut order);
+            order.truncate(rng.range(1, count as u64) as usize);
+            let names: Vec<&str> = order.iter().map(|&i| keys[i].as_str()).collect();
+            let chosen: Vec<Spec> = order.iter().map(|&i| specs[i]).collect();
+            let requests: Vec<Request> = chosen.iter().map(|s| s.request(cost, at)).collect();
+            let before = snapshot(&mut con, &keys);
+            let cmd = checkall_cmd(&names, &chosen, cost, at);
+            let reply: Vec<Vec<i64>> = cmd
+                .query(&mut con)
+                .unwrap_or_else(|e| panic!("{context}: {}: {e}", show(&cmd)));
+            let per_key: Vec<[i64; 6]> = model
+                .checkall(&names, &requests)
+                .iter()
+                .map(Decision::to_array)
+                .collect();
+            let mut expected = vec![overall(&per_key).to_vec()];
+            expected.extend(per_key.iter().map(|d| d.to_vec()));
+            assert_eq!(reply, expected, "{context}: {}", show(&cmd));
+            if reply[0][0] == 1 {
+                admitted += 1;
+            } else {
+                refused += 1;
+                assert_eq!(
+                    snapshot(&mut con, &keys),
+                    before,
+                    "{context}: a rejected CHECKALL changed a key: {}",
+                    show(&cmd)
+                );
+            }
+            if names.len() == 1 {
+                assert_eq!(reply[0], reply[1], "{context}: one key: overall = its own");
+            }
+        }
+    }
+    eprintln!("{steps} steps, {admitted} CHECKALLs admitted, {refused} refused");
+    assert!(
+        admitted > 0 && refused > 0,
+        "the sequences never admit or never refuse"
+    );
+}
+
+/// `CHECKALL 1 key <args>` is `CHECK key <args>`: the same reply (as the overall decision and as
+/// the key's own) and the same stored state and expiry, over random sequences, with the options
+/// in random order.
+#[test]
+fn checkall_of_one_key_equals_check() {
+    let server = Server::start();
+    let mut con = server.client();
+    let base = future_base_ms();
+    for seed in 1..=sequences() / 2 {
+        let mut rng = Rng::new(seed ^ 0xC4EC_CA11);
+        let algorithm = rng.pick(&Algorithm::ALL);
+        let mut spec = random_spec(&mut rng, algorithm);
+        let (one, all) = (format!("one{seed}"), format!("all{seed}"));
+        let mut at = base + rng.range(0, 5_000);
+        for step in 0..30 {
+            at += rng.pick(&[0, 0, 1, 50, 200, 700, 1500]);
+            if rng.chance(5) {
+                spec = random_spec(&mut rng, algorithm);
+            }
+            // The arguments after the key, options shuffled (BURST among them).
+            let mut options: Vec<[String; 2]> = vec![
+                ["COST".into(), random_cost(&mut rng).to_string()],
+                ["AT".into(), at.to_string()],
+            ];
+            if let Some(burst) = spec.burst {
+                options.push(["burst".into(), burst.to_string()]);
+            }
+            rng.shuffle(&mut options);
+            let mut tail = vec![
+                spec.algorithm.name().to_string(),
+                spec.limit.to_string(),
+                spec.period_ms.to_string(),
+            ];
+            tail.extend(options.into_iter().flatten());
+            let check: Vec<i64> = redis::cmd("RATELIMIT.CHECK")
+                .arg(&one)
+                .arg(&tail)
+                .query(&mut con)
+                .unwrap_or_else(|e| panic!("seed {seed} step {step}: CHECK {tail:?}: {e}"));
+            let checkall: Vec<Vec<i64>> = redis::cmd("RATELIMIT.CHECKALL")
+                .arg(1)
+                .arg(&all)
+                .arg(&tail)
+                .query(&mut con)
+                .unwrap_or_else(|e| panic!("seed {seed} step {step}: CHECKALL {tail:?}: {e}"));
+            assert_eq!(
+                checkall,
+                vec![check.clone(), check],
+                "seed {seed} step {step}: {tail:?}"
+            );
+            assert_eq!(
+                snapshot(&mut con, &[all.clone()]),
+                snapshot(&mut con, &[one.clone()]),
+                "seed {seed} step {step}: stored state differs"
+            );
+        }
+    }
+}
+
+/// The SPEC's example: a per-second and a per-hour limit. A request the per-second limit refuses
+/// consumes nothing from the per-hour one; the reply shows which limit refused.
+#[test]
+fn all_or_nothing_with_per_key_views() {
+    let server = Server::start();
+    let mut con = server.client();
+    let t = future_base_ms();
+    let call = |con: &mut redis::Connection, at: u64, cost: u64| -> Vec<Vec<i64>> {
+        redis::cmd("RATELIMIT.CHECKALL")
+            .arg(2)
+            .arg("{u1}:sec")
+            .arg("{u1}:hour")
+            .arg(&["fixed-window", "2", "1s", "token-bucket", "100", "1h"])
+            .arg("COST")
+            .arg(cost)
+            .arg("AT")
+            .arg(at)
+            .query(con)
+            .expect("CHECKALL")
+    };
+    assert_eq!(
+        call(&mut con, t, 1),
+        [
+            [1, 2, 1, 0, 36_000, 0],
+            [1, 2, 1, 0, 1000, 0],
+            [1, 100, 99, 0, 36_000, 0]
+        ]
+    );
+    assert_eq!(
+        call(&mut con, t + 1, 1),
+        [
+            [1, 2, 0, 0, 71_999, 0],
+            [1, 2, 0, 0, 999, 0],
+            [1, 100, 98, 0, 71_999, 0]
+        ]
+    );
+    let before = snapshot(&mut con, &["{u1}:sec".into(), "{u1}:hour".into()]);
+    // The per-second window is full: refused, and the hour keeps its 98.
+    assert_eq!(
+        call(&mut con, t + 2, 1),
+        [
+            [0, 2, 0, 998, 107_998, 0],
+            [0, 2, 0, 998, 998, 0],
+            [1, 100, 97, 0, 107_998, 0]
+        ]
+    );
+    assert_eq!(
+        snapshot(&mut con, &["{u1}:sec".into(), "{u1}:hour".into()]),
+        before
+    );
+    // COST 0 asks everywhere and consumes nothing.
+    assert_eq!(call(&mut con, t + 2, 0)[2], [1, 100, 98, 0, 71_998, 0]);
+    // A cost above the per-second limit can never pass: -1 overall.
+    assert_eq!(call(&mut con, t + 1000, 3)[0], [0, 2, 2, -1, 179_000, 0]);
+    // Next second: admitted again, and the hour pays.
+    assert_eq!(call(&mut con, t + 1000, 1)[2], [1, 100, 97, 0, 107_000, 0]);
+}
+
+/// RESP3: the overall decision is a map with a `limits` array of per-key maps.
+#[test]
+fn resp3_reply_is_a_map_with_limits() {
+    let server = Server::start();
+    let mut con = server.client_resp3();
+    let t = future_base_ms();
+    let reply: Value = redis::cmd("RATELIMIT.CHECKALL")
+        .arg(2)
+        .arg("a")
+        .arg("b")
+        .arg(&["sliding-log", "1", "1s", "leaky-bucket", "3", "1s"])
+        .arg("AT")
+        .arg(t)
+        .query(&mut con)
+        .expect("CHECKALL");
+    let Value::Map(fields) = reply else {
+        panic!("not a map: {reply:?}");
+    };
+    let names: Vec<String> = fields
+        .iter()
+        .map(|(name, _)| redis::from_redis_value(name).expect("a name"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "allowed",
+            "limit",
+            "remaining",
+            "retry_after_ms",
+            "reset_after_ms",
+            "delay_ms",
+            "limits"
+        ]
+    );
+    assert_eq!(fields[0].1, Value::Boolean(true));
+    assert_eq!(fields[2].1, Value::Int(0));
+    let Value::Array(limits) = &fields[6].1 else {
+        panic!("limits is not an array: {:?}", fields[6].1);
+    };
+    assert_eq!(limits.len(), 2);
+    for (limit, expected) in limits
+        .iter()
+        .zip([[1, 1, 0, 0, 1000, 0], [1, 3, 2, 0, 334, 0]])
+    {
+        let Value::Map(fields) = limit else {
+            panic!("a limit is not a map: {limit:?}");
+        };
+        assert_eq!(fields.len(), 6);
+        assert_eq!(fields[0].1, Value::Boolean(true));
+        let values: Vec<i64> = fields[1..]
+            .iter()
+            .map(|(_, v)| redis::from_redis_value(v).expect("an integer"))
+            .collect();
+        assert_eq!(values, expected[1..]);
+    }
+}
+
+/// Every bad call gets an error and changes nothing: bad arguments, a key given twice, a key of
+/// another type, a key holding another algorithm.
+#[test]
+fn errors_change_nothing() {
+    let server = Server::start();
+    let mut con = server.client();
+    let t = future_base_ms().to_string();
+    let keys: Vec<String> = ["x", "y", "str"].map(String::from).to_vec();
+    let _: Vec<i64> = redis::cmd("RATELIMIT.CHECK")
+        .arg(&["x", "token-bucket", "3", "1s", "AT", &t])
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("str")
+        .arg("v")
+        .query(&mut con)
+        .unwrap();
+    let before = snapshot(&mut con, &keys);
+    let cases: &[(&[&str], &str)] = &[
+        (&["0", "x", "fixed-window", "1", "1s"], "numkeys"),
+        (&["x", "x", "fixed-window", "1", "1s"], "numkeys"),
+        (&["9", "x", "y", "fixed-window", "1"], "numkeys"),
+        (
+            &["2", "x", "y", "token-bucket", "3", "1s"],
+            "wrong number of arguments",
+        ),
+        (
+            &[
+                "2",
+                "x",
+                "y",
+                "token-bucket",
+                "3",
+                "1s",
+                "COST",
+                "1",
+                "AT",
+                "5",
+            ],
+            "wrong number of arguments",
+        ),
+        (
+            &[
+                "2",
+                "y",
+                "x",
+                "fixed-window",
+                "1",
+                "1s",
+                "BURST",
+                "2",
+                "token-bucket",
+                "3",
+                "1s",
+            ],
+            "BURST applies only",
+        ),
+        (
+            &["2", "y", "x", "gcra", "1", "1s", "token-bucket", "3", "1s"],
+            "unknown algorithm",
+        ),
+        (
+            &[
+                "2",
+                "y",
+                "x",
+                "fixed-window",
+                "1",
+                "1s",
+                "token-bucket",
+                "3",
+                "1s",
+                "COST",
+                "-1",
+            ],
+            "COST",
+        ),
+        (
+            &[
+                "2",
+                "y",
+                "x",
+                "fixed-window",
+                "1",
+                "1s",
+                "token-bucket",
+                "3",
+                "1s",
+                "LIMIT",
+                "1",
+            ],
+            "unknown option",
+        ),
+        (
+            &[
+                "2",
+                "x",
+                "x",
+                "token-bucket",
+                "3",
+                "1s",
+                "token-bucket",
+                "3",
+                "1s",
+            ],
+            "key 'x' given more than once",
+        ),
+        (
+            &[
+                "2",
+                "y",
+                "str",
+                "fixed-window",
+                "1",
+                "1s",
+                "fixed-window",
+                "1",
+                "1s",
+            ],
+            "WRONGTYPE",
+        ),
+        (
+            &[
+                "2",
+                "y",
+                "x",
+                "fixed-window",
+                "1",
+                "1s",
+                "sliding-log",
+                "3",
+                "1s",
+            ],
+            "holds a token-bucket limiter, not sliding-log",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
+        cmd.arg(*args).arg("AT").arg(&t);
+        let error = query_error(&mut con, &cmd);
+        assert!(
+            error.contains(needle),
+            "{args:?}: {error:?} lacks {needle:?}"
+        );
+        assert_eq!(snapshot(&mut con, &keys), before, "{args:?} changed a key");
+    }
+    let error = query_error(&mut con, redis::cmd("RATELIMIT.CHECKALL").arg(1).arg("x"));
+    assert!(error.contains("wrong number of arguments"), "{error}");
+}
+
+/// The keys are declared: `COMMAND GETKEYS`, `COMMAND INFO`'s key spec, ACL key patterns.
+#[test]
+fn keys_are_declared() {
+    let server = Server::start();
+    let mut con = server.client();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("RATELIMIT.CHECKALL")
+        .arg(3)
+        .arg(&["a", "b", "c"])
+        .arg(&[
+            "token-bucket",
+            "1",
+            "1s",
+            "fixed-window",
+            "2",
+            "1s",
+            "sliding-log",
+            "3",
+            "1m",
+        ])
+        .arg(&["COST", "2"])
+        .query(&mut con)
+        .expect("COMMAND GETKEYS");
+    assert_eq!(keys, ["a", "b", "c"]);
+    let info: Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("ratelimit.checkall")
+        .query(&mut con)
+        .expect("COMMAND INFO");
+    let text = format!("{info:?}");
+    for needle in ["movablekeys", "write", "denyoom", "keynum", "RW"] {
+        assert!(text.contains(needle), "COMMAND INFO lacks {needle}: {text}");
+    }
+
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "tenant1",
+            "on",
+            ">secret",
+            "~tenant1:*",
+            "+ratelimit.checkall",
+        ])
+        .query(&mut con)
+        .expect("ACL SETUSER");
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "reader",
+            "on",
+            ">secret",
+            "%R~*",
+            "+ratelimit.checkall",
+        ])
+        .query(&mut con)
+        .expect("ACL SETUSER");
+    let connect = |user: &str| {
+        redis::Client::open(format!(
+            "redis://{user}:secret@127.0.0.1:{}/",
+            server.port()
+        ))
+        .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(10)))
+        .expect("connect as an ACL user")
+    };
+    let checkall = |a: &str, b: &str| {
+        let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
+        cmd.arg(2)
+            .arg(a)
+            .arg(b)
+            .arg(&["fixed-window", "5", "1s", "fixed-window", "5", "1m"]);
+        cmd
+    };
+    let mut tenant = connect("tenant1");
+    let reply: Vec<Vec<i64>> = checkall("tenant1:a", "tenant1:b")
+        .query(&mut tenant)
+        .expect("keys inside the pattern");
+    assert_eq!(reply[0][0], 1);
+    for (a, b) in [("tenant1:a", "tenant2:b"), ("other", "tenant1:b")] {
+        let error = query_error(&mut tenant, &checkall(a, b));
+        assert!(error.contains("NOPERM"), "{a} {b}: {error}");
+    }
+    // Keys only readable: CHECKALL writes, so it is refused.
+    let error = query_error(&mut connect("reader"), &checkall("r1", "r2"));
+    assert!(error.contains("NOPERM"), "{error}");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&["tenant2:b", "other", "r1", "r2"])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(exists, 0);
+}
+
+/// Replicas reproduce every key exactly (same digest, same absolute expiry); stats count one
+/// decision per key; `ratelimit.rejected` goes to the keys that refused, and only to them.
+#[test]
+fn replication_stats_and_notifications() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replica_of(&master);
+    let mut con = master.client();
+    let base = future_base_ms();
+    let mut rng = Rng::new(77);
+    let specs: Vec<Spec> = Algorithm::ALL[..4]
+        .iter()
+        .map(|&algorithm| random_spec(&mut rng, algorithm))
+        .chain([Spec {
+            algorithm: Algorithm::SlidingLog,
+            limit: 4,
+            period_ms: 1000,
+            burst: None,
+        }])
+        .collect();
+    let keys: Vec<String> = (0..5).map(|i| format!("r{i}")).collect();
+    let mut at = base;
+    for _ in 0..200 {
+        at += rng.range(0, 300);
+        let mut order: Vec<usize> = (0..5).collect();
+        rng.shuffle(&mut order);
+        order.truncate(rng.range(1, 5) as usize);
+        let names: Vec<&str> = order.iter().map(|&i| keys[i].as_str()).collect();
+        let chosen: Vec<Spec> = order.iter().map(|&i| specs[i]).collect();
+        let _: Vec<Vec<i64>> = checkall_cmd(&names, &chosen, random_cost(&mut rng), at)
+            .query(&mut con)
+            .expect("CHECKALL");
+    }
+    // Inside MULTI too.
+    let _: Value = redis::pipe()
+        .atomic()
+        .add_command(checkall_cmd(&["r0", "r4"], &[specs[0], specs[4]], 1, at))
+        .add_command(checkall_cmd(&["r4", "r1"], &[specs[4], specs[1]], 1, at))
+        .query(&mut con)
+        .expect("MULTI");
+    wait_replica_sync(&master, &replica);
+    let mut replica_con = replica.client();
+    for key in &keys {
+        let digest = |con: &mut redis::Connection| -> Vec<String> {
+            redis::cmd("DEBUG")
+                .arg("DIGEST-VALUE")
+                .arg(key)
+                .query(con)
+                .expect("DEBUG DIGEST-VALUE")
+        };
+        let expiry = |con: &mut redis::Connection| -> i64 {
+            redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap()
+        };
+        assert_eq!(digest(&mut con), digest(&mut replica_con), "{key}");
+        assert_eq!(expiry(&mut con), expiry(&mut replica_con), "{key}");
+    }
+
+    // Stats: a fresh server, one refused CHECKALL over three keys, one admitted over two.
+    let server = Server::start();
+    let mut con = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "notify-keyspace-events", "Kd"])
+        .query(&mut con)
+        .unwrap();
+    let mut subscriber = server.client();
+    subscriber
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    let t = future_base_ms();
+    let window = Spec {
+        algorithm: Algorithm::FixedWindow,
+        limit: 1,
+        period_ms: 1000,
+        burst: None,
+    };
+    let bucket = Spec {
+        algorithm: Algorithm::TokenBucket,
+        limit: 5,
+        period_ms: 1000,
+        burst: None,
+    };
+    let reply: Vec<Vec<i64>> = checkall_cmd(&["w1", "b1"], &[window, bucket], 1, t)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(reply[0][0], 1);
+    // w1 and w2 are full (w2 fresh, cost 2 > 1); b1 has room.
+    let reply: Vec<Vec<i64>> = checkall_cmd(&["w1", "b1", "w2"], &[window, bucket, window], 2, t)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(reply.iter().map(|d| d[0]).collect::<Vec<_>>(), [0, 0, 1, 0]);
+    // A marker event, so the absence of one for b1 is seen.
+    let _: Vec<i64> = check_cmd("marker", &window, 5, t).query(&mut con).unwrap();
+    let mut events = Vec::new();
+    loop {
+        let message = pubsub.get_message().expect("a keyspace event");
+        let channel = message.get_channel_name().to_string();
+        let payload: String = message.get_payload().unwrap();
+        events.push((channel.clone(), payload));
+        if channel.ends_with(":marker") {
+            break;
+        }
+    }
+    assert_eq!(
+        events,
+        ["w1", "w2", "marker"].map(|key| (
+            format!("__keyspace@0__:{key}"),
+            "ratelimit.rejected".to_string()
+        ))
+    );
+    let info = server.info("ratelimit");
+    let field = |name: &str| -> u64 {
+        info.iter()
+            .find(|(key, _)| key.ends_with(name))
+            .unwrap_or_else(|| panic!("INFO ratelimit lacks {name}: {info:?}"))
+            .1
+            .parse()
+            .unwrap()
+    };
+    // fixed-window: w1 admitted, then w1 and w2 refused, then the marker refused.
+    assert_eq!(field("fixed_window_allowed"), 1);
+    assert_eq!(field("fixed_window_rejected"), 3);
+    // token-bucket: b1 admitted once, then part of the refused call (nothing consumed).
+    assert_eq!(field("token_bucket_allowed"), 1);
+    assert_eq!(field("token_bucket_rejected"), 1);
+    assert_eq!(field("token_bucket_calls"), 2);
+}

@@ -1,0 +1,1222 @@
+//! Operations (SPEC "Operations"): module configs, `INFO ratelimit`, the `ratelimit.rejected`
+//! keyspace event and ACL key patterns, against real redis-servers.
+
+mod common;
+
+use std::fs;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{module_path, now_ms, parse_info, wait_replica_sync, Server};
+use redis::{Connection, RedisResult, Value};
+
+const ALGORITHMS: [&str; 5] = [
+    "token-bucket",
+    "leaky-bucket",
+    "fixed-window",
+    "sliding-window",
+    "sliding-log",
+];
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn check(con: &mut Connection, key: &str, spec: &[&str]) -> RedisResult<Vec<i64>> {
+    redis::cmd("RATELIMIT.CHECK").arg(key).arg(spec).query(con)
+}
+
+fn peek(con: &mut Connection, key: &str, spec: &[&str]) -> RedisResult<Vec<i64>> {
+    redis::cmd("RATELIMIT.PEEK").arg(key).arg(spec).query(con)
+}
+
+fn config_get(con: &mut Connection, name: &str) -> String {
+    let pairs: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query(con)
+        .unwrap_or_else(|e| panic!("CONFIG GET {name}: {e}"));
+    assert_eq!(pairs.len(), 2, "CONFIG GET {name}: {pairs:?}");
+    pairs[1].clone()
+}
+
+fn config_set(con: &mut Connection, name: &str, value: &str) -> RedisResult<()> {
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(con)
+}
+
+/// `INFO ratelimit` as field -> number.
+fn stats(server: &Server) -> std::collections::HashMap<String, u64> {
+    server
+        .info("ratelimit")
+        .into_iter()
+        .map(|(k, v)| {
+            let n = v
+                .parse()
+                .unwrap_or_else(|_| panic!("INFO ratelimit {k}:{v} is not a number"));
+            (k, n)
+        })
+        .collect()
+}
+
+fn field(algorithm: &str, name: &str) -> String {
+    format!("ratelimit_{}_{name}", algorithm.replace('-', "_"))
+}
+
+/// Live limiter keys per algorithm, in [`ALGORITHMS`] order.
+fn live_keys(server: &Server) -> [u64; 5] {
+    let stats = stats(server);
+    ALGORITHMS.map(|a| stats[&field(a, "keys")])
+}
+
+/// Waits (up to 5 s) until the live-key counts equal `expected`.
+fn wait_live_keys(server: &Server, expected: [u64; 5], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let keys = live_keys(server);
+        if keys == expected {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("{what}: live keys {keys:?}, expected {expected:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn dbsize(con: &mut Connection) -> u64 {
+    redis::cmd("DBSIZE").query(con).unwrap()
+}
+
+fn run_ok(con: &mut Connection, args: &[&str]) -> Value {
+    redis::cmd(args[0])
+        .arg(&args[1..])
+        .query(con)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// Asserts `result` is an error whose code is `code`, and returns its text.
+fn expect_error<T: std::fmt::Debug>(result: RedisResult<T>, code: &str, what: &str) -> String {
+    match result {
+        Ok(value) => panic!("{what}: expected a {code} error, got {value:?}"),
+        Err(e) => {
+            assert_eq!(e.code(), Some(code), "{what}: {e}");
+            e.to_string()
+        }
+    }
+}
+
+/// The redis-server binary the harness uses.
+fn server_binary() -> std::ffi::OsString {
+    std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into())
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "redis-ratelimit-ops-{tag}-{}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst),
+        now_ms()
+    ));
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// A redis-server started directly (not through the harness): listening on a unix socket in its
+/// own directory only (`port 0`), so it never competes for a TCP port. Killed on drop.
+struct Direct {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Direct {
+    fn socket(dir: &Path) -> PathBuf {
+        dir.join("redis.sock")
+    }
+
+    /// Spawns `redis-server <args...>` in `dir`, stdout and stderr into `dir/output.log`.
+    fn spawn(dir: &Path, args: &[std::ffi::OsString]) -> Direct {
+        let output = fs::File::create(dir.join("output.log")).expect("create output.log");
+        let mut command = Command::new(server_binary());
+        command
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(output.try_clone().expect("clone a file handle"))
+            .stderr(output);
+        // SAFETY: runs in the forked child before exec and only calls prctl(2), which is
+        // async-signal-safe. The server dies with this test's thread at the latest.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", server_binary()));
+        Direct {
+            child: Some(child),
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn output(&self) -> String {
+        fs::read_to_string(self.dir.join("output.log")).unwrap_or_default()
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A connection once the server answers PING on its socket (panics after 10 s or if it exits).
+    fn connect(&mut self) -> Connection {
+        let url = format!("redis+unix://{}", Self::socket(&self.dir).display());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.wait_exit(Duration::ZERO) {
+                panic!("redis-server exited ({status})\n{}", self.output());
+            }
+            if let Ok(mut con) = redis::Client::open(url.as_str()).and_then(|c| c.get_connection())
+            {
+                let _ = con.set_read_timeout(Some(Duration::from_secs(30)));
+                if redis::cmd("PING").query::<String>(&mut con).as_deref() == Ok("PONG") {
+                    return con;
+                }
+            }
+            if Instant::now() >= deadline {
+                panic!("redis-server did not answer within 10 s\n{}", self.output());
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Removes a directory on drop (also when the test panics).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("RATELIMIT_KEEP_TEST_DIRS").is_none() {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Starts redis-server with the module and `extra` arguments (after `--loadmodule <path>`), and
+/// asserts it refuses to start: exits non-zero within 10 s, its output containing each of
+/// `reasons`.
+fn assert_refuses_to_start(extra: &[&str], reasons: &[&str]) {
+    let dir = TempDir(temp_dir("refuse"));
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "--port".into(),
+        "0".into(),
+        "--unixsocket".into(),
+        Direct::socket(&dir.0).into(),
+        "--dir".into(),
+        dir.0.clone().into(),
+        "--save".into(),
+        "".into(),
+        "--appendonly".into(),
+        "no".into(),
+        "--loadmodule".into(),
+        module_path().into(),
+    ];
+    args.extend(extra.iter().map(Into::into));
+    let started = Instant::now();
+    let mut server = Direct::spawn(&dir.0, &args);
+    let Some(status) = server.wait_exit(Duration::from_secs(10)) else {
+        server.kill();
+        panic!(
+            "redis-server with {extra:?} still runs after 10 s: it should refuse to start\n{}",
+            server.output()
+        );
+    };
+    let output = server.output();
+    assert!(
+        !status.success(),
+        "{extra:?}: exit status {status}\n{output}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{extra:?}: took {:?} to give up",
+        started.elapsed()
+    );
+    assert!(
+        output.contains("Can't load module"),
+        "{extra:?}: no 'Can't load module' line\n{output}"
+    );
+    for reason in reasons {
+        assert!(
+            output.contains(reason),
+            "{extra:?}: the log does not say {reason:?}\n{output}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Module configs
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn max_log_limit_default_and_effect() {
+    let server = Server::start();
+    let mut con = server.client();
+    let all: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("ratelimit.*")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(all, ["ratelimit.max-log-limit", "100000"]);
+
+    assert_eq!(
+        check(&mut con, "log:a", &["sliding-log", "100000", "1s"]).unwrap()[0],
+        1
+    );
+    let message = expect_error(
+        check(&mut con, "log:b", &["sliding-log", "100001", "1s"]),
+        "ERR",
+        "limit above the default",
+    );
+    assert!(
+        message.contains("ratelimit.max-log-limit 100000"),
+        "{message}"
+    );
+    // The bound applies to the sliding log only.
+    assert_eq!(
+        check(&mut con, "tb", &["token-bucket", "100001", "1s"]).unwrap()[0],
+        1
+    );
+
+    config_set(&mut con, "ratelimit.max-log-limit", "50000").unwrap();
+    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "50000");
+    let message = expect_error(
+        peek(&mut con, "log:c", &["sliding-log", "50001", "1s"]),
+        "ERR",
+        "limit above the new bound",
+    );
+    assert!(
+        message.contains("exceeds ratelimit.max-log-limit 50000"),
+        "{message}"
+    );
+    assert_eq!(
+        check(&mut con, "log:c", &["sliding-log", "50000", "1s"]).unwrap()[0],
+        1
+    );
+    // Lowering the bound leaves stored keys alone; calls naming a larger limit are refused.
+    assert_eq!(dbsize(&mut con), 3);
+    expect_error(
+        check(&mut con, "log:a", &["sliding-log", "100000", "1s"]),
+        "ERR",
+        "stored key, limit above the new bound",
+    );
+
+    // The bounds themselves are accepted.
+    for value in ["1", "10000000"] {
+        config_set(&mut con, "ratelimit.max-log-limit", value).unwrap();
+        assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), value);
+    }
+    assert_eq!(
+        check(&mut con, "log:d", &["sliding-log", "10000000", "1s"]).unwrap()[0],
+        1
+    );
+}
+
+#[test]
+fn config_set_refuses_bad_values() {
+    let server = Server::start();
+    let mut con = server.client();
+    config_set(&mut con, "ratelimit.max-log-limit", "1234").unwrap();
+    for bad in [
+        "abc",
+        "0",
+        "-1",
+        "10000001",
+        "99999999999999999999",
+        "1.5",
+        "",
+        "12k",
+    ] {
+        let message = expect_error(
+            config_set(&mut con, "ratelimit.max-log-limit", bad),
+            "ERR",
+            &format!("CONFIG SET ratelimit.max-log-limit {bad:?}"),
+        );
+        assert!(
+            message.contains("ratelimit.max-log-limit"),
+            "{bad:?}: {message}"
+        );
+        assert_eq!(
+            config_get(&mut con, "ratelimit.max-log-limit"),
+            "1234",
+            "{bad:?} changed the value"
+        );
+    }
+    let message = expect_error(
+        config_set(&mut con, "ratelimit.max-log-limit", "0"),
+        "ERR",
+        "zero",
+    );
+    assert!(message.contains("between 1 and 10000000"), "{message}");
+    expect_error(
+        config_set(&mut con, "ratelimit.no-such-config", "1"),
+        "ERR",
+        "unknown config",
+    );
+}
+
+#[test]
+fn load_arguments_set_the_initial_value() {
+    for args in [
+        ["max-log-limit", "50000"],
+        ["ratelimit.max-log-limit", "50000"],
+        ["MAX-LOG-LIMIT", "50000"],
+    ] {
+        let server = Server::builder().module_args(&args).start();
+        let mut con = server.client();
+        assert_eq!(
+            config_get(&mut con, "ratelimit.max-log-limit"),
+            "50000",
+            "{args:?}"
+        );
+        expect_error(
+            check(&mut con, "log", &["sliding-log", "50001", "1s"]),
+            "ERR",
+            "above the load argument",
+        );
+        // Still settable at run time.
+        config_set(&mut con, "ratelimit.max-log-limit", "60000").unwrap();
+        assert_eq!(
+            check(&mut con, "log", &["sliding-log", "50001", "1s"]).unwrap()[0],
+            1
+        );
+    }
+}
+
+#[test]
+fn config_directive_sets_the_value_and_wins_over_load_arguments() {
+    let server = Server::builder()
+        .config(&[("ratelimit.max-log-limit", "70000")])
+        .start();
+    assert_eq!(
+        config_get(&mut server.client(), "ratelimit.max-log-limit"),
+        "70000"
+    );
+
+    let server = Server::builder()
+        .module_args(&["max-log-limit", "50000"])
+        .config(&[("ratelimit.max-log-limit", "70000")])
+        .start();
+    assert_eq!(
+        config_get(&mut server.client(), "ratelimit.max-log-limit"),
+        "70000"
+    );
+}
+
+#[test]
+fn bad_load_arguments_refuse_to_load() {
+    let refused = "the module is not loaded";
+    assert_refuses_to_start(
+        &["max-log-limit", "abc"],
+        &[
+            "load argument 'max-log-limit': 'abc' refused",
+            "from 1 to 10000000",
+            refused,
+        ],
+    );
+    assert_refuses_to_start(&["max-log-limit", "0"], &["'0' refused", refused]);
+    assert_refuses_to_start(
+        &["ratelimit.max-log-limit", "10000001"],
+        &["'10000001' refused", refused],
+    );
+    assert_refuses_to_start(&["max-log-limit", "-5"], &["'-5' refused", refused]);
+    assert_refuses_to_start(
+        &["max-log-limit"],
+        &["'max-log-limit' has no value", refused],
+    );
+    assert_refuses_to_start(
+        &["max-log-limt", "5"],
+        &["unknown load argument 'max-log-limt'", refused],
+    );
+    assert_refuses_to_start(
+        &["max-log-limit", "5", "max-log-limit", "6"],
+        &["given more than once", refused],
+    );
+}
+
+#[test]
+fn bad_config_directives_refuse_to_load() {
+    assert_refuses_to_start(
+        &["--ratelimit.max-log-limit", "abc"],
+        &[
+            "Issue during loading of configuration ratelimit.max-log-limit",
+            "couldn't be parsed into an integer",
+            "the module is not loaded",
+        ],
+    );
+    assert_refuses_to_start(
+        &["--ratelimit.max-log-limit", "0"],
+        &["between 1 and 10000000", "the module is not loaded"],
+    );
+    // A bad load argument is refused even when a directive would override it.
+    assert_refuses_to_start(
+        &["max-log-limit", "abc", "--ratelimit.max-log-limit", "5"],
+        &["'abc' refused"],
+    );
+}
+
+#[test]
+fn module_load_at_run_time_validates_too() {
+    let server = Server::builder()
+        .no_module()
+        .config(&[("enable-module-command", "yes")])
+        .start();
+    let mut con = server.client();
+    let path = module_path().to_string_lossy().into_owned();
+    let load = |con: &mut Connection, args: &[&str]| -> RedisResult<()> {
+        redis::cmd("MODULE").arg(args).query(con)
+    };
+    expect_error(
+        load(&mut con, &["LOAD", &path, "max-log-limit", "abc"]),
+        "ERR",
+        "MODULE LOAD with a bad argument",
+    );
+    expect_error(
+        load(
+            &mut con,
+            &["LOADEX", &path, "CONFIG", "ratelimit.max-log-limit", "0"],
+        ),
+        "ERR",
+        "MODULE LOADEX with a bad config",
+    );
+    let log = server.log();
+    assert!(log.contains("'abc' refused"), "{log}");
+    assert!(
+        log.contains("between 1 and 10000000"),
+        "no reason for the bad CONFIG in the log\n{log}"
+    );
+    load(
+        &mut con,
+        &[
+            "LOADEX",
+            &path,
+            "CONFIG",
+            "ratelimit.max-log-limit",
+            "7",
+            "ARGS",
+            "max-log-limit",
+            "9",
+        ],
+    )
+    .unwrap();
+    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "7");
+    assert_eq!(
+        check(&mut con, "k", &["sliding-log", "7", "1s"]).unwrap()[0],
+        1
+    );
+}
+
+#[test]
+fn config_rewrite_keeps_the_value() {
+    let dir = TempDir(temp_dir("rewrite"));
+    let conf = dir.0.join("redis.conf");
+    fs::write(
+        &conf,
+        format!(
+            "port 0\nunixsocket {}\ndir {}\nsave \"\"\nappendonly no\n\
+             loadmodule {} max-log-limit 50000\n",
+            Direct::socket(&dir.0).display(),
+            dir.0.display(),
+            module_path().display()
+        ),
+    )
+    .unwrap();
+    let args = [conf.clone().into_os_string()];
+
+    let mut server = Direct::spawn(&dir.0, &args);
+    let mut con = server.connect();
+    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "50000");
+    config_set(&mut con, "ratelimit.max-log-limit", "1234").unwrap();
+    run_ok(&mut con, &["CONFIG", "REWRITE"]);
+    let text = fs::read_to_string(&conf).unwrap();
+    assert!(
+        text.lines().any(|l| l == "ratelimit.max-log-limit 1234"),
+        "CONFIG REWRITE wrote\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("loadmodule ") && l.ends_with(" max-log-limit 50000")),
+        "CONFIG REWRITE lost the load arguments\n{text}"
+    );
+    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut con);
+    assert!(
+        server.wait_exit(Duration::from_secs(10)).is_some(),
+        "SHUTDOWN did not stop the server\n{}",
+        server.output()
+    );
+
+    // Started again from the rewritten file: the directive wins over the load argument.
+    let mut server = Direct::spawn(&dir.0, &args);
+    let mut con = server.connect();
+    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "1234");
+    expect_error(
+        check(&mut con, "log", &["sliding-log", "1235", "1s"]),
+        "ERR",
+        "above the rewritten value",
+    );
+    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut con);
+    server.wait_exit(Duration::from_secs(10));
+}
+
+// ---------------------------------------------------------------------------------------------
+// INFO ratelimit
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn info_section_has_every_field() {
+    let server = Server::start();
+    let text: String = redis::cmd("INFO")
+        .arg("ratelimit")
+        .query(&mut server.client())
+        .unwrap();
+    assert!(text.starts_with("# ratelimit\r\n"), "{text}");
+    let fields = parse_info(&text);
+    assert_eq!(fields.len(), 20, "{text}");
+    for algorithm in ALGORITHMS {
+        for name in ["calls", "allowed", "rejected", "keys"] {
+            assert_eq!(
+                fields.get(&field(algorithm, name)).map(String::as_str),
+                Some("0")
+            );
+        }
+    }
+    // Module sections are part of INFO everything, not of plain INFO.
+    let everything: String = redis::cmd("INFO")
+        .arg("everything")
+        .query(&mut server.client())
+        .unwrap();
+    assert!(everything.contains("ratelimit_token_bucket_calls:0"));
+}
+
+#[test]
+fn info_counts_decisions_per_algorithm() {
+    let server = Server::start();
+    let mut con = server.client();
+    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+        // Limit 2 per hour: i+2 calls, 2 allowed, i rejected (so each algorithm differs).
+        let spec = [*algorithm, "2", "1h"];
+        for _ in 0..i + 2 {
+            check(&mut con, algorithm, &spec).unwrap();
+        }
+        // Not decisions: PEEK, errors, a call on a key of another type.
+        peek(&mut con, algorithm, &spec).unwrap();
+        check(&mut con, algorithm, &[*algorithm, "0", "1h"]).unwrap_err();
+        check(&mut con, algorithm, &["no-such-algorithm", "2", "1h"]).unwrap_err();
+    }
+    run_ok(&mut con, &["SET", "plain", "x"]);
+    check(&mut con, "plain", &["token-bucket", "2", "1h"]).unwrap_err();
+    // COST 0 asks without consuming, but it is a decision (allowed when it fits).
+    check(
+        &mut con,
+        "token-bucket:zero",
+        &["token-bucket", "2", "1h", "COST", "0"],
+    )
+    .unwrap();
+
+    let stats = stats(&server);
+    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+        let zero = u64::from(*algorithm == "token-bucket");
+        let i = i as u64;
+        assert_eq!(
+            stats[&field(algorithm, "calls")],
+            i + 2 + zero,
+            "{algorithm}"
+        );
+        assert_eq!(stats[&field(algorithm, "allowed")], 2 + zero, "{algorithm}");
+        assert_eq!(stats[&field(algorithm, "rejected")], i, "{algorithm}");
+        assert_eq!(stats[&field(algorithm, "keys")], 1, "{algorithm}");
+    }
+}
+
+#[test]
+fn info_live_keys_follow_every_way_a_key_comes_and_goes() {
+    let server = Server::start();
+    let mut con = server.client();
+    let hour = ["1", "1h"];
+    let create = |con: &mut Connection, key: &str, algorithm: &str| {
+        assert_eq!(
+            check(con, key, &[algorithm, hour[0], hour[1]]).unwrap()[0],
+            1,
+            "{key}"
+        );
+    };
+    // Three of each algorithm.
+    for algorithm in ALGORITHMS {
+        for n in 0..3 {
+            create(&mut con, &format!("{algorithm}:{n}"), algorithm);
+        }
+    }
+    wait_live_keys(&server, [3; 5], "after creating");
+    // Rejections, PEEK and COST 0 create nothing.
+    create_nothing(&mut con);
+    wait_live_keys(&server, [3; 5], "after calls that store nothing");
+
+    // COPY adds one; COPY REPLACE over a limiter of another algorithm swaps one for the other.
+    run_ok(&mut con, &["COPY", "token-bucket:0", "copy:1"]);
+    wait_live_keys(&server, [4, 3, 3, 3, 3], "COPY");
+    run_ok(&mut con, &["COPY", "sliding-log:0", "copy:1", "REPLACE"]);
+    wait_live_keys(&server, [3, 3, 3, 3, 4], "COPY REPLACE");
+    // RENAME, MOVE and SWAPDB keep the values.
+    run_ok(&mut con, &["RENAME", "copy:1", "copy:2"]);
+    run_ok(&mut con, &["MOVE", "copy:2", "1"]);
+    run_ok(&mut con, &["SWAPDB", "0", "1"]);
+    run_ok(&mut con, &["SWAPDB", "0", "1"]);
+    wait_live_keys(&server, [3, 3, 3, 3, 4], "RENAME, MOVE, SWAPDB");
+    // DUMP + RESTORE adds one.
+    let dump: Vec<u8> = redis::cmd("DUMP")
+        .arg("leaky-bucket:0")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("RESTORE")
+        .arg("restored")
+        .arg(0)
+        .arg(dump)
+        .query(&mut con)
+        .unwrap();
+    wait_live_keys(&server, [3, 4, 3, 3, 4], "RESTORE");
+
+    // DEL, UNLINK, RATELIMIT.RESET, overwriting with SET.
+    run_ok(&mut con, &["DEL", "token-bucket:0"]);
+    run_ok(&mut con, &["UNLINK", "leaky-bucket:0"]);
+    run_ok(
+        &mut con,
+        &[
+            "RATELIMIT.RESET",
+            "fixed-window:0",
+            "sliding-window:0",
+            "missing",
+        ],
+    );
+    run_ok(&mut con, &["SET", "sliding-log:0", "overwritten"]);
+    wait_live_keys(&server, [2, 3, 2, 2, 3], "DEL, UNLINK, RESET, SET");
+
+    // DEBUG RELOAD (save, empty, load the RDB): no double counting.
+    run_ok(&mut con, &["DEBUG", "RELOAD"]);
+    wait_live_keys(&server, [2, 3, 2, 2, 3], "DEBUG RELOAD");
+    run_ok(&mut con, &["DEBUG", "RELOAD"]);
+    wait_live_keys(&server, [2, 3, 2, 2, 3], "a second DEBUG RELOAD");
+
+    // Expiry: a 50 ms limiter is gone within the active expire cycle.
+    for algorithm in ALGORITHMS {
+        check(
+            &mut con,
+            &format!("short:{algorithm}"),
+            &[algorithm, "1", "50ms"],
+        )
+        .unwrap();
+    }
+    wait_live_keys(&server, [2, 3, 2, 2, 3], "expiry");
+
+    // FLUSHDB of the other db, FLUSHALL, FLUSHALL ASYNC.
+    run_ok(&mut con, &["SELECT", "1"]);
+    run_ok(&mut con, &["FLUSHDB"]);
+    run_ok(&mut con, &["SELECT", "0"]);
+    wait_live_keys(&server, [2, 3, 2, 2, 2], "FLUSHDB of db 1 (holds copy:2)");
+    run_ok(&mut con, &["FLUSHALL"]);
+    wait_live_keys(&server, [0; 5], "FLUSHALL");
+    for algorithm in ALGORITHMS {
+        for n in 0..50 {
+            create(&mut con, &format!("{algorithm}:{n}"), algorithm);
+        }
+    }
+    wait_live_keys(&server, [50; 5], "after creating again");
+    run_ok(&mut con, &["FLUSHALL", "ASYNC"]);
+    wait_live_keys(&server, [0; 5], "FLUSHALL ASYNC");
+}
+
+#[test]
+fn info_counts_checkall_once_per_limit() {
+    let server = Server::start();
+    let mut con = server.client();
+    if !checkall_exists(&mut con) {
+        eprintln!("note: RATELIMIT.CHECKALL is not registered in this build; skipped");
+        return;
+    }
+    let mut checkall = |keys: [&str; 2]| -> Vec<Vec<i64>> {
+        redis::cmd("RATELIMIT.CHECKALL")
+            .arg(2)
+            .arg(&keys)
+            .arg(&["token-bucket", "2", "1h", "fixed-window", "1", "1h"])
+            .query(&mut con)
+            .unwrap()
+    };
+    assert_eq!(checkall(["a", "b"])[0][0], 1);
+    assert_eq!(checkall(["a", "b"])[0][0], 0);
+    let stats = stats(&server);
+    for algorithm in ["token-bucket", "fixed-window"] {
+        assert_eq!(stats[&field(algorithm, "calls")], 2, "{algorithm}");
+        assert_eq!(stats[&field(algorithm, "allowed")], 1, "{algorithm}");
+        assert_eq!(stats[&field(algorithm, "rejected")], 1, "{algorithm}");
+        assert_eq!(stats[&field(algorithm, "keys")], 1, "{algorithm}");
+    }
+}
+
+/// Calls that must not store anything (on keys `nothing:*`).
+fn create_nothing(con: &mut Connection) {
+    for algorithm in ALGORITHMS {
+        let key = format!("nothing:{algorithm}");
+        peek(con, &key, &[algorithm, "1", "1h"]).unwrap();
+        check(con, &key, &[algorithm, "1", "1h", "COST", "0"]).unwrap();
+        assert_eq!(
+            check(con, &key, &[algorithm, "1", "1h", "COST", "2"]).unwrap()[0],
+            0
+        );
+    }
+    let nothing: Vec<String> = redis::cmd("KEYS").arg("nothing:*").query(con).unwrap();
+    assert!(nothing.is_empty(), "{nothing:?}");
+}
+
+#[test]
+fn info_live_keys_after_restart_and_on_a_replica() {
+    let mut master = Server::start();
+    let mut con = master.client();
+    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+        for n in 0..=i {
+            check(
+                &mut con,
+                &format!("{algorithm}:{n}"),
+                &[algorithm, "5", "1h"],
+            )
+            .unwrap();
+        }
+    }
+    let expected = [1, 2, 3, 4, 5];
+    wait_live_keys(&master, expected, "master");
+
+    // The replica loads the master's RDB (full sync), then follows the stream.
+    let replica = Server::start();
+    replica.replica_of(&master);
+    wait_live_keys(&replica, expected, "replica after the full sync");
+    let replica_stats = stats(&replica);
+    assert_eq!(
+        replica_stats[&field("token-bucket", "calls")],
+        0,
+        "decisions are the master's"
+    );
+    check(&mut con, "token-bucket:new", &["token-bucket", "5", "1h"]).unwrap();
+    check(&mut con, "sliding-log:new", &["sliding-log", "5", "1h"]).unwrap();
+    run_ok(&mut con, &["RATELIMIT.RESET", "fixed-window:0"]);
+    wait_replica_sync(&master, &replica);
+    let expected = [2, 2, 2, 4, 6];
+    wait_live_keys(&master, expected, "master after more writes");
+    wait_live_keys(&replica, expected, "replica after more writes");
+    drop(replica);
+
+    // A restart loads the RDB: the keys are counted once; decisions start again from zero.
+    master.restart();
+    wait_live_keys(&master, expected, "after a restart");
+    assert_eq!(stats(&master)[&field("token-bucket", "calls")], 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ratelimit.rejected keyspace event
+// ---------------------------------------------------------------------------------------------
+
+/// Subscribes `pubsub` to `patterns`, with a 5 s read timeout.
+fn subscribe(pubsub: &mut redis::PubSub<'_>, patterns: &[&str]) {
+    for pattern in patterns {
+        pubsub.psubscribe(*pattern).unwrap();
+    }
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+}
+
+/// The next `(channel, payload)` on a subscribed connection.
+fn next_message(pubsub: &mut redis::PubSub<'_>) -> (String, String) {
+    let message = pubsub.get_message().expect("no keyspace event within 5 s");
+    (
+        message.get_channel_name().to_string(),
+        message.get_payload().unwrap(),
+    )
+}
+
+#[test]
+fn rejection_raises_a_module_keyspace_event() {
+    let server = Server::builder()
+        .config(&[("notify-keyspace-events", "KEd$")])
+        .start();
+    let mut con = server.client();
+    let mut sub_con = server.client();
+    let mut sub = sub_con.as_pubsub();
+    subscribe(&mut sub, &["__keyspace@0__:*", "__keyevent@0__:*"]);
+
+    // Allowed calls, PEEK and COST 0 raise nothing; the SET marks where the rejection follows.
+    for algorithm in ALGORITHMS {
+        let key = format!("api:{algorithm}");
+        let spec = [algorithm, "1", "1h"];
+        assert_eq!(check(&mut con, &key, &spec).unwrap()[0], 1);
+        assert_eq!(peek(&mut con, &key, &spec).unwrap()[0], 0);
+        check(&mut con, &key, &[algorithm, "1", "1h", "COST", "0"]).unwrap();
+        run_ok(&mut con, &["SET", "marker", algorithm]);
+        assert_eq!(check(&mut con, &key, &spec).unwrap()[0], 0);
+
+        let expected = [
+            ("__keyspace@0__:marker".to_string(), "set".to_string()),
+            ("__keyevent@0__:set".to_string(), "marker".to_string()),
+            (
+                format!("__keyspace@0__:{key}"),
+                "ratelimit.rejected".to_string(),
+            ),
+            ("__keyevent@0__:ratelimit.rejected".to_string(), key.clone()),
+        ];
+        for want in expected {
+            assert_eq!(next_message(&mut sub), want, "{algorithm}");
+        }
+    }
+
+    // CHECKALL: a rejection raises the event on the keys that violate their limit only.
+    if checkall_exists(&mut con) {
+        let reply: Vec<Vec<i64>> = redis::cmd("RATELIMIT.CHECKALL")
+            .arg(2)
+            .arg("multi:fresh")
+            .arg("api:token-bucket")
+            .arg(&["token-bucket", "1", "1h", "token-bucket", "1", "1h"])
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(
+            (reply[0][0], reply[1][0], reply[2][0]),
+            (0, 1, 0),
+            "{reply:?}"
+        );
+        run_ok(&mut con, &["SET", "marker", "end"]);
+        let expected = [
+            ("__keyspace@0__:api:token-bucket", "ratelimit.rejected"),
+            ("__keyevent@0__:ratelimit.rejected", "api:token-bucket"),
+            ("__keyspace@0__:marker", "set"),
+        ];
+        for (channel, payload) in expected {
+            assert_eq!(
+                next_message(&mut sub),
+                (channel.into(), payload.into()),
+                "CHECKALL"
+            );
+        }
+    } else {
+        eprintln!(
+            "note: RATELIMIT.CHECKALL is not registered in this build; its event was not tested"
+        );
+    }
+}
+
+#[test]
+fn no_event_unless_module_events_are_enabled() {
+    let server = Server::builder()
+        .config(&[("notify-keyspace-events", "K$")])
+        .start();
+    let mut con = server.client();
+    let mut sub_con = server.client();
+    let mut sub = sub_con.as_pubsub();
+    subscribe(&mut sub, &["__keyspace@0__:*"]);
+    let spec = ["token-bucket", "1", "1h"];
+    check(&mut con, "api", &spec).unwrap();
+    assert_eq!(check(&mut con, "api", &spec).unwrap()[0], 0);
+    run_ok(&mut con, &["SET", "marker", "1"]);
+    assert_eq!(
+        next_message(&mut sub),
+        ("__keyspace@0__:marker".into(), "set".into()),
+        "the rejection raised an event although module events ('d') are off"
+    );
+
+    // Switched on at run time.
+    config_set(&mut con, "notify-keyspace-events", "Kd").unwrap();
+    assert_eq!(check(&mut con, "api", &spec).unwrap()[0], 0);
+    assert_eq!(
+        next_message(&mut sub),
+        ("__keyspace@0__:api".into(), "ratelimit.rejected".into())
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// ACL
+// ---------------------------------------------------------------------------------------------
+
+fn login(server: &Server, user: &str) -> Connection {
+    let mut con = server.client();
+    let _: () = redis::cmd("AUTH")
+        .arg(user)
+        .arg("secret")
+        .query(&mut con)
+        .unwrap_or_else(|e| panic!("AUTH {user}: {e}"));
+    con
+}
+
+/// RATELIMIT.CHECKALL is registered on this build.
+fn checkall_exists(con: &mut Connection) -> bool {
+    let info: Vec<Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("ratelimit.checkall")
+        .query(con)
+        .unwrap();
+    !matches!(info.as_slice(), [] | [Value::Nil])
+}
+
+/// What `token-bucket 10 1h` has left on `key` (a `COST 0` PEEK).
+fn remaining(con: &mut Connection, key: &str) -> i64 {
+    peek(con, key, &["token-bucket", "10", "1h", "COST", "0"]).unwrap()[2]
+}
+
+fn checkall(con: &mut Connection, keys: &[&str]) -> RedisResult<Value> {
+    let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
+    cmd.arg(keys.len()).arg(keys);
+    for _ in keys {
+        cmd.arg("token-bucket").arg(10).arg("1h");
+    }
+    cmd.query(con)
+}
+
+#[test]
+fn acl_key_patterns_restrict_every_command() {
+    let server = Server::start();
+    let mut admin = server.client();
+    run_ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "tenant1",
+            "on",
+            ">secret",
+            "resetkeys",
+            "~tenant1:*",
+            "-@all",
+            "+ratelimit.check",
+            "+ratelimit.checkall",
+            "+ratelimit.peek",
+            "+ratelimit.reset",
+            "+ratelimit.info",
+        ],
+    );
+    let spec = ["token-bucket", "10", "1h"];
+    check(&mut admin, "tenant2:api", &spec).unwrap();
+    let mut con = login(&server, "tenant1");
+
+    // Its own keys: every command.
+    assert_eq!(check(&mut con, "tenant1:api", &spec).unwrap()[0], 1);
+    assert_eq!(peek(&mut con, "tenant1:api", &spec).unwrap()[0], 1);
+    let info: Vec<Value> = redis::cmd("RATELIMIT.INFO")
+        .arg("tenant1:api")
+        .query(&mut con)
+        .unwrap();
+    assert!(!info.is_empty());
+    let removed: i64 = redis::cmd("RATELIMIT.RESET")
+        .arg("tenant1:api")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(removed, 1);
+
+    // Anyone else's: NOPERM, and nothing changes.
+    let denied = |result: RedisResult<Value>, what: &str| {
+        let message = expect_error(result, "NOPERM", what);
+        assert!(message.contains("keys"), "{what}: {message}");
+    };
+    let run = |con: &mut Connection, args: &[&str]| -> RedisResult<Value> {
+        redis::cmd(args[0]).arg(&args[1..]).query(con)
+    };
+    denied(
+        run(
+            &mut con,
+            &["RATELIMIT.CHECK", "tenant2:api", spec[0], spec[1], spec[2]],
+        ),
+        "CHECK",
+    );
+    denied(
+        run(
+            &mut con,
+            &["RATELIMIT.PEEK", "tenant2:api", spec[0], spec[1], spec[2]],
+        ),
+        "PEEK",
+    );
+    denied(run(&mut con, &["RATELIMIT.INFO", "tenant2:api"]), "INFO");
+    denied(run(&mut con, &["RATELIMIT.RESET", "tenant2:api"]), "RESET");
+    denied(
+        run(&mut con, &["RATELIMIT.RESET", "tenant1:x", "tenant2:api"]),
+        "RESET of both",
+    );
+    denied(
+        run(
+            &mut con,
+            &["RATELIMIT.CHECK", "tenant10:api", spec[0], spec[1], spec[2]],
+        ),
+        "prefix",
+    );
+    // Commands it was not granted.
+    let message = expect_error(
+        run(&mut con, &["RATELIMIT.APPLY", "tenant1:api", "x"]),
+        "NOPERM",
+        "APPLY",
+    );
+    assert!(message.contains("ratelimit.apply"), "{message}");
+    expect_error(run(&mut con, &["GET", "tenant1:api"]), "NOPERM", "GET");
+    assert_eq!(
+        remaining(&mut admin, "tenant2:api"),
+        9,
+        "tenant2:api changed"
+    );
+
+    if checkall_exists(&mut admin) {
+        let value = checkall(&mut con, &["tenant1:a", "tenant1:b"]).unwrap();
+        assert!(
+            matches!(value, Value::Array(ref items) if items.len() == 3),
+            "{value:?}"
+        );
+        denied(
+            checkall(&mut con, &["tenant1:a", "tenant2:api"]),
+            "CHECKALL",
+        );
+        denied(
+            checkall(&mut con, &["tenant2:api"]),
+            "CHECKALL of another tenant only",
+        );
+        assert_eq!(
+            remaining(&mut admin, "tenant1:a"),
+            9,
+            "one CHECKALL consumed"
+        );
+    } else {
+        eprintln!(
+            "note: RATELIMIT.CHECKALL is not registered in this build; its ACL checks were skipped"
+        );
+    }
+}
+
+#[test]
+fn acl_read_only_user_can_peek_and_info_but_not_check() {
+    let server = Server::start();
+    let mut admin = server.client();
+    run_ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "monitor",
+            "on",
+            ">secret",
+            "~*",
+            "+ratelimit.peek",
+            "+ratelimit.info",
+        ],
+    );
+    let spec = ["token-bucket", "10", "1h"];
+    check(&mut admin, "api", &spec).unwrap();
+    let mut con = login(&server, "monitor");
+    assert_eq!(remaining(&mut con, "api"), 9);
+    let info: Vec<Value> = redis::cmd("RATELIMIT.INFO")
+        .arg("api")
+        .query(&mut con)
+        .unwrap();
+    assert!(!info.is_empty());
+    for command in ["RATELIMIT.CHECK", "RATELIMIT.RESET", "RATELIMIT.APPLY"] {
+        let message = expect_error(
+            redis::cmd(command)
+                .arg("api")
+                .arg(&spec)
+                .query::<Value>(&mut con),
+            "NOPERM",
+            command,
+        );
+        assert!(message.contains("command"), "{command}: {message}");
+    }
+    if checkall_exists(&mut admin) {
+        let message = expect_error(checkall(&mut con, &["api"]), "NOPERM", "CHECKALL");
+        assert!(message.contains("command"), "CHECKALL: {message}");
+    }
+    assert_eq!(remaining(&mut admin, "api"), 9, "something was consumed");
+
+    // With read-only key permissions (`%R~*`), PEEK and INFO work only once they declare their
+    // key read-only (key specs); with the legacy first/last/step declaration Redis treats the key
+    // as read-write and answers NOPERM.
+    run_ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "reader",
+            "on",
+            ">secret",
+            "%R~*",
+            "+ratelimit.peek",
+            "+ratelimit.info",
+        ],
+    );
+    let mut reader = login(&server, "reader");
+    if peek_declares_read_only_key(&mut admin) {
+        assert_eq!(remaining(&mut reader, "api"), 9);
+        let info: Value = redis::cmd("RATELIMIT.INFO")
+            .arg("api")
+            .query(&mut reader)
+            .unwrap();
+        assert_ne!(info, Value::Nil);
+    } else {
+        expect_error(peek(&mut reader, "api", &spec), "NOPERM", "%R~* PEEK");
+        eprintln!(
+            "note: RATELIMIT.PEEK declares its key read-write (legacy key spec), so a `%R~*` user \
+             cannot PEEK; grant `~pattern` with only +ratelimit.peek +ratelimit.info instead"
+        );
+    }
+}
+
+/// `COMMAND INFO ratelimit.peek` shows a key spec with the `RO` flag.
+fn peek_declares_read_only_key(con: &mut Connection) -> bool {
+    let info: Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("ratelimit.peek")
+        .query(con)
+        .unwrap();
+    fn has_ro(value: &Value) -> bool {
+        match value {
+            Value::Array(items) | Value::Set(items) => items.iter().any(has_ro),
+            Value::SimpleString(s) => s == "RO",
+            Value::BulkString(b) => b == b"RO",
+            Value::Map(pairs) => pairs.iter().any(|(k, v)| has_ro(k) || has_ro(v)),
+            _ => false,
+        }
+    }
+    has_ro(&info)
+}
