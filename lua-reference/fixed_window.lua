@@ -126,12 +126,12 @@ elseif count + cost <= L then
   allowed = 1
   count = count + cost
 else
-  retry_after = w + P - t -- the next window admits it
+  retry_after = P - (t - w) -- the next window admits it
 end
 
 local remaining = math.max(0, L - count)
 local reset_after = 0
-if count > 0 then reset_after = w + P - t end
+if count > 0 then reset_after = P - (t - w) end
 
 if allowed == 1 and cost > 0 then
   redis.call('HSET', key, 'alg', 'fixed-window', 'limit', fmt(L), 'period', fmt(P),

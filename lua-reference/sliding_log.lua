@@ -136,7 +136,7 @@ else
   local k = n + cost - L
   local entry = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(lo), '+inf',
     'WITHSCORES', 'LIMIT', fmt(k - 1), 1)
-  retry_after = tonumber(entry[2]) + P - t
+  retry_after = P - (t - tonumber(entry[2]))
 end
 
 local newest_live -- newest entry in (lo, t] after the decision
@@ -148,7 +148,7 @@ elseif n > 0 then
 end
 local remaining = math.max(0, L - n)
 local reset_after = 0
-if newest_live then reset_after = newest_live + P - t end
+if newest_live then reset_after = P - (t - newest_live) end
 
 if allowed == 1 and cost > 0 then
   -- Drop what no longer counts, record the parameters, log c entries at t.

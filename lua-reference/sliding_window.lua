@@ -171,9 +171,9 @@ local remaining = 0
 if est < LP then remaining = floor_div(LP - est, P) end
 local reset_after = 0
 if curr > 0 then
-  reset_after = w + 2 * P - t
+  reset_after = 2 * P - (t - w)
 elseif prev > 0 then
-  reset_after = w + P - t
+  reset_after = P - (t - w)
 end
 
 if allowed == 1 and cost > 0 then
