@@ -116,8 +116,15 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    if let Err(name) = commands::keyspec::declare(ctx.ctx) {
+        ctx.log_warning(&format!(
+            "ratelimit: could not declare the key specs of {name:?}; it keeps its key range"
+        ));
+    }
     if let Err(why) = commands::checkall::declare_keys(ctx.ctx) {
-        ctx.log_warning(&format!("ratelimit: {why}; its keys are declared by getkeys-api only"));
+        ctx.log_warning(&format!(
+            "ratelimit: {why}; its keys are declared by getkeys-api only"
+        ));
     }
     Status::Ok
 }

@@ -385,8 +385,8 @@ fn checkall_of_one_key_equals_check() {
                 "seed {seed} step {step}: {tail:?}"
             );
             assert_eq!(
-                snapshot(&mut con, &[all.clone()]),
-                snapshot(&mut con, &[one.clone()]),
+                snapshot(&mut con, std::slice::from_ref(&all)),
+                snapshot(&mut con, std::slice::from_ref(&one)),
                 "seed {seed} step {step}: stored state differs"
             );
         }

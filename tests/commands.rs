@@ -132,7 +132,7 @@ fn resp3_replies_are_maps_with_a_boolean() {
     let mut con = server.client_resp3();
     let at = future_base_ms();
     let reply: Value = redis::cmd("RATELIMIT.CHECK")
-        .arg(&args(&format!("k token-bucket 3 1000 AT {at}")))
+        .arg(args(&format!("k token-bucket 3 1000 AT {at}")))
         .query(&mut con)
         .unwrap();
     let Value::Map(pairs) = reply else {
@@ -157,12 +157,12 @@ fn resp3_replies_are_maps_with_a_boolean() {
     // A rejection says `false`.
     for _ in 0..3 {
         let _: Value = redis::cmd("RATELIMIT.CHECK")
-            .arg(&args(&format!("k token-bucket 3 1000 AT {at}")))
+            .arg(args(&format!("k token-bucket 3 1000 AT {at}")))
             .query(&mut con)
             .unwrap();
     }
     let Value::Map(pairs) = redis::cmd("RATELIMIT.PEEK")
-        .arg(&args(&format!("k token-bucket 3 1000 AT {at}")))
+        .arg(args(&format!("k token-bucket 3 1000 AT {at}")))
         .query(&mut con)
         .unwrap()
     else {

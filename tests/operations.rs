@@ -1152,11 +1152,17 @@ fn acl_read_only_user_can_peek_and_info_but_not_check() {
         .query(&mut con)
         .unwrap();
     assert!(!info.is_empty());
-    for command in ["RATELIMIT.CHECK", "RATELIMIT.RESET", "RATELIMIT.APPLY"] {
+    // Each with a valid arity: Redis checks the arity before the ACL.
+    let apply_args = ["payload"];
+    for (command, args) in [
+        ("RATELIMIT.CHECK", &spec[..]),
+        ("RATELIMIT.RESET", &spec[..]),
+        ("RATELIMIT.APPLY", &apply_args[..]),
+    ] {
         let message = expect_error(
             redis::cmd(command)
                 .arg("api")
-                .arg(&spec)
+                .arg(args)
                 .query::<Value>(&mut con),
             "NOPERM",
             command,

@@ -26,10 +26,10 @@ mod resp;
 mod selftest;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -168,7 +168,10 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
 
     let phase = Instant::now();
     results.memory = bench.memory_phase()?;
-    eprintln!("bench: memory done in {:.0}s", phase.elapsed().as_secs_f64());
+    eprintln!(
+        "bench: memory done in {:.0}s",
+        phase.elapsed().as_secs_f64()
+    );
 
     let phase = Instant::now();
     results.cases = bench.throughput_phase()?;
@@ -192,6 +195,20 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
     );
 
     results.notes = bench.notes.clone();
+    let busy = results
+        .machine
+        .load_before
+        .split_whitespace()
+        .next()
+        .and_then(|l| l.parse::<f64>().ok())
+        .filter(|&load| load > 0.5 * results.machine.nproc as f64);
+    if let Some(load) = busy {
+        results.notes.push(format!(
+            "the machine was busy before the run (1-minute load average {load} on {} cores): \
+             expect noisy figures and wide min..max ranges",
+            results.machine.nproc
+        ));
+    }
     drop(bench);
     drop(server);
     results.machine.load_after = load_average();
@@ -274,8 +291,8 @@ impl<'a> Bench<'a> {
         stems.push("seed_sliding_log");
         for stem in stems {
             let path = dir.join(format!("{stem}.lua"));
-            let body =
-                fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            let body = fs::read_to_string(&path)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
             let sha: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
                 .arg(body)
@@ -361,7 +378,12 @@ impl<'a> Bench<'a> {
     /// Sends `count` commands, `produce(i, buf)` appending the i-th in RESP, pipelined on a
     /// fresh connection; fails on any error reply or on any CHECK-shaped reply whose `allowed` is
     /// not `expect_allowed`.
-    fn pipeline<F>(&self, count: u64, expect_allowed: Option<bool>, produce: F) -> Result<(), String>
+    fn pipeline<F>(
+        &self,
+        count: u64,
+        expect_allowed: Option<bool>,
+        produce: F,
+    ) -> Result<(), String>
     where
         F: Fn(u64, &mut Vec<u8>) + Send + 'static,
     {
@@ -886,9 +908,9 @@ impl<'a> Bench<'a> {
             )
             .ok();
         let bytes_per_key = (after as f64 - before as f64) / keys as f64;
-        let marginal = split.zip(middle).map(|(from, middle)| {
-            (from, (after as f64 - middle as f64) / (keys - from) as f64)
-        });
+        let marginal = split
+            .zip(middle)
+            .map(|(from, middle)| (from, (after as f64 - middle as f64) / (keys - from) as f64));
         eprintln!(
             "bench:   memory {label}: {bytes_per_key:.1} B/key over {keys} keys{}",
             marginal.map_or(String::new(), |(_, m)| format!(", {m:.1} B marginal"))

@@ -225,9 +225,9 @@ fn growth(scaling: &ScalingResult) -> Option<f64> {
 
 /// 1000 -> "1k", 1000000 -> "1M".
 pub fn count(n: u64) -> String {
-    if n >= 1_000_000 && n % 1_000_000 == 0 {
+    if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
         format!("{}M", n / 1_000_000)
-    } else if n >= 1_000 && n % 1_000 == 0 {
+    } else if n >= 1_000 && n.is_multiple_of(1_000) {
         format!("{}k", n / 1_000)
     } else {
         n.to_string()
@@ -398,7 +398,9 @@ pub fn markdown(results: &Results) -> String {
             .collect();
         sizes.sort_unstable();
         sizes.dedup();
-        md.push_str("\n#### Cost per call as the keyspace grows (consuming, P16; usec_per_call)\n\n");
+        md.push_str(
+            "\n#### Cost per call as the keyspace grows (consuming, P16; usec_per_call)\n\n",
+        );
         md.push_str("| command |");
         for &k in &sizes {
             let _ = write!(md, " {} keys |", count(k));
@@ -409,10 +411,11 @@ pub fn markdown(results: &Results) -> String {
         for s in &results.scaling {
             let _ = write!(md, "| {} |", s.subject.label());
             for &k in &sizes {
-                let cell = s.points.iter().find(|p| p.0 == k).map_or_else(
-                    || "not run".to_string(),
-                    |p| plain(p.1, 2),
-                );
+                let cell = s
+                    .points
+                    .iter()
+                    .find(|p| p.0 == k)
+                    .map_or_else(|| "not run".to_string(), |p| plain(p.1, 2));
                 let _ = write!(md, " {cell} |");
             }
             let _ = writeln!(md, " {} |", x(growth(s)));
@@ -444,11 +447,7 @@ pub fn markdown(results: &Results) -> String {
 
     let targets = targets(results);
     let passed = targets.iter().filter(|t| t.pass == Some(true)).count();
-    let _ = writeln!(
-        md,
-        "\n#### Targets ({passed} of {} pass)\n",
-        targets.len()
-    );
+    let _ = writeln!(md, "\n#### Targets ({passed} of {} pass)\n", targets.len());
     md.push_str("| target | measured | threshold | result |\n|---|---|---|---|\n");
     for t in &targets {
         let _ = writeln!(
@@ -484,9 +483,10 @@ fn table_subjects(random: bool) -> Vec<Subject> {
 // ---- JSON --------------------------------------------------------------------------------
 
 fn summary_json(s: Option<Summary>) -> Value {
-    s.map_or(Value::Null, |s| {
-        json!({ "median": s.median, "min": s.min, "max": s.max })
-    })
+    s.map_or(
+        Value::Null,
+        |s| json!({ "median": s.median, "min": s.min, "max": s.max }),
+    )
 }
 
 pub fn json(results: &Results) -> String {
@@ -603,6 +603,9 @@ pub fn json(results: &Results) -> String {
 
 // ---- SVG ---------------------------------------------------------------------------------
 
+/// A labelled group of bars, each a color and a throughput summary.
+type BarGroup = (String, Vec<(&'static str, Option<Summary>)>);
+
 const NATIVE_COLOR: &str = "#2b6cb0";
 const LUA_COLOR: &str = "#dd6b20";
 const FLOOR_COLOR: &str = "#718096";
@@ -627,7 +630,7 @@ fn escape(text: &str) -> String {
 }
 
 /// One panel: bars (label, color, summary) in groups, from `top`.
-fn panel(svg: &mut String, top: f64, title: &str, groups: &[(String, Vec<(&str, Option<Summary>)>)]) {
+fn panel(svg: &mut String, top: f64, title: &str, groups: &[BarGroup]) {
     const LEFT: f64 = 70.0;
     const WIDTH: f64 = 880.0;
     const HEIGHT: f64 = 220.0;
@@ -722,13 +725,13 @@ pub fn svg(results: &Results) -> String {
     let m = &results.machine;
     let _ = writeln!(
         svg,
-        r#"<text x="70" y="20" font-size="12">redis-ratelimit, {} clients, median of {} (bars: min..max). {}, {} cores, redis {}, {}</text>"#,
+        r#"<text x="70" y="20" font-size="12">redis-ratelimit: {} clients, median of {} runs (whiskers: min..max); {}, {} cores, redis {}, {}</text>"#,
         results.clients,
         results.repetitions,
         escape(&m.cpu_model),
         m.nproc,
-        escape(&m.redis_version),
-        escape(&m.date_utc)
+        escape(m.redis_version.split_whitespace().next().unwrap_or("?")),
+        escape(m.date_utc.split_whitespace().next().unwrap_or("?"))
     );
     let legend = [
         (NATIVE_COLOR, "native RATELIMIT.CHECK"),
@@ -743,8 +746,8 @@ pub fn svg(results: &Results) -> String {
             lx + 18
         );
     }
-    let groups = |group: Group, floors: &[Subject]| -> Vec<(String, Vec<(&str, Option<Summary>)>)> {
-        let mut groups: Vec<(String, Vec<(&str, Option<Summary>)>)> = ALGORITHMS
+    let groups = |group: Group, floors: &[Subject]| -> Vec<BarGroup> {
+        let mut groups: Vec<BarGroup> = ALGORITHMS
             .iter()
             .enumerate()
             .map(|(a, (name, _, _))| {

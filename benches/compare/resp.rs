@@ -162,7 +162,10 @@ fn read_line<R: BufRead>(reader: &mut R, line: &mut Vec<u8>) -> io::Result<(u8, 
             _ => (false, digits),
         };
         if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad RESP number"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad RESP number",
+            ));
         }
         for d in digits {
             n = n.wrapping_mul(10).wrapping_add(i64::from(d - b'0'));

@@ -15,7 +15,8 @@ const CSV_70: &str = r#""test","rps","avg_latency_ms","min_latency_ms","p50_late
 "#;
 
 /// The same, with an argument holding a comma and a quote, and columns reordered.
-const CSV_ODD: &str = "\"rps\",\"test\",\"p99_latency_ms\"\n\"1234.5\",\"EVALSHA x \"\"a,b\"\" \",\"9.5\"\n";
+const CSV_ODD: &str =
+    "\"rps\",\"test\",\"p99_latency_ms\"\n\"1234.5\",\"EVALSHA x \"\"a,b\"\" \",\"9.5\"\n";
 
 const COMMANDSTATS: &str = "# Commandstats\r\n\
 cmdstat_ratelimit.check:calls=100002,usec=399548,usec_per_call=4.00,rejected_calls=0,failed_calls=1\r\n\
@@ -37,7 +38,10 @@ pub fn run() {
     assert!(parse_benchmark_csv("\"test\",\"rps\"\n\"PING\",\"0.00\"\n").is_err());
 
     let check = parse_cmdstat(COMMANDSTATS, "ratelimit.check").expect("cmdstat");
-    assert_eq!((check.calls, check.usec, check.failed_calls), (100002, 399548, 1));
+    assert_eq!(
+        (check.calls, check.usec, check.failed_calls),
+        (100002, 399548, 1)
+    );
     assert!((check.usec_per_call - 399548.0 / 100002.0).abs() < 1e-9);
     let evalsha = parse_cmdstat(COMMANDSTATS, "evalsha").expect("evalsha");
     assert_eq!(evalsha.calls, 50000);
@@ -49,7 +53,8 @@ pub fn run() {
     assert_eq!(Summary::of(&[1.0, 4.0]).expect("even").median, 2.5);
     assert!(Summary::of(&[]).is_none());
 
-    let mut wire: &[u8] = b"*6\r\n:1\r\n:3\r\n:2\r\n:0\r\n:334\r\n:0\r\n-ERR bad\r\n$-1\r\n$3\r\nabc\r\n+OK\r\n";
+    let mut wire: &[u8] =
+        b"*6\r\n:1\r\n:3\r\n:2\r\n:0\r\n:334\r\n:0\r\n-ERR bad\r\n$-1\r\n$3\r\nabc\r\n+OK\r\n";
     let mut reader = BufReader::new(&mut wire);
     let first = resp::read_reply(&mut reader).expect("array");
     assert_eq!(first.allowed(), Some(1));
@@ -96,7 +101,10 @@ pub fn run() {
     }
     let json: serde_json::Value =
         serde_json::from_str(&report::json(&results)).expect("the JSON report parses");
-    assert_eq!(json["cases"].as_array().map(Vec::len), Some(results.cases.len()));
+    assert_eq!(
+        json["cases"].as_array().map(Vec::len),
+        Some(results.cases.len())
+    );
     assert_eq!(json["cases"][0]["rps"]["median"], 150000.0);
     assert!(json["targets"].as_array().is_some_and(|t| !t.is_empty()));
     let svg = report::svg(&results);
@@ -191,11 +199,17 @@ fn synthetic() -> Results {
         scaling: vec![
             ScalingResult {
                 subject: Subject::SetPxat,
-                points: vec![(1_000, Some(flat(2.0)), None), (1_000_000, Some(flat(3.0)), None)],
+                points: vec![
+                    (1_000, Some(flat(2.0)), None),
+                    (1_000_000, Some(flat(3.0)), None),
+                ],
             },
             ScalingResult {
                 subject: Subject::Native(0),
-                points: vec![(1_000, Some(flat(3.0)), None), (1_000_000, Some(flat(4.0)), None)],
+                points: vec![
+                    (1_000, Some(flat(3.0)), None),
+                    (1_000_000, Some(flat(4.0)), None),
+                ],
             },
         ],
         log_scaling: vec![

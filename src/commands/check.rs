@@ -96,9 +96,10 @@ pub fn evaluate(key: &Key, request: &Request, commit: bool) -> Result<Outcome, S
         Slot::Limiter(limiter) => Some(limiter),
         Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
     };
-    let (outcome, write) = algorithms::check(stored.as_deref_mut(), request, commit).map_err(|mismatch| {
-        error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
-    })?;
+    let (outcome, write) =
+        algorithms::check(stored.as_deref_mut(), request, commit).map_err(|mismatch| {
+            error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
+        })?;
     // Store an in-place update before anything reads the key again.
     drop(stored);
     let written = match write {

@@ -9,11 +9,13 @@
 //! A key may appear only once: two specs on one key would have to be decided against the same
 //! state yet consume twice, which no single-key call can express, so such a call is refused.
 //!
-//! The keys are declared two ways. The command is registered with `getkeys-api` and answers
-//! Redis's key-position requests itself (every Redis since 6 and Valkey route, check slots and
-//! apply ACL key patterns with that); where `RedisModule_SetCommandInfo` exists (7.0+) it also gets
-//! a `numkeys` key spec, which `COMMAND INFO`/`COMMAND DOCS`, `COMMAND GETKEYS`, ACL checks and
-//! cluster-aware clients read.
+//! The keys are declared two ways, because the legacy first/last/step triple cannot express
+//! `numkeys`. The command is registered with `getkeys-api` and answers Redis's key-position
+//! requests itself (Redis 7.0 uses that for cluster slot checks; it works on every Redis and
+//! Valkey); where `RedisModule_SetCommandInfo` exists (7.0+) it also gets a `numkeys` key spec
+//! (begin search at index 1, keynum 0, first key 1, step 1), which `COMMAND INFO`/`COMMAND DOCS`
+//! show and which Redis prefers for `COMMAND GETKEYS` and ACL key checks. Both name the same
+//! arguments, `2 ..= numkeys + 1`.
 
 use std::ffi::{c_int, CStr};
 use std::ptr;
@@ -21,6 +23,7 @@ use std::ptr;
 use redis_module::raw;
 
 use super::check::{evaluate, notify_rejected, replicate_write};
+use super::keyspec::{end, INFO_VERSION};
 use super::parse::{parse_checkall, parse_integer};
 use super::{guard, now_ms, Call};
 use crate::algorithms::{Decision, Outcome, Request};
@@ -38,7 +41,7 @@ pub const FLAGS: &CStr = c"write deny-oom getkeys-api";
 /// The first key is argument 2, after `numkeys`.
 const FIRST_KEY: usize = 2;
 
-pub unsafe extern "C" fn checkall_command(
+pub(crate) unsafe extern "C" fn checkall_command(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
@@ -225,13 +228,6 @@ fn report_keys(call: &Call) {
     }
 }
 
-static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
-    version: 1,
-    sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
-    sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
-    sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
-};
-
 fn arg(
     name: &'static CStr,
     type_: raw::RedisModuleCommandArgType,
@@ -252,17 +248,10 @@ fn arg(
     }
 }
 
-/// The all-zero entry that ends an argument or key-spec array.
-fn end<T>() -> T {
-    // SAFETY: only used for the C structs below, whose all-zero value is their terminator
-    // (null pointers, zero integers, the INVALID/OMITTED enum values).
-    unsafe { std::mem::zeroed() }
-}
-
 /// Declares CHECKALL's keys (a `numkeys` key spec), arity and arguments with
 /// `RedisModule_SetCommandInfo`, where the server has it. Call after the command is created.
 /// Without it (or if it fails) the `getkeys-api` callback alone declares the keys.
-pub fn declare_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
+pub(crate) fn declare_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
     if !(has!(RedisModule_GetCommand) && has!(RedisModule_SetCommandInfo)) {
         return Ok(());
     }

@@ -9,6 +9,7 @@ pub mod apply;
 pub mod check;
 pub mod checkall;
 pub mod info;
+pub(crate) mod keyspec;
 pub mod parse;
 pub mod reset;
 

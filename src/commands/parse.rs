@@ -441,7 +441,11 @@ mod tests {
         );
         assert_eq!(
             parse_all("2 a b token-bucket 1 1s BURST"),
-            Err(ArgError::MissingValue("BURST"))
+            Err(ArgError::WrongArity)
+        );
+        assert_eq!(
+            parse_all("2 a b token-bucket 1 1s BURST x fixed-window 1 1s"),
+            Err(ArgError::Burst)
         );
         assert_eq!(
             parse_all("2 a b gcra 1 1s fixed-window 1 1s"),

@@ -13,9 +13,9 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::algorithms::Limiter;
-use value::{LimiterRef, Value};
 use crate::api::rm;
 use crate::stats;
+use value::{LimiterRef, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
 pub const ENCODING_VERSION: c_int = 1;
