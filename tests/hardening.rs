@@ -8,8 +8,12 @@
 //!   non-UTF-8, duplicated options, wrong arity) get an error or a valid reply, never a crash, and
 //!   no error creates a key; a RESTORE of a corrupt limiter with a valid checksum is refused.
 //! - Memory: `ratelimit.max-log-limit` bounds a sliding log, a full log stays under 16 bytes per
-//!   entry, `maxmemory` with `noeviction` answers OOM without breaking anything, and a million
-//!   expiring keys give their memory back.
+//!   entry, `maxmemory` with `noeviction` answers OOM without breaking anything, eviction policies
+//!   do evict limiters (an evicted one is fresh), and a million expiring keys give their memory
+//!   back.
+//!
+//! Three tests here first reproduced bugs, since fixed: a bucket expiry wrapping past u64, and
+//! RATELIMIT.APPLY accepting a sliding-log append beyond `max-log-limit` or the log's limit.
 //!
 //! Crashes, AOF/RDB reloads and failover are in tests/persistence.rs; the argument parser and the
 //! codec are also fuzzed with libFuzzer (fuzz/).
@@ -203,7 +207,11 @@ fn assert_replica_matches(master: &Server, replica: &Server, keys: &[String]) {
             digest(&mut r, key),
             "{key}: replica digest differs"
         );
-        assert_eq!(pexpiretime(&mut m, key), pexpiretime(&mut r, key), "{key}: expiry");
+        assert_eq!(
+            pexpiretime(&mut m, key),
+            pexpiretime(&mut r, key),
+            "{key}: expiry"
+        );
         assert_eq!(
             limiter_info(&mut m, key),
             limiter_info(&mut r, key),
@@ -309,7 +317,11 @@ fn assert_exactly_capacity(limit: &Limit, replies: &[[i64; 6]]) {
         limit.algorithm
     );
     for reply in replies {
-        assert_eq!(reply[1], capacity, "{}: limit field {reply:?}", limit.algorithm);
+        assert_eq!(
+            reply[1], capacity,
+            "{}: limit field {reply:?}",
+            limit.algorithm
+        );
         if reply[0] == 0 {
             assert_eq!(reply[2], 0, "{}: {reply:?}", limit.algorithm);
             assert!(reply[3] >= 1, "{}: retry_after {reply:?}", limit.algorithm);
@@ -499,7 +511,10 @@ fn time_going_backwards_or_far_away_never_admits_more_than_the_limit() {
         // Back from the far future to now: still evaluated there, still rejected.
         for at in [base, 0] {
             let reply = check(&mut con, &limit.check(&key, 1, Some(at)));
-            assert_eq!(reply, rejected_far, "{algorithm} AT {at} after the far future");
+            assert_eq!(
+                reply, rejected_far,
+                "{algorithm} AT {at} after the far future"
+            );
         }
         // Its expiry is computed without wrapping: t + reset_after_ms exactly.
         assert_eq!(
@@ -519,7 +534,8 @@ fn time_going_backwards_or_far_away_never_admits_more_than_the_limit() {
 }
 
 /// The in-process model of one key: the crate's pure cores, driven like the server drives them.
-fn model_call(stored: &mut Option<Limiter>, limit: &Limit, cost: u64, at: u64) -> [i64; 6] {
+/// Returns the reply and the time the call was evaluated at.
+fn model_call(stored: &mut Option<Limiter>, limit: &Limit, cost: u64, at: u64) -> ([i64; 6], u64) {
     let algorithm = Algorithm::parse(limit.algorithm.as_bytes()).expect("an algorithm");
     let period_ms: u64 = limit.period.trim_end_matches("ms").parse().expect("ms");
     let request = Request {
@@ -528,18 +544,20 @@ fn model_call(stored: &mut Option<Limiter>, limit: &Limit, cost: u64, at: u64) -
         cost,
         now_ms: at,
     };
-    let (outcome, write) = algorithms::check(stored.as_mut(), &request, true).expect("same algorithm");
+    let (outcome, write) =
+        algorithms::check(stored.as_mut(), &request, true).expect("same algorithm");
     if let Write::Created(limiter) = write {
         *stored = Some(limiter);
     }
-    outcome.decision.to_array()
+    (outcome.decision.to_array(), outcome.t_ms)
 }
 
 #[test]
 fn random_times_and_costs_match_the_cores_and_never_over_admit() {
     // Every call's reply is the one the pure core gives for the same sequence (so the server's
-    // time handling, `max(call, last)`, adds nothing of its own), and between two refills of the
-    // effective time no more than the capacity is admitted.
+    // time handling adds nothing of its own: a call is evaluated at `max(call, last)`, `last` being
+    // the last admission's time), admissions never go back in time, and no more than the
+    // capacity is admitted at one time (a window's new period starts it afresh).
     let server = Server::start();
     let mut con = server.client();
     let mut rng = Rng::new(seed());
@@ -552,43 +570,61 @@ fn random_times_and_costs_match_the_cores_and_never_over_admit() {
         ];
         let key = format!("walk:{algorithm}");
         let mut model: Option<Limiter> = None;
-        let mut effective = base;
-        let mut admitted_at_effective = 0u64;
+        // The time of the last admission, what was admitted at it and the most that may be.
+        let mut admitted_t = 0;
+        let mut admitted_at_t = 0u64;
         let mut bound = 0u64;
         let mut period = limits[0].period.clone();
         let mut cmds = Vec::new();
         let mut expected = Vec::new();
         for step in 0..400 {
-            let limit = if step % 50 < 40 { &limits[0] } else { rng.pick(&limits[1..]) };
+            let limit = if step % 50 < 40 {
+                &limits[0]
+            } else {
+                rng.pick(&limits[1..])
+            };
+            let latest = model.as_ref().map_or(base, |m| m.last_ms);
             let at = if step == 0 {
                 base
             } else {
                 match rng.below(10) {
                     0 => rng.below(2_000_000),                             // far past
                     1 => TIME_LIMIT_MS - 1 - rng.below(1_000),             // far future
-                    2 | 3 => effective.saturating_sub(rng.below(3_000)),  // backwards
-                    _ => (effective + rng.below(400)).min(TIME_LIMIT_MS - 1), // forwards
+                    2 | 3 => latest.saturating_sub(rng.below(3_000)),      // backwards
+                    _ => (latest + rng.below(400)).min(TIME_LIMIT_MS - 1), // forwards
                 }
             };
             let cost = rng.pick(&[0, 1, 1, 1, 2, 3, 7]).to_owned();
-            let reply = model_call(&mut model, limit, cost, at);
-            // A new effective time refills; so does a window's new period (it starts afresh).
+            // A key written at a time long past has expired in the server (by its clock): the
+            // next call starts a fresh limiter (the SPEC's "a call AT a time long past expires at
+            // once"), so the count of admissions starts again too.
+            if model
+                .as_ref()
+                .is_some_and(|m| m.expires_at_ms() <= now_ms())
+            {
+                model = None;
+                admitted_t = 0;
+            }
+            let (reply, t) = model_call(&mut model, limit, cost, at);
+            assert!(t >= at, "{algorithm}: AT {at} evaluated at {t}");
+            // A window's new period starts it afresh; otherwise only a later time refills.
             let window_restarts = algorithm.ends_with("window") && limit.period != period;
-            if at > effective || window_restarts {
-                effective = effective.max(at);
-                admitted_at_effective = 0;
-                bound = 0;
-            }
-            period = limit.period.clone();
-            bound = bound.max(limit.capacity());
-            if std::env::var_os("HARDENING_TRACE").is_some() && algorithm == "sliding-log" {
-                eprintln!("{step}: {} {} AT {at} COST {cost} -> {reply:?} eff {effective}", limit.limit, limit.period);
-            }
-            if reply[0] == 1 {
-                admitted_at_effective += cost;
+            if reply[0] == 1 && cost > 0 {
                 assert!(
-                    admitted_at_effective <= bound,
-                    "{algorithm}: {admitted_at_effective} admitted at {effective}, above {bound}"
+                    t >= admitted_t,
+                    "{algorithm}: admitted at {t} after admitting at {admitted_t}"
+                );
+                if t > admitted_t || window_restarts {
+                    admitted_t = t;
+                    admitted_at_t = 0;
+                    bound = 0;
+                }
+                period = limit.period.clone();
+                bound = bound.max(limit.capacity());
+                admitted_at_t += cost;
+                assert!(
+                    admitted_at_t <= bound,
+                    "{algorithm}: {admitted_at_t} admitted at {t}, above {bound}"
                 );
             }
             cmds.push(limit.check(&key, cost, Some(at)));
@@ -631,12 +667,26 @@ fn largest_accepted_values_compute_exactly() {
                 let later = check(&mut con, &limit.check(&key, 3, Some(t + 1)));
                 let expected = if algorithm == "token-bucket" {
                     let tokens = c - 3 * p;
-                    [1, big(c), big(tokens / p), 0, big((c * p - tokens).div_ceil(c)), 0]
+                    [
+                        1,
+                        big(c),
+                        big(tokens / p),
+                        0,
+                        big((c * p - tokens).div_ceil(c)),
+                        0,
+                    ]
                 } else {
                     // Queued before this request: C·P − L, which drains in P − 1 ms.
                     let level = c * p - c + 3 * p;
                     let delay = (c * p - c).div_ceil(c);
-                    [1, big(c), big((c * p - level) / p), 0, big(level.div_ceil(c)), big(delay)]
+                    [
+                        1,
+                        big(c),
+                        big((c * p - level) / p),
+                        0,
+                        big(level.div_ceil(c)),
+                        big(delay),
+                    ]
                 };
                 assert_eq!(later, expected, "{algorithm} AT {}", t + 1);
             }
@@ -695,17 +745,16 @@ fn largest_accepted_values_compute_exactly() {
         vec!["fixed-window", "18446744073709551616", "1s"],
     ];
     for args in too_big {
-        let reply = send_one(&mut con, redis::cmd("RATELIMIT.CHECK").arg("max:refused").arg(&args));
+        let reply = send_one(
+            &mut con,
+            redis::cmd("RATELIMIT.CHECK").arg("max:refused").arg(&args),
+        );
         assert!(error_text(&reply).is_some(), "{args:?}: {reply:?}");
     }
     assert_eq!(dbsize(&mut con), before);
 }
 
 #[test]
-#[ignore = "bug reported to the lead: a bucket whose reset_after_ms exceeds u64 (C·P/L > 2^64, \
-            e.g. token-bucket 1 3650d BURST 100000000) gets expiry t + u64::MAX, which wraps to \
-            t - 1 in check.rs `evaluate`: the key vanishes at once and the next call admits a \
-            full bucket again"]
 fn a_bucket_that_refills_for_longer_than_u64_ms_is_not_forgotten() {
     let server = Server::start();
     let mut con = server.client();
@@ -720,7 +769,10 @@ fn a_bucket_that_refills_for_longer_than_u64_ms_is_not_forgotten() {
             "{algorithm}: the key expires at once"
         );
         let second = check(&mut con, &limit.check(&key, 100_000_000, None));
-        assert_eq!(second[0], 0, "{algorithm}: a second full bucket was admitted");
+        assert_eq!(
+            second[0], 0,
+            "{algorithm}: a second full bucket was admitted"
+        );
     }
 }
 
@@ -777,11 +829,13 @@ fn hostile_period(rng: &mut Rng) -> Vec<u8> {
         b"", b"ms", b"s", b"m", b"h", b"d", b"MS", b"S", b"D", b"w", b"sec", b" s", b"s\0",
     ];
     let mut period = if rng.chance(60) {
-        rng.pick(&[&b"1"[..], b"250", b"15", b"1000", b"3650", b"3651", b"0"]).to_vec()
+        rng.pick(&[&b"1"[..], b"250", b"15", b"1000", b"3650", b"3651", b"0"])
+            .to_vec()
     } else {
         hostile_number(rng)
     };
-    period.extend_from_slice(*rng.pick(UNITS));
+    let unit: &&[u8] = rng.pick(UNITS);
+    period.extend_from_slice(unit);
     period
 }
 
@@ -816,14 +870,18 @@ fn hostile_check_args(rng: &mut Rng) -> Vec<Vec<u8>> {
             ],
         ),
         if rng.chance(50) {
-            rng.pick(&[&b"1"[..], b"5", b"100", b"100000", b"100001"]).to_vec()
+            rng.pick(&[&b"1"[..], b"5", b"100", b"100000", b"100001"])
+                .to_vec()
         } else {
             hostile_number(rng)
         },
         hostile_period(rng),
     ];
     for _ in 0..rng.below(5) {
-        args.push(hostile_word(rng, &["BURST", "COST", "AT", "cost", "at", "LIMIT"]));
+        args.push(hostile_word(
+            rng,
+            &["BURST", "COST", "AT", "cost", "at", "LIMIT"],
+        ));
         args.push(hostile_number(rng));
     }
     match rng.below(10) {
@@ -861,7 +919,9 @@ fn hostile_payload(rng: &mut Rng) -> Vec<u8> {
                 cost: rng.below(3),
                 now_ms: base + rng.below(3_000),
             };
-            if let Ok((_, Write::Created(limiter))) = algorithms::check(stored.as_mut(), &request, true) {
+            if let Ok((_, Write::Created(limiter))) =
+                algorithms::check(stored.as_mut(), &request, true)
+            {
                 stored = Some(limiter);
             }
         }
@@ -908,7 +968,10 @@ fn assert_valid_reply(kind: Kind, args: &[Vec<u8>], value: &Value) {
             shown()
         );
         assert!(
-            !error.details().unwrap_or_default().contains("internal error"),
+            !error
+                .details()
+                .unwrap_or_default()
+                .contains("internal error"),
             "{kind:?} {:?}: a panic was caught: {error:?}",
             shown()
         );
@@ -928,7 +991,8 @@ fn assert_valid_reply(kind: Kind, args: &[Vec<u8>], value: &Value) {
         }
         Kind::Reset => assert!(matches!(value, Value::Int(n) if *n >= 0), "{value:?}"),
         Kind::Info => assert!(
-            matches!(value, Value::Nil) || matches!(value, Value::Array(a) if a.len() % 2 == 0 && !a.is_empty()),
+            matches!(value, Value::Nil)
+                || matches!(value, Value::Array(a) if a.len() % 2 == 0 && !a.is_empty()),
             "{:?}: {value:?}",
             shown()
         ),
@@ -1026,11 +1090,16 @@ fn random_argument_vectors_get_an_error_or_a_valid_reply_and_errors_create_nothi
                 replies += 1;
             }
         }
-        let pong: String = redis::cmd("PING").query(&mut con).expect("the server is up");
+        let pong: String = redis::cmd("PING")
+            .query(&mut con)
+            .expect("the server is up");
         assert_eq!(pong, "PONG");
     }
     eprintln!("{errors} error replies, {replies} valid replies");
-    assert!(errors > 1_000 && replies > 500, "{errors} errors, {replies} replies");
+    assert!(
+        errors > 1_000 && replies > 300,
+        "{errors} errors, {replies} replies"
+    );
     let string: String = redis::cmd("GET").arg("h:string").query(&mut con).unwrap();
     assert_eq!(string, "not a limiter");
     assert!(
@@ -1041,10 +1110,6 @@ fn random_argument_vectors_get_an_error_or_a_valid_reply_and_errors_create_nothi
 }
 
 #[test]
-#[ignore = "bug reported to the lead: RATELIMIT.APPLY accepts a sliding-log append of any cost up \
-            to 10^12 (Change::decode checks only cost <= limit <= 10^12), past \
-            ratelimit.max-log-limit: `APPLY k <LogAppend limit=10^12 cost=10^12>` allocates \
-            ~4 GB; with cost 10^10 MEMORY USAGE is 67 MB"]
 fn apply_cannot_grow_a_sliding_log_past_max_log_limit() {
     let server = Server::start();
     let mut con = server.client();
@@ -1060,6 +1125,30 @@ fn apply_cannot_grow_a_sliding_log_past_max_log_limit() {
     );
     assert!(error_text(&reply).is_some(), "accepted: {reply:?}");
     assert_eq!(dbsize(&mut con), 0);
+}
+
+#[test]
+fn every_state_apply_accepts_survives_a_reload() {
+    let server = Server::start();
+    let mut con = server.client();
+    let _: () = redis::cmd("SET").arg("a").arg("1").query(&mut con).unwrap();
+    let append = Change::LogAppend {
+        params: Params::new(5, 1000, None).unwrap(),
+        t_ms: future_base_ms(),
+        cost: 5,
+    }
+    .to_bytes();
+    for _ in 0..2 {
+        send_one(
+            &mut con,
+            redis::cmd("RATELIMIT.APPLY").arg("over").arg(&append),
+        );
+    }
+    let _: () = redis::cmd("SET").arg("z").arg("2").query(&mut con).unwrap();
+    let keys = dbsize(&mut con);
+    let reload = send_one(&mut con, redis::cmd("DEBUG").arg("RELOAD"));
+    assert!(matches!(reload, Value::Okay), "DEBUG RELOAD: {reload:?}");
+    assert_eq!(dbsize(&mut con), keys);
 }
 
 /// CRC-64/Jones as Redis computes the DUMP trailer (reflected, polynomial 0xad93d23594c935a9).
@@ -1121,7 +1210,11 @@ fn restore(con: &mut Connection, key: &str, expires_at_ms: i64, payload: &[u8]) 
 
 #[test]
 fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
-    assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca, "CRC-64/Jones check value");
+    assert_eq!(
+        crc64(b"123456789"),
+        0xe9c6_d914_c4b8_d9ca,
+        "CRC-64/Jones check value"
+    );
     let server = Server::start();
     let mut con = server.client();
     // Uncompressed, so the limiter's bytes appear verbatim in DUMP.
@@ -1163,10 +1256,21 @@ fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
     // The payload as dumped restores, and a valid edit with a recomputed CRC restores too: the
     // CRC here is right, so the refusals below are about the contents.
     let tb_expiry = pexpiretime(&mut con, "tb");
-    assert!(matches!(restore(&mut con, "restored", tb_expiry, &payload), Value::Okay));
+    assert!(matches!(
+        restore(&mut con, "restored", tb_expiry, &payload),
+        Value::Okay
+    ));
     assert_eq!(digest(&mut con, "restored"), digest(&mut con, "tb"));
-    let edited = redump(&payload, at, 49, &body(head(0, 7, 1000, 9, base), tokens(8000)));
-    assert!(matches!(restore(&mut con, "restored", far, &edited), Value::Okay));
+    let edited = redump(
+        &payload,
+        at,
+        49,
+        &body(head(0, 7, 1000, 9, base), tokens(8000)),
+    );
+    assert!(matches!(
+        restore(&mut con, "restored", far, &edited),
+        Value::Okay
+    ));
     assert_eq!(
         info_int(&limiter_info(&mut con, "restored").unwrap(), "tokens"),
         8
@@ -1178,18 +1282,45 @@ fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
     refused(&mut con, "stale CRC", &stale);
 
     let corrupt_buckets = [
-        ("tokens above the capacity", body(head(0, 7, 1000, 9, base), tokens(9001))),
-        ("tokens u128::MAX", body(head(0, 7, 1000, 9, base), tokens(u128::MAX))),
-        ("level above the capacity", body(head(1, 7, 1000, 9, base), tokens(9001))),
-        ("unknown algorithm 5", body(head(5, 7, 1000, 9, base), tokens(7000))),
-        ("unknown algorithm 255", body(head(255, 7, 1000, 9, base), tokens(7000))),
+        (
+            "tokens above the capacity",
+            body(head(0, 7, 1000, 9, base), tokens(9001)),
+        ),
+        (
+            "tokens u128::MAX",
+            body(head(0, 7, 1000, 9, base), tokens(u128::MAX)),
+        ),
+        (
+            "level above the capacity",
+            body(head(1, 7, 1000, 9, base), tokens(9001)),
+        ),
+        (
+            "unknown algorithm 5",
+            body(head(5, 7, 1000, 9, base), tokens(7000)),
+        ),
+        (
+            "unknown algorithm 255",
+            body(head(255, 7, 1000, 9, base), tokens(7000)),
+        ),
         ("limit 0", body(head(0, 0, 1000, 9, base), tokens(0))),
-        ("limit above 10^12", body(head(0, MAX_AMOUNT + 1, 1000, 9, base), tokens(0))),
+        (
+            "limit above 10^12",
+            body(head(0, MAX_AMOUNT + 1, 1000, 9, base), tokens(0)),
+        ),
         ("period 0", body(head(0, 7, 0, 9, base), tokens(0))),
-        ("period above 3650 days", body(head(0, 7, MAX_PERIOD_MS + 1, 9, base), tokens(0))),
+        (
+            "period above 3650 days",
+            body(head(0, 7, MAX_PERIOD_MS + 1, 9, base), tokens(0)),
+        ),
         ("capacity 0", body(head(0, 7, 1000, 0, base), tokens(0))),
-        ("capacity above 10^12", body(head(0, 7, 1000, MAX_AMOUNT + 1, base), tokens(0))),
-        ("time at 2^53", body(head(0, 7, 1000, 9, TIME_LIMIT_MS), tokens(0))),
+        (
+            "capacity above 10^12",
+            body(head(0, 7, 1000, MAX_AMOUNT + 1, base), tokens(0)),
+        ),
+        (
+            "time at 2^53",
+            body(head(0, 7, 1000, 9, TIME_LIMIT_MS), tokens(0)),
+        ),
         (
             "a window read as a bucket's bytes",
             body(head(2, 7, 1000, 7, base), tokens(7000)),
@@ -1217,7 +1348,16 @@ fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
         ("another window than last's", le(&[base + 1000, 1])),
         ("a count above 10^12", le(&[base, MAX_AMOUNT + 1])),
     ] {
-        refused(&mut con, what, &redump(&payload, at, 49, &body(head(2, 5, 1000, 5, base + 250), state)));
+        refused(
+            &mut con,
+            what,
+            &redump(
+                &payload,
+                at,
+                49,
+                &body(head(2, 5, 1000, 5, base + 250), state),
+            ),
+        );
     }
 
     // A sliding log: 10 per 1000 ms; two entries at base, one at base + 5.
@@ -1240,25 +1380,46 @@ fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
         "the log's layout"
     );
     let valid = redump(&payload, at, 73, &runs(&[(base, 1), (base + 5, 1)], 2));
-    assert!(matches!(restore(&mut con, "restored", far, &valid), Value::Okay));
+    assert!(matches!(
+        restore(&mut con, "restored", far, &valid),
+        Value::Okay
+    ));
     let _: i64 = redis::cmd("DEL").arg("restored").query(&mut con).unwrap();
     for (what, bytes) in [
         ("runs out of order", runs(&[(base + 5, 1), (base, 2)], 2)),
         ("an empty run", runs(&[(base, 0), (base + 5, 1)], 2)),
         ("a run above 2048", runs(&[(base, 2049), (base + 5, 1)], 2)),
-        ("more entries than the limit", runs(&[(base, 9), (base + 5, 2)], 2)),
+        (
+            "more entries than the limit",
+            runs(&[(base, 9), (base + 5, 2)], 2),
+        ),
         ("an entry after last", runs(&[(base, 2), (base + 6, 1)], 2)),
-        ("an entry out of the window", runs(&[(base - 1000, 2), (base + 5, 1)], 2)),
-        ("more runs claimed than present", runs(&[(base, 2), (base + 5, 1)], 3)),
-        ("a huge run count", runs(&[(base, 2), (base + 5, 1)], u64::MAX)),
-        ("fewer runs claimed than present", runs(&[(base, 2), (base + 5, 1)], 1)),
+        (
+            "an entry out of the window",
+            runs(&[(base - 1000, 2), (base + 5, 1)], 2),
+        ),
+        (
+            "more runs claimed than present",
+            runs(&[(base, 2), (base + 5, 1)], 3),
+        ),
+        (
+            "a huge run count",
+            runs(&[(base, 2), (base + 5, 1)], u64::MAX),
+        ),
+        (
+            "fewer runs claimed than present",
+            runs(&[(base, 2), (base + 5, 1)], 1),
+        ),
     ] {
         refused(&mut con, what, &redump(&payload, at, 73, &bytes));
     }
 
     // Nothing refused left a trace; the originals are intact.
     assert_eq!(dbsize(&mut con), 3);
-    assert_eq!(info_int(&limiter_info(&mut con, "sl").unwrap(), "entries"), 3);
+    assert_eq!(
+        info_int(&limiter_info(&mut con, "sl").unwrap(), "entries"),
+        3
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1272,7 +1433,11 @@ fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_16_bytes_an_ent
     // The default bound: 100000 is accepted, one more is refused and creates nothing.
     let reply = send_one(
         &mut con,
-        &Limit::new("sliding-log", DEFAULT_MAX_LOG_LIMIT + 1, "1d", None).check("log", 1, Some(base)),
+        &Limit::new("sliding-log", DEFAULT_MAX_LOG_LIMIT + 1, "1d", None).check(
+            "log",
+            1,
+            Some(base),
+        ),
     );
     let error = error_text(&reply).expect("refused");
     assert!(error.contains("max-log-limit"), "{error}");
@@ -1280,7 +1445,10 @@ fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_16_bytes_an_ent
 
     // A full log: 100000 entries at distinct ms.
     let limit = Limit::new("sliding-log", DEFAULT_MAX_LOG_LIMIT, "1d", None);
-    for chunk in (0..DEFAULT_MAX_LOG_LIMIT).collect::<Vec<_>>().chunks(10_000) {
+    for chunk in (0..DEFAULT_MAX_LOG_LIMIT)
+        .collect::<Vec<_>>()
+        .chunks(10_000)
+    {
         let cmds: Vec<Cmd> = chunk
             .iter()
             .map(|i| limit.check("log", 1, Some(base + i)))
@@ -1292,7 +1460,14 @@ fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_16_bytes_an_ent
     let last = base + DEFAULT_MAX_LOG_LIMIT - 1;
     assert_eq!(
         check(&mut con, &limit.check("log", 1, Some(last))),
-        [0, DEFAULT_MAX_LOG_LIMIT as i64, 0, 86_400_000 - (DEFAULT_MAX_LOG_LIMIT as i64 - 1), 86_400_000, 0]
+        [
+            0,
+            DEFAULT_MAX_LOG_LIMIT as i64,
+            0,
+            86_400_000 - (DEFAULT_MAX_LOG_LIMIT as i64 - 1),
+            86_400_000,
+            0
+        ]
     );
     let info = limiter_info(&mut con, "log").expect("stored");
     assert_eq!(info_int(&info, "entries"), DEFAULT_MAX_LOG_LIMIT as i64);
@@ -1325,7 +1500,10 @@ fn a_lower_max_log_limit_set_at_run_time_is_enforced() {
         &mut con,
         &Limit::new("sliding-log", 1001, "1s", None).check("log", 1, Some(base)),
     );
-    assert!(error_text(&over).is_some_and(|e| e.contains("max-log-limit")), "{over:?}");
+    assert!(
+        error_text(&over).is_some_and(|e| e.contains("max-log-limit")),
+        "{over:?}"
+    );
     let at = check(
         &mut con,
         &Limit::new("sliding-log", 1000, "1s", None).check("log", 1, Some(base)),
@@ -1384,17 +1562,45 @@ fn noeviction_maxmemory_answers_oom_to_checks_and_nothing_breaks() {
     }
     let apply = send_one(
         &mut con,
-        redis::cmd("RATELIMIT.APPLY")
-            .arg("oom:apply")
-            .arg(Change::LogAppend {
+        redis::cmd("RATELIMIT.APPLY").arg("oom:apply").arg(
+            Change::LogAppend {
                 params: Params::new(5, 1000, None).unwrap(),
                 t_ms: base,
                 cost: 1,
             }
-            .to_bytes()),
+            .to_bytes(),
+        ),
     );
-    assert!(error_text(&apply).is_some_and(|e| e.starts_with("OOM")), "{apply:?}");
-    assert_eq!(dbsize(&mut con), 6, "the limiters and the ballast, nothing new");
+    assert!(
+        error_text(&apply).is_some_and(|e| e.starts_with("OOM")),
+        "{apply:?}"
+    );
+    let checkall = send_one(
+        &mut con,
+        redis::cmd("RATELIMIT.CHECKALL")
+            .arg(2)
+            .arg(&keys[2])
+            .arg("oom:checkall")
+            .arg(&[
+                "fixed-window",
+                "10",
+                "1000",
+                "fixed-window",
+                "10",
+                "1000",
+                "AT",
+            ])
+            .arg(base),
+    );
+    assert!(
+        error_text(&checkall).is_some_and(|e| e.starts_with("OOM")),
+        "{checkall:?}"
+    );
+    assert_eq!(
+        dbsize(&mut con),
+        6,
+        "the limiters and the ballast, nothing new"
+    );
     for (key, before) in keys.iter().zip(&digests) {
         assert_eq!(&digest(&mut con, key), before, "{key} changed under OOM");
     }
@@ -1403,14 +1609,109 @@ fn noeviction_maxmemory_answers_oom_to_checks_and_nothing_breaks() {
     for (limit, key) in limits.iter().zip(&keys) {
         let reply = check(&mut con, &limit.check(key, 1, Some(base)));
         assert_eq!(reply[..3], [1, 10, 6], "{key}");
-        assert_eq!(check(&mut con, &limit.check(&format!("{key}:new"), 1, Some(base)))[0], 1);
+        assert_eq!(
+            check(&mut con, &limit.check(&format!("{key}:new"), 1, Some(base)))[0],
+            1
+        );
     }
     // RESET is not refused under OOM: it frees memory.
     cap_below_use(&mut con);
     let new_key = send_one(&mut con, &limits[0].check("oom:again", 1, Some(base)));
-    assert!(error_text(&new_key).is_some_and(|e| e.starts_with("OOM")), "{new_key:?}");
+    assert!(
+        error_text(&new_key).is_some_and(|e| e.starts_with("OOM")),
+        "{new_key:?}"
+    );
     let removed = int(&mut con, redis::cmd("RATELIMIT.RESET").arg(&keys));
     assert_eq!(removed, 5);
+}
+
+#[test]
+fn an_evicted_limiter_is_a_fresh_limiter_and_volatile_policies_evict_limiters_first() {
+    // Every stored limiter has a TTL, so `volatile-*` policies count it as evictable, before any
+    // key without a TTL; `allkeys-*` evict it like anything else. Either way an evicted limiter
+    // is gone: the next CHECK meets a fresh one and admits again. This is what README's
+    // "Guarantees" warns about.
+    for policy in ["volatile-lru", "allkeys-lru"] {
+        let server = Server::builder()
+            .config(&[("maxmemory-policy", policy), ("maxmemory-samples", "10")])
+            .start();
+        let mut con = server.client();
+        let base = future_base_ms();
+        let limit = Limit::new("fixed-window", 1, "1h", None);
+        // 500 exhausted limiters with 4 KB names: about 2 MB of them.
+        let keys: Vec<String> = (0..500)
+            .map(|i| format!("limiter:{i}:{}", "x".repeat(4_000)))
+            .collect();
+        let cmds: Vec<Cmd> = keys.iter().map(|k| limit.check(k, 1, Some(base))).collect();
+        assert!(run_all_admitted(&mut con, &cmds));
+        // Cap memory a little above what is used, then write 1.5 MB of data without a TTL.
+        let used: u64 = server.info_field("memory", "used_memory").parse().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(used + 300_000)
+            .query(&mut con)
+            .unwrap();
+        let mut data_written = 0;
+        for i in 0..30 {
+            let reply = send_one(
+                &mut con,
+                redis::cmd("SET")
+                    .arg(format!("data:{i}"))
+                    .arg(vec![b'd'; 50_000]),
+            );
+            if matches!(reply, Value::Okay) {
+                data_written += 1;
+            }
+        }
+        let evicted: u64 = server.info_field("stats", "evicted_keys").parse().unwrap();
+        // Stop evicting, then look at what is left.
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(0)
+            .query(&mut con)
+            .unwrap();
+        let mut exists = redis::pipe();
+        for key in &keys {
+            exists.cmd("EXISTS").arg(key);
+        }
+        let present: Vec<i64> = exists.query(&mut con).unwrap();
+        let missing: Vec<&String> = keys
+            .iter()
+            .zip(&present)
+            .filter(|(_, p)| **p == 0)
+            .map(|(k, _)| k)
+            .collect();
+        eprintln!(
+            "{policy}: {evicted} keys evicted, {} of 500 limiters among them, {data_written} of \
+             30 data keys written",
+            missing.len()
+        );
+        assert!(!missing.is_empty(), "{policy}: no limiter was evicted");
+        if policy.starts_with("volatile") {
+            // Only keys with a TTL go: the limiters, never the data.
+            assert_eq!(missing.len() as u64, evicted, "{policy}");
+            assert_eq!(data_written, 30, "{policy}");
+            let data: i64 = int(&mut con, &redis::cmd("DBSIZE")) - (500 - missing.len() as i64);
+            assert_eq!(data, 30, "{policy}: data keys were evicted");
+        }
+        // An evicted limiter admits again what it had already admitted; one that stayed does not.
+        for (key, present) in keys.iter().zip(&present) {
+            let reply = check(&mut con, &limit.check(key, 1, Some(base)));
+            assert_eq!(
+                reply[0],
+                i64::from(*present == 0),
+                "{policy}: {}",
+                &key[..12]
+            );
+        }
+    }
+}
+
+/// Runs CHECKs in one pipeline; true when all were admitted.
+fn run_all_admitted(con: &mut Connection, cmds: &[Cmd]) -> bool {
+    send(con, cmds).iter().all(|value| reply6(value)[0] == 1)
 }
 
 #[test]
@@ -1436,9 +1737,11 @@ fn a_million_expiring_keys_give_their_memory_back() {
                     // 1 per 2 s, every algorithm: each key expires 2 s (sliding window: up to
                     // 4 s) after its CHECK.
                     let algorithm = ALGORITHMS[(k % 5) as usize];
-                    cmds.push(
-                        Limit::new(algorithm, 1, "2000", Some(1)).check(&format!("soak:{k}"), 1, None),
-                    );
+                    cmds.push(Limit::new(algorithm, 1, "2000", Some(1)).check(
+                        &format!("soak:{k}"),
+                        1,
+                        None,
+                    ));
                     k += CONNECTIONS;
                     if cmds.len() == 5_000 || k >= KEYS {
                         for value in send(&mut con, &cmds) {
@@ -1479,7 +1782,10 @@ fn a_million_expiring_keys_give_their_memory_back() {
         "all expired after {:?}: used_memory {used} (baseline {baseline}, peak {peak})",
         started.elapsed()
     );
-    assert!(peak > baseline + 10_000_000, "the soak did not allocate: {peak}");
+    assert!(
+        peak > baseline + 10_000_000,
+        "the soak did not allocate: {peak}"
+    );
     // Slack: 1 MB for the client buffers and the key tables' smallest sizes; a leak of even 16
     // bytes per limiter would be 16 MB.
     assert!(
@@ -1489,6 +1795,10 @@ fn a_million_expiring_keys_give_their_memory_back() {
     let stats = server.info("ratelimit");
     for algorithm in ALGORITHMS {
         let field = format!("ratelimit_{}_keys", algorithm.replace('-', "_"));
-        assert_eq!(stats.get(&field).map(String::as_str), Some("0"), "{field}: {stats:?}");
+        assert_eq!(
+            stats.get(&field).map(String::as_str),
+            Some("0"),
+            "{field}: {stats:?}"
+        );
     }
 }

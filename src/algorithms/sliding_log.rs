@@ -216,6 +216,28 @@ pub(crate) fn check(
     (outcome, append(live, params, t_ms, cost))
 }
 
+/// Whether [`append`] of `cost` entries at `t_ms` keeps the log within `params.limit` (what an
+/// admitted call guarantees; a replayed write is checked against it before it is applied).
+pub fn append_fits(stored: Option<&Limiter>, params: &Params, t_ms: u64, cost: u64) -> bool {
+    let live = match stored {
+        Some(Limiter {
+            state: State::SlidingLog(log),
+            params: stored_params,
+            last_ms,
+        }) if last_ms + stored_params.period_ms > t_ms && *last_ms <= t_ms => {
+            let cutoff = later(
+                t_ms.checked_sub(stored_params.period_ms),
+                t_ms.checked_sub(params.period_ms),
+            );
+            log.total - log.expired(cutoff).1
+        }
+        Some(Limiter { last_ms, .. }) if *last_ms > t_ms => return false,
+        _ => 0,
+    };
+    live.checked_add(cost)
+        .is_some_and(|total| total <= params.limit)
+}
+
 /// Records `cost` entries at `t_ms` under `params` and stores the new parameters: the write of an
 /// admitted call, also what replicas and AOF replay apply. `stored` must hold a sliding log last
 /// written at or before `t_ms`; one that has entirely slid out of its window is replaced.

@@ -11,6 +11,7 @@ use redis_module::raw;
 
 use super::{guard, replicate_verbatim, Call};
 use crate::algorithms::{sliding_log, Algorithm, Write};
+use crate::config::max_log_limit;
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
 use crate::store::{Key, Slot};
@@ -44,10 +45,16 @@ fn run(call: &Call) -> c_int {
             expires_at_ms
         }
         Change::LogAppend { params, t_ms, cost } => {
-            if let Some(limiter) = &stored {
-                if limiter.algorithm() != Algorithm::SlidingLog || limiter.last_ms > t_ms {
-                    return call.error(error::STATE);
-                }
+            // Only what an admitted call could have written: a log of this server's bounds,
+            // within its limit after the append (so a payload cannot allocate without bound, and
+            // nothing is stored that RDB loading would refuse).
+            let fits = params.limit <= max_log_limit()
+                && match &stored {
+                    Some(limiter) if limiter.algorithm() != Algorithm::SlidingLog => false,
+                    other => sliding_log::append_fits(other.as_deref(), &params, t_ms, cost),
+                };
+            if !fits {
+                return call.error(error::STATE);
             }
             let write = sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost);
             drop(stored);

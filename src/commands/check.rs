@@ -108,7 +108,8 @@ pub fn evaluate(key: &Key, request: &Request, commit: bool) -> Result<Outcome, S
         Write::Created(limiter) => key.set(limiter),
     };
     if written {
-        key.expire_at(outcome.t_ms + outcome.decision.reset_after_ms);
+        // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
+        key.expire_at(outcome.t_ms.saturating_add(outcome.decision.reset_after_ms));
     }
     Ok(outcome)
 }

@@ -1,0 +1,131 @@
+//! Fuzzes the one binary codec of a limiter: `codec::decode` (what `rdb_load` and RESTORE trust) and
+//! `Change::decode` (what `RATELIMIT.APPLY` trusts: replication, AOF replay, AOF rewrites).
+//!
+//! Input: the payload bytes, as they would sit in an RDB string buffer or an APPLY argument.
+//!
+//! Beyond "never panics" (built with overflow checks), it checks:
+//! - round trip: a payload that decodes re-encodes to bytes that decode to the same value, and that
+//!   encoding is a fixpoint;
+//! - whatever decodes is safe to use: the cores run on it (with its own and with changed
+//!   parameters, at its own time and later) without a panic, and every state they then store encodes
+//!   and decodes again, so a key that a crafted payload installed cannot later make RDB or a
+//!   replica refuse the keys derived from it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use redis_ratelimit::algorithms::{
+    self, sliding_log, Limiter, Params, Request, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
+};
+use redis_ratelimit::store::codec::{self, Change};
+
+/// `ratelimit.max-log-limit`'s default: the largest sliding log a CHECK creates.
+const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(limiter) = codec::decode(data) {
+        let bytes = codec::to_bytes(&limiter);
+        let again = codec::decode(&bytes).expect("a re-encoded limiter decodes");
+        assert_eq!(again, limiter);
+        assert_eq!(
+            codec::to_bytes(&again),
+            bytes,
+            "the encoding is not a fixpoint"
+        );
+        // The digest, AOF rewrite and replication all encode through `Change`.
+        let change = Change::Replace(limiter.clone());
+        assert_eq!(Change::decode(&change.to_bytes()), Ok(change));
+        let _ = limiter.expires_at_ms();
+        exercise(limiter);
+    }
+    if let Ok(change) = Change::decode(data) {
+        let bytes = change.to_bytes();
+        assert_eq!(Change::decode(&bytes).as_ref(), Ok(&change));
+        match change {
+            Change::Replace(limiter) => exercise(limiter),
+            Change::LogAppend { params, t_ms, cost } => {
+                // RATELIMIT.APPLY refuses what no admitted call could have written: a log above
+                // `ratelimit.max-log-limit` or an append beyond the log's limit.
+                if params.limit > DEFAULT_MAX_LOG_LIMIT
+                    || !sliding_log::append_fits(None, &params, t_ms, cost)
+                {
+                    return;
+                }
+                // RATELIMIT.APPLY on a missing key.
+                let Write::Created(limiter) = sliding_log::append(None, &params, t_ms, cost) else {
+                    panic!("an append to nothing creates the key");
+                };
+                assert_eq!(
+                    codec::decode(&codec::to_bytes(&limiter)).as_ref(),
+                    Ok(&limiter)
+                );
+                exercise(limiter);
+            }
+        }
+    }
+});
+
+/// Calls on a decoded limiter with its own parameters and with changed ones, now and later.
+fn exercise(limiter: Limiter) {
+    let own = limiter.params;
+    let half = Params::new(
+        own.limit,
+        (own.period_ms / 2).max(1),
+        burst(&limiter, own.capacity),
+    )
+    .expect("valid");
+    let double = Params::new(
+        own.limit.div_ceil(2),
+        (own.period_ms * 2).min(MAX_PERIOD_MS),
+        burst(
+            &limiter,
+            own.capacity.saturating_mul(2).min(own.limit.max(1) * 2),
+        ),
+    );
+    let double = double.unwrap_or(own);
+    let algorithm = limiter.algorithm();
+    let last = limiter.last_ms;
+    let calls = [
+        (own, 1, last),
+        (own, 0, last.saturating_sub(own.period_ms)),
+        (half, 1, last + 1),
+        (double, own.limit, last + own.period_ms / 3),
+        (own, 2, last.saturating_add(own.period_ms)),
+        (own, 1, limiter.expires_at_ms()),
+    ];
+    let mut stored = Some(limiter);
+    for (params, cost, now_ms) in calls {
+        if now_ms >= TIME_LIMIT_MS {
+            continue;
+        }
+        let request = Request {
+            algorithm,
+            params,
+            cost,
+            now_ms,
+        };
+        let mut copy = stored.clone();
+        let (peeked, _) = algorithms::check(copy.as_mut(), &request, false).expect("one algorithm");
+        let (outcome, write) =
+            algorithms::check(stored.as_mut(), &request, true).expect("one algorithm");
+        assert_eq!(peeked, outcome, "PEEK and CHECK disagree");
+        let decision = outcome.decision;
+        assert!(decision.remaining <= decision.limit);
+        assert_eq!(decision.allowed, decision.retry_after_ms == 0);
+        if let Write::Created(created) = write {
+            stored = Some(created);
+        }
+        if outcome.consumed {
+            let limiter = stored.as_ref().expect("stored");
+            assert_eq!(
+                codec::decode(&codec::to_bytes(limiter)).as_ref(),
+                Ok(limiter),
+                "a state the cores stored does not decode"
+            );
+        }
+    }
+}
+
+/// The `BURST` to pass for this limiter's algorithm (windows and the log take none).
+fn burst(limiter: &Limiter, capacity: u64) -> Option<u64> {
+    limiter.algorithm().is_bucket().then_some(capacity.max(1))
+}

@@ -1,0 +1,48 @@
+//! Fuzzes `parse_checkall`, the parser of `RATELIMIT.CHECKALL numkeys key [key ...] spec [spec ...]
+//! [COST cost] [AT unix-ms]`, whose index arithmetic over a variable number of specs is where a
+//! parser would slice out of bounds.
+//!
+//! Input: the arguments after the command name, separated by `\n` (as for `parse_check`).
+//!
+//! Beyond "never panics", it checks that an accepted vector has one spec per key, each within the
+//! SPEC's bounds, and that a CHECKALL of one key parses exactly as a CHECK of the same arguments
+//! (the SPEC's "a CHECKALL of one key takes the very arguments a CHECK takes after its key").
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use redis_ratelimit::algorithms::{MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
+use redis_ratelimit::commands::parse::{parse_check, parse_checkall};
+
+const MAX_LOG_LIMIT: u64 = 100_000;
+
+fuzz_target!(|data: &[u8]| {
+    let args: Vec<&[u8]> = data.split(|byte| *byte == b'\n').collect();
+    if let Ok(parsed) = parse_checkall(&args, MAX_LOG_LIMIT) {
+        assert!(parsed.numkeys >= 1);
+        assert_eq!(parsed.specs.len(), parsed.numkeys);
+        // numkeys, the keys, then at least three arguments per spec.
+        assert!(args.len() > parsed.numkeys * 4);
+        for spec in &parsed.specs {
+            let params = spec.params;
+            assert!((1..=MAX_AMOUNT).contains(&params.limit));
+            assert!((1..=MAX_PERIOD_MS).contains(&params.period_ms));
+            assert!((1..=MAX_AMOUNT).contains(&params.capacity));
+            assert!(spec.algorithm.is_bucket() || params.capacity == params.limit);
+        }
+        assert!(parsed.cost <= MAX_AMOUNT);
+        assert!(parsed.at_ms.is_none_or(|at| at < TIME_LIMIT_MS));
+    }
+    // One key: the same as CHECK with the arguments after the key.
+    let mut one: Vec<&[u8]> = vec![b"1", b"key"];
+    one.extend_from_slice(&args);
+    let as_checkall = parse_checkall(&one, MAX_LOG_LIMIT);
+    let as_check = parse_check(&args, MAX_LOG_LIMIT);
+    match (&as_checkall, &as_check) {
+        (Ok(all), Ok(check)) => {
+            assert_eq!(all.specs, [check.spec]);
+            assert_eq!((all.cost, all.at_ms), (check.cost, check.at_ms));
+        }
+        (Err(_), Err(_)) => {}
+        _ => panic!("CHECKALL of one key {as_checkall:?} but CHECK {as_check:?}"),
+    }
+});
