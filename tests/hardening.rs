@@ -25,8 +25,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{future_base_ms, now_ms, wait_replica_sync, Server};
-use redis::{Cmd, Connection, ConnectionLike, Value};
+use common::{future_base_ms, is_bucket, now_ms, send, wait_replica_sync, Limit, Server};
+use redis::{Cmd, Connection, Value};
 use redis_ratelimit::algorithms::{self, Algorithm, Limiter, Params, Request, Write};
 use redis_ratelimit::store::codec::Change;
 
@@ -45,70 +45,6 @@ const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-fn is_bucket(algorithm: &str) -> bool {
-    algorithm.ends_with("bucket")
-}
-
-/// One limit as CHECK names it.
-#[derive(Clone, Debug)]
-struct Limit {
-    algorithm: &'static str,
-    limit: u64,
-    period: String,
-    burst: Option<u64>,
-}
-
-impl Limit {
-    fn new(algorithm: &'static str, limit: u64, period: &str, burst: Option<u64>) -> Limit {
-        Limit {
-            algorithm,
-            limit,
-            period: period.to_string(),
-            burst: burst.filter(|_| is_bucket(algorithm)),
-        }
-    }
-
-    /// The most that can be admitted at one instant: the capacity of a bucket, else the limit.
-    fn capacity(&self) -> u64 {
-        self.burst.unwrap_or(self.limit)
-    }
-
-    fn command(&self, name: &str, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
-        let mut cmd = redis::cmd(name);
-        cmd.arg(key)
-            .arg(self.algorithm)
-            .arg(self.limit)
-            .arg(&self.period);
-        if let Some(burst) = self.burst {
-            cmd.arg("BURST").arg(burst);
-        }
-        cmd.arg("COST").arg(cost);
-        if let Some(at) = at_ms {
-            cmd.arg("AT").arg(at);
-        }
-        cmd
-    }
-
-    fn check(&self, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
-        self.command("RATELIMIT.CHECK", key, cost, at_ms)
-    }
-
-    fn peek(&self, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
-        self.command("RATELIMIT.PEEK", key, cost, at_ms)
-    }
-}
-
-/// Sends `cmds` in one pipeline and returns every reply, error replies included (as
-/// `Value::ServerError`), in order.
-fn send(con: &mut Connection, cmds: &[Cmd]) -> Vec<Value> {
-    let mut packed = Vec::new();
-    for cmd in cmds {
-        cmd.write_packed_command(&mut packed);
-    }
-    con.req_packed_commands(&packed, 0, cmds.len())
-        .expect("the connection works")
-}
 
 fn send_one(con: &mut Connection, cmd: &Cmd) -> Value {
     send(con, std::slice::from_ref(cmd)).remove(0)

@@ -12,8 +12,8 @@ use std::fs;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{future_base_ms, wait_replica_sync, Server};
-use redis::{Cmd, Connection, ConnectionLike, Value};
+use common::{future_base_ms, send, wait_replica_sync, Limit, Server};
+use redis::{Cmd, Connection, Value};
 
 const ALGORITHMS: [&str; 5] = [
     "token-bucket",
@@ -25,64 +25,6 @@ const ALGORITHMS: [&str; 5] = [
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-fn is_bucket(algorithm: &str) -> bool {
-    algorithm.ends_with("bucket")
-}
-
-/// One limit as CHECK names it.
-#[derive(Clone, Debug)]
-struct Limit {
-    algorithm: &'static str,
-    limit: u64,
-    period: &'static str,
-    burst: Option<u64>,
-}
-
-impl Limit {
-    fn new(algorithm: &'static str, limit: u64, period: &'static str, burst: Option<u64>) -> Limit {
-        Limit {
-            algorithm,
-            limit,
-            period,
-            burst: burst.filter(|_| is_bucket(algorithm)),
-        }
-    }
-
-    fn command(&self, name: &str, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
-        let mut cmd = redis::cmd(name);
-        cmd.arg(key)
-            .arg(self.algorithm)
-            .arg(self.limit)
-            .arg(self.period);
-        if let Some(burst) = self.burst {
-            cmd.arg("BURST").arg(burst);
-        }
-        cmd.arg("COST").arg(cost);
-        if let Some(at) = at_ms {
-            cmd.arg("AT").arg(at);
-        }
-        cmd
-    }
-
-    fn check(&self, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
-        self.command("RATELIMIT.CHECK", key, cost, at_ms)
-    }
-
-    fn peek(&self, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
-        self.command("RATELIMIT.PEEK", key, cost, at_ms)
-    }
-}
-
-/// Sends `cmds` in one pipeline; every reply, errors included, in order.
-fn send(con: &mut Connection, cmds: &[Cmd]) -> Vec<Value> {
-    let mut packed = Vec::new();
-    for cmd in cmds {
-        cmd.write_packed_command(&mut packed);
-    }
-    con.req_packed_commands(&packed, 0, cmds.len())
-        .expect("the connection works")
-}
 
 fn reply6(value: &Value) -> [i64; 6] {
     let Value::Array(items) = value else {

@@ -31,6 +31,8 @@ use std::sync::{mpsc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use redis::{Cmd, Connection, ConnectionLike, Value};
+
 /// How long a starting server may take to answer PING.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a replica may take to reach its master's offset.
@@ -695,4 +697,70 @@ fn process_state(pid: libc::pid_t) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain spaces: the state follows the last ')'.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+// Limits as CHECK names them, shared by the hardening and persistence tests.
+
+pub fn is_bucket(algorithm: &str) -> bool {
+    algorithm.ends_with("bucket")
+}
+
+/// One limit as CHECK names it.
+#[derive(Clone, Debug)]
+pub struct Limit {
+    pub algorithm: &'static str,
+    pub limit: u64,
+    pub period: String,
+    pub burst: Option<u64>,
+}
+
+impl Limit {
+    pub fn new(algorithm: &'static str, limit: u64, period: &str, burst: Option<u64>) -> Limit {
+        Limit {
+            algorithm,
+            limit,
+            period: period.to_string(),
+            burst: burst.filter(|_| is_bucket(algorithm)),
+        }
+    }
+
+    /// The most that can be admitted at one instant: the capacity of a bucket, else the limit.
+    pub fn capacity(&self) -> u64 {
+        self.burst.unwrap_or(self.limit)
+    }
+
+    pub fn command(&self, name: &str, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(key)
+            .arg(self.algorithm)
+            .arg(self.limit)
+            .arg(&self.period);
+        if let Some(burst) = self.burst {
+            cmd.arg("BURST").arg(burst);
+        }
+        cmd.arg("COST").arg(cost);
+        if let Some(at) = at_ms {
+            cmd.arg("AT").arg(at);
+        }
+        cmd
+    }
+
+    pub fn check(&self, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
+        self.command("RATELIMIT.CHECK", key, cost, at_ms)
+    }
+
+    pub fn peek(&self, key: &str, cost: u64, at_ms: Option<u64>) -> Cmd {
+        self.command("RATELIMIT.PEEK", key, cost, at_ms)
+    }
+}
+
+/// Sends `cmds` in one pipeline and returns every reply, error replies included (as
+/// `Value::ServerError`), in order.
+pub fn send(con: &mut Connection, cmds: &[Cmd]) -> Vec<Value> {
+    let mut packed = Vec::new();
+    for cmd in cmds {
+        cmd.write_packed_command(&mut packed);
+    }
+    con.req_packed_commands(&packed, 0, cmds.len())
+        .expect("the connection works")
 }
