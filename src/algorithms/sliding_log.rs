@@ -99,6 +99,10 @@ impl SlidingLog {
         }
         while count > 0 {
             let run = count.min(MAX_RUN);
+            if self.words.len() == self.words.capacity() {
+                // Grow by a quarter rather than double: a log holds about its limit for long.
+                self.words.reserve_exact((self.words.len() / 4).max(4));
+            }
             self.words.push_back(pack(timestamp_ms, run));
             count -= run;
         }
