@@ -130,7 +130,7 @@ pub(crate) fn replicate_write(
             cost: request.cost,
         }
         .encode(&mut payload);
-    } else if let Slot::Limiter(limiter) = key.slot() {
+    } else if let Some(limiter) = key.read() {
         encode_replace(&limiter, &mut payload);
     }
     if let Some(bytes) = payload.as_slice() {

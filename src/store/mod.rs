@@ -4,6 +4,7 @@
 pub mod codec;
 pub mod value;
 
+use std::borrow::Cow;
 use std::ffi::{c_int, c_void, CString};
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -205,6 +206,9 @@ pub enum Slot<'a> {
     WrongType,
 }
 
+/// The key holds another type.
+struct WrongType;
+
 /// An open key, closed on drop.
 pub struct Key {
     ctx: *mut raw::RedisModuleCtx,
@@ -233,22 +237,40 @@ impl Key {
 
     /// The key's content.
     pub fn slot(&self) -> Slot<'_> {
+        match self.value() {
+            Ok(None) => Slot::Empty,
+            // SAFETY: valid while the key is open; `&self` ties the borrow to it, and commands
+            // hold one handle at a time.
+            Ok(Some(value)) => Slot::Limiter(unsafe { &mut *value }.limiter()),
+            Err(WrongType) => Slot::WrongType,
+        }
+    }
+
+    /// The stored limiter, read-only: no handle, so nothing is written back.
+    pub fn read(&self) -> Option<Cow<'_, Limiter>> {
+        match self.value() {
+            // SAFETY: as in `slot`.
+            Ok(Some(value)) => Some(unsafe { &*value }.read()),
+            _ => None,
+        }
+    }
+
+    /// The key's value if it holds ours (`None` when empty).
+    fn value(&self) -> Result<Option<*mut Value>, WrongType> {
         // SAFETY: KeyType accepts NULL (a missing key opened read-only) and answers EMPTY.
         let kind = unsafe { rm!(RedisModule_KeyType)(self.key) } as isize;
         if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Slot::Empty;
+            return Ok(None);
         }
         // SAFETY: a non-empty open key.
         if kind != raw::REDISMODULE_KEYTYPE_MODULE
             || unsafe { rm!(RedisModule_ModuleTypeGetType)(self.key) } != raw_type()
         {
-            return Slot::WrongType;
+            return Err(WrongType);
         }
         // SAFETY: the key holds our type, whose values are made by `into_value`.
         let value = unsafe { rm!(RedisModule_ModuleTypeGetValue)(self.key) };
-        // SAFETY: valid while the key is open; `&self` ties the borrow to it, and commands hold
-        // one handle at a time.
-        Slot::Limiter(unsafe { &mut *value.cast::<Value>() }.limiter())
+        Ok(Some(value.cast::<Value>()))
     }
 
     /// Stores a new limiter in the (write-opened) key.
