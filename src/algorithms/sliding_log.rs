@@ -154,29 +154,23 @@ pub(crate) fn check(
     commit: bool,
 ) -> (Outcome, Write) {
     let params = &request.params;
-    // A stored log that has entirely slid out of its own window is equivalent to a fresh key.
-    let live = stored.filter(|limiter| {
-        let t_ms = request.now_ms.max(limiter.last_ms);
-        limiter.last_ms + limiter.params.period_ms > t_ms
-    });
-    let t_ms = live.as_ref().map_or(request.now_ms, |limiter| {
+    let t_ms = stored.as_ref().map_or(request.now_ms, |limiter| {
         request.now_ms.max(limiter.last_ms)
     });
+    let expired = stored
+        .as_deref()
+        .and_then(|limiter| slid_out(limiter, params, t_ms));
+    // A stored log that has entirely slid out of its own window is equivalent to a fresh key.
+    let live = stored.filter(|_| expired.is_some());
     let empty = SlidingLog::default();
-    let (log, stored_period) = match &live {
+    let log = match &live {
         Some(Limiter {
             state: State::SlidingLog(log),
-            params: stored,
             ..
-        }) => (log, stored.period_ms),
-        _ => (&empty, params.period_ms),
+        }) => log,
+        _ => &empty,
     };
-    // Entries gone under the stored period are gone; those older than the new period do not count.
-    let cutoff = later(
-        t_ms.checked_sub(stored_period),
-        t_ms.checked_sub(params.period_ms),
-    );
-    let (expired_words, expired_entries) = log.expired(cutoff);
+    let (expired_words, expired_entries) = expired.unwrap_or((0, 0));
     let count = log.total - expired_entries;
     let cost = request.cost;
     let allowed = count
@@ -217,26 +211,36 @@ pub(crate) fn check(
     if !(commit && consumed) {
         return (outcome, Write::None);
     }
-    (outcome, append(live, params, t_ms, cost))
+    (outcome, record(live, expired, params, t_ms, cost))
+}
+
+/// What of `limiter`'s log has slid out at `t_ms`, as (words, entries): entries gone under the
+/// stored period, and those older than the call's period, which do not count. `None` when the
+/// whole stored log has slid out of its own window: the key is then equivalent to a fresh one.
+fn slid_out(limiter: &Limiter, params: &Params, t_ms: u64) -> Option<(usize, u64)> {
+    let State::SlidingLog(log) = &limiter.state else {
+        return None;
+    };
+    if limiter.last_ms + limiter.params.period_ms <= t_ms {
+        return None;
+    }
+    let cutoff = later(
+        t_ms.checked_sub(limiter.params.period_ms),
+        t_ms.checked_sub(params.period_ms),
+    );
+    Some(log.expired(cutoff))
 }
 
 /// Whether [`append`] of `cost` entries at `t_ms` keeps the log within `params.limit` (what an
 /// admitted call guarantees; a replayed write is checked against it before it is applied).
 pub fn append_fits(stored: Option<&Limiter>, params: &Params, t_ms: u64, cost: u64) -> bool {
     let live = match stored {
-        Some(Limiter {
-            state: State::SlidingLog(log),
-            params: stored_params,
-            last_ms,
-        }) if last_ms + stored_params.period_ms > t_ms && *last_ms <= t_ms => {
-            let cutoff = later(
-                t_ms.checked_sub(stored_params.period_ms),
-                t_ms.checked_sub(params.period_ms),
-            );
-            log.total - log.expired(cutoff).1
-        }
-        Some(Limiter { last_ms, .. }) if *last_ms > t_ms => return false,
-        _ => 0,
+        Some(limiter) if limiter.last_ms > t_ms => return false,
+        Some(limiter) => match (&limiter.state, slid_out(limiter, params, t_ms)) {
+            (State::SlidingLog(log), Some((_, expired))) => log.total - expired,
+            _ => 0,
+        },
+        None => 0,
     };
     live.checked_add(cost)
         .is_some_and(|total| total <= params.limit)
@@ -246,15 +250,23 @@ pub fn append_fits(stored: Option<&Limiter>, params: &Params, t_ms: u64, cost: u
 /// admitted call, also what replicas and AOF replay apply. `stored` must hold a sliding log last
 /// written at or before `t_ms`; one that has entirely slid out of its window is replaced.
 pub fn append(stored: Option<&mut Limiter>, params: &Params, t_ms: u64, cost: u64) -> Write {
-    let live = stored.filter(|limiter| limiter.last_ms + limiter.params.period_ms > t_ms);
-    match live {
-        Some(limiter) => {
-            let cutoff = later(
-                t_ms.checked_sub(limiter.params.period_ms),
-                t_ms.checked_sub(params.period_ms),
-            );
+    let expired = stored
+        .as_deref()
+        .and_then(|limiter| slid_out(limiter, params, t_ms));
+    record(stored, expired, params, t_ms, cost)
+}
+
+/// [`append`] with what has slid out already known (`None`: the stored log, if any, is stale).
+fn record(
+    stored: Option<&mut Limiter>,
+    expired: Option<(usize, u64)>,
+    params: &Params,
+    t_ms: u64,
+    cost: u64,
+) -> Write {
+    match (stored, expired) {
+        (Some(limiter), Some((words, entries))) => {
             if let State::SlidingLog(log) = &mut limiter.state {
-                let (words, entries) = log.expired(cutoff);
                 log.drop_front(words, entries);
                 log.push(t_ms, cost);
             }
@@ -262,7 +274,7 @@ pub fn append(stored: Option<&mut Limiter>, params: &Params, t_ms: u64, cost: u6
             limiter.last_ms = t_ms;
             Write::Updated
         }
-        None => {
+        _ => {
             let mut log = SlidingLog::default();
             log.push(t_ms, cost);
             Write::Created(Limiter {
