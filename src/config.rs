@@ -23,8 +23,9 @@ pub const PREFIX: &str = "ratelimit.";
 
 /// Default `ratelimit.max-log-limit`: the largest limit a sliding log accepts.
 pub const DEFAULT_MAX_LOG_LIMIT: i64 = 100_000;
-/// Bounds of `ratelimit.max-log-limit`. A sliding log costs at most 8 bytes per entry (entries at
-/// the same millisecond share a word), so the upper bound caps one key at about 80 MB.
+/// Bounds of `ratelimit.max-log-limit`. A sliding log costs at most 6 bytes per entry (a gap of
+/// 3650 days; 1 to 3 bytes for gaps under 17 minutes, and entries at the same millisecond share a
+/// record), so the upper bound caps one key at about 75 MB with the room it grows into.
 pub const MIN_MAX_LOG_LIMIT: i64 = 1;
 pub const MAX_MAX_LOG_LIMIT: i64 = 10_000_000;
 

@@ -1362,7 +1362,7 @@ fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
 // 6. Memory
 
 #[test]
-fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_16_bytes_an_entry() {
+fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_4_bytes_an_entry() {
     let server = Server::start();
     let mut con = server.client();
     let base = future_base_ms();
@@ -1379,7 +1379,8 @@ fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_16_bytes_an_ent
     assert!(error.contains("max-log-limit"), "{error}");
     assert_eq!(dbsize(&mut con), 0);
 
-    // A full log: 100000 entries at distinct ms.
+    // A full log: 100000 entries 700 ms apart (2-byte records), all inside the day.
+    const GAP_MS: u64 = 700;
     let limit = Limit::new("sliding-log", DEFAULT_MAX_LOG_LIMIT, "1d", None);
     for chunk in (0..DEFAULT_MAX_LOG_LIMIT)
         .collect::<Vec<_>>()
@@ -1387,20 +1388,20 @@ fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_16_bytes_an_ent
     {
         let cmds: Vec<Cmd> = chunk
             .iter()
-            .map(|i| limit.check("log", 1, Some(base + i)))
+            .map(|i| limit.check("log", 1, Some(base + i * GAP_MS)))
             .collect();
         for value in send(&mut con, &cmds) {
             assert_eq!(reply6(&value)[0], 1);
         }
     }
-    let last = base + DEFAULT_MAX_LOG_LIMIT - 1;
+    let last = base + (DEFAULT_MAX_LOG_LIMIT - 1) * GAP_MS;
     assert_eq!(
         check(&mut con, &limit.check("log", 1, Some(last))),
         [
             0,
             DEFAULT_MAX_LOG_LIMIT as i64,
             0,
-            86_400_000 - (DEFAULT_MAX_LOG_LIMIT as i64 - 1),
+            86_400_000 - (DEFAULT_MAX_LOG_LIMIT - 1) as i64 * GAP_MS as i64,
             86_400_000,
             0
         ]
@@ -1413,12 +1414,14 @@ fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_16_bytes_an_ent
         usage as f64 / DEFAULT_MAX_LOG_LIMIT as f64
     );
     assert!(
-        usage < 16 * DEFAULT_MAX_LOG_LIMIT as i64,
+        usage < 4 * DEFAULT_MAX_LOG_LIMIT as i64,
         "MEMORY USAGE {usage} for {DEFAULT_MAX_LOG_LIMIT} entries"
     );
-    // The server's own accounting agrees that the log is that small.
+    // The server's own accounting agrees that the log is that small: an empty server uses about
+    // 0.9 MB here.
     let used: i64 = server.info_field("memory", "used_memory").parse().unwrap();
-    assert!(used < 8_000_000, "used_memory {used}");
+    eprintln!("used_memory with the full log: {used}");
+    assert!(used < 3_000_000, "used_memory {used}");
 }
 
 #[test]

@@ -1,21 +1,31 @@
 //! Sliding log: the exact multiset of admitted timestamps in `(t − P, t]`; at most `L` of them.
 //!
-//! Stored compactly, oldest first, as one `u64` word per run of entries at the same millisecond:
-//! `timestamp << 11 | (run − 1)`. Entries at the same ms are counted, never collapsed; a run longer
-//! than 2048 continues in the next word. Distinct timestamps cost 8 bytes each.
+//! Stored compactly, oldest first, as runs of entries at the same millisecond, each run one
+//! variable-length record of its gap since the previous run: `varint(gap << 1 | several)`, then
+//! `varint(count − 2)` when `several`. Entries at the same ms are counted, never collapsed. An entry
+//! alone at its ms costs 1 byte for gaps under 64 ms, 2 under 8.2 s, 3 under 17 min and 4 under 37 h.
 
 use std::collections::VecDeque;
+use std::fmt;
 
 use super::{Decision, Limiter, Outcome, Params, Request, State, Write};
 
-const RUN_BITS: u32 = 11;
-const MAX_RUN: u64 = 1 << RUN_BITS;
+/// The largest run in the encodings of [`super::super::store`] (a longer run is split there).
+const MAX_RUN: u64 = 2048;
+/// The longest record: two 64-bit varints.
+const MAX_RECORD: usize = 20;
 
 /// The log of one key.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct SlidingLog {
-    /// Runs of entries, oldest first: `timestamp << 11 | (run − 1)`.
-    words: VecDeque<u64>,
+    /// The runs' records, oldest first.
+    bytes: VecDeque<u8>,
+    /// The time the first run's gap counts from.
+    base_ms: u64,
+    /// The newest run's timestamp (meaningless when empty).
+    newest_ms: u64,
+    /// Where the newest run's record starts, so a call at the same ms extends it in place.
+    newest_pos: usize,
     /// The number of entries (the sum of the runs).
     total: u64,
 }
@@ -24,13 +34,67 @@ pub struct SlidingLog {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InvalidLog;
 
-fn unpack(word: u64) -> (u64, u64) {
-    (word >> RUN_BITS, (word & (MAX_RUN - 1)) + 1)
+/// A point between two runs: `pos` bytes in, after runs holding `entries` entries, the last of
+/// them at `prev_ms` (the log's base when there are none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pos: usize,
+    prev_ms: u64,
+    entries: u64,
 }
 
-fn pack(timestamp_ms: u64, run: u64) -> u64 {
-    debug_assert!((1..=MAX_RUN).contains(&run));
-    timestamp_ms << RUN_BITS | (run - 1)
+/// Writes `value` as a varint into `out` at `at`; returns where it ends.
+fn put_varint(out: &mut [u8; MAX_RECORD], mut at: usize, mut value: u64) -> usize {
+    while value >= 0x80 {
+        out[at] = value as u8 | 0x80;
+        value >>= 7;
+        at += 1;
+    }
+    out[at] = value as u8;
+    at + 1
+}
+
+/// Decodes the runs from a [`Mark`] on, yielding `(timestamp_ms, count)`.
+struct Runs<'a> {
+    bytes: std::collections::vec_deque::Iter<'a, u8>,
+    pos: usize,
+    prev_ms: u64,
+}
+
+impl Runs<'_> {
+    fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        let mut shift = 0u32;
+        for &byte in self.bytes.by_ref() {
+            self.pos += 1;
+            value |= u64::from(byte & 0x7f).wrapping_shl(shift);
+            if byte < 0x80 {
+                return Some(value);
+            }
+            shift += 7;
+        }
+        None
+    }
+
+    /// Where the next run starts.
+    fn mark(&self, entries: u64) -> Mark {
+        Mark {
+            pos: self.pos,
+            prev_ms: self.prev_ms,
+            entries,
+        }
+    }
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (u64, u64);
+
+    fn next(&mut self) -> Option<(u64, u64)> {
+        let head = self.varint()?;
+        let count = if head & 1 == 1 { self.varint()? + 2 } else { 1 };
+        self.prev_ms += head >> 1;
+        Some((self.prev_ms, count))
+    }
 }
 
 /// Entries at or before `cutoff` have left the window (`None`: nothing has).
@@ -47,21 +111,45 @@ impl SlidingLog {
         self.total == 0
     }
 
-    /// The runs `(timestamp_ms, count)`, oldest first.
-    pub fn runs(&self) -> impl ExactSizeIterator<Item = (u64, u64)> + '_ {
-        self.words.iter().map(|word| unpack(*word))
+    /// The start of the log.
+    fn start(&self) -> Mark {
+        Mark {
+            pos: 0,
+            prev_ms: self.base_ms,
+            entries: 0,
+        }
+    }
+
+    /// The whole runs from `mark` on.
+    fn runs_from(&self, mark: Mark) -> Runs<'_> {
+        Runs {
+            bytes: self.bytes.range(mark.pos..),
+            pos: mark.pos,
+            prev_ms: mark.prev_ms,
+        }
+    }
+
+    /// The runs `(timestamp_ms, count)`, oldest first, runs above 2048 entries split as the
+    /// encodings want them.
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.runs_from(self.start())
+            .flat_map(|(timestamp_ms, count)| {
+                let rest = count % MAX_RUN;
+                std::iter::repeat_n((timestamp_ms, MAX_RUN), (count / MAX_RUN) as usize)
+                    .chain((rest > 0).then_some((timestamp_ms, rest)))
+            })
     }
 
     /// Rebuilds a log from runs as [`SlidingLog::runs`] yields them, refusing unordered, empty,
-    /// oversized (above 2048, so memory stays bounded by the input) or out-of-range runs.
+    /// oversized (above 2048, so memory stays bounded by the input) or out-of-range runs. Runs at
+    /// the same ms are merged.
     pub fn from_runs(runs: impl IntoIterator<Item = (u64, u64)>) -> Result<SlidingLog, InvalidLog> {
         let mut log = SlidingLog::default();
         for (timestamp_ms, count) in runs {
-            let newest = log.newest_ms();
             if count == 0
                 || count > MAX_RUN
                 || timestamp_ms >= super::TIME_LIMIT_MS
-                || newest > Some(timestamp_ms)
+                || log.newest_ms() > Some(timestamp_ms)
             {
                 return Err(InvalidLog);
             }
@@ -72,12 +160,19 @@ impl SlidingLog {
 
     /// Heap bytes held, for `MEMORY USAGE`.
     pub fn heap_bytes(&self) -> usize {
-        self.words.capacity() * std::mem::size_of::<u64>()
+        self.bytes.capacity()
     }
 
     /// The newest entry's timestamp.
     pub fn newest_ms(&self) -> Option<u64> {
-        self.words.back().map(|word| unpack(*word).0)
+        (self.total > 0).then_some(self.newest_ms)
+    }
+
+    /// The oldest entry's timestamp.
+    pub fn oldest_ms(&self) -> Option<u64> {
+        self.runs_from(self.start())
+            .next()
+            .map(|(timestamp_ms, _)| timestamp_ms)
     }
 
     /// ms from `t` until every entry has left a window of `params.period_ms`.
@@ -86,44 +181,68 @@ impl SlidingLog {
             .map_or(0, |newest| (newest + params.period_ms).saturating_sub(t_ms))
     }
 
-    /// Appends `count` entries at `timestamp_ms` (not older than the newest entry).
-    fn push(&mut self, timestamp_ms: u64, mut count: u64) {
-        self.total += count;
-        if let Some(last) = self.words.back_mut() {
-            let (newest, run) = unpack(*last);
-            if newest == timestamp_ms && run < MAX_RUN {
-                let added = count.min(MAX_RUN - run);
-                *last = pack(timestamp_ms, run + added);
-                count -= added;
+    /// Appends `count` (at least 1) entries at `timestamp_ms` (not older than the newest entry).
+    fn push(&mut self, timestamp_ms: u64, count: u64) {
+        debug_assert!(count > 0 && self.newest_ms() <= Some(timestamp_ms));
+        let (gap, run) = match self.newest_ms() {
+            None => {
+                self.bytes.clear();
+                self.base_ms = timestamp_ms;
+                self.newest_pos = 0;
+                (0, count)
             }
-        }
-        while count > 0 {
-            let run = count.min(MAX_RUN);
-            if self.words.len() == self.words.capacity() {
-                // Grow by a quarter rather than double: a log holds about its limit for long.
-                self.words.reserve_exact((self.words.len() / 4).max(4));
+            Some(newest) if newest == timestamp_ms => {
+                // Re-encode the newest run with its new count; its gap stays.
+                let last = Mark {
+                    pos: self.newest_pos,
+                    prev_ms: 0,
+                    entries: 0,
+                };
+                let (gap, run) = self.runs_from(last).next().unwrap_or((0, 0));
+                self.bytes.truncate(self.newest_pos);
+                (gap, run + count)
             }
-            self.words.push_back(pack(timestamp_ms, run));
-            count -= run;
-        }
-    }
-
-    /// The number of words and of entries at or before `cutoff`.
-    fn expired(&self, cutoff: Cutoff) -> (usize, u64) {
-        let Some(cutoff) = cutoff else {
-            return (0, 0);
+            Some(newest) => {
+                self.newest_pos = self.bytes.len();
+                (timestamp_ms - newest, count)
+            }
         };
-        let words = self.words.partition_point(|word| unpack(*word).0 <= cutoff);
-        let entries = self.words.range(..words).map(|word| unpack(*word).1).sum();
-        (words, entries)
+        let mut record = [0u8; MAX_RECORD];
+        let mut len = put_varint(&mut record, 0, gap << 1 | u64::from(run > 1));
+        if run > 1 {
+            len = put_varint(&mut record, len, run - 2);
+        }
+        if self.bytes.capacity() - self.bytes.len() < len {
+            // Grow by a quarter rather than double: a log holds about its limit for long.
+            self.bytes
+                .reserve_exact((self.bytes.len() / 4).max(len).max(8));
+        }
+        self.bytes.extend(&record[..len]);
+        self.newest_ms = timestamp_ms;
+        self.total += count;
     }
 
-    /// The timestamp of the `k`-th (1-based) entry counted from word `first`.
-    fn kth_from(&self, first: usize, k: u64) -> Option<u64> {
+    /// The point after the runs at or before `cutoff`.
+    fn expired(&self, cutoff: Cutoff) -> Mark {
+        let mut mark = self.start();
+        let Some(cutoff) = cutoff else {
+            return mark;
+        };
+        let mut runs = self.runs_from(mark);
+        while let Some((timestamp_ms, count)) = runs.next() {
+            if timestamp_ms > cutoff {
+                break;
+            }
+            mark = runs.mark(mark.entries + count);
+        }
+        mark
+    }
+
+    /// The timestamp of the `k`-th (1-based) entry counted from `mark`.
+    fn kth_from(&self, mark: Mark, k: u64) -> Option<u64> {
         let mut seen = 0;
-        for word in self.words.range(first..) {
-            let (timestamp_ms, run) = unpack(*word);
-            seen += run;
+        for (timestamp_ms, count) in self.runs_from(mark) {
+            seen += count;
             if seen >= k {
                 return Some(timestamp_ms);
             }
@@ -131,15 +250,38 @@ impl SlidingLog {
         None
     }
 
-    /// Drops the first `words` words holding `entries` entries.
-    fn drop_front(&mut self, words: usize, entries: u64) {
-        self.words.drain(..words);
-        self.total -= entries;
+    /// Drops the runs before `mark`.
+    fn drop_front(&mut self, mark: Mark) {
+        self.bytes.drain(..mark.pos);
+        self.newest_pos -= mark.pos;
+        self.base_ms = mark.prev_ms;
+        self.total -= mark.entries;
         // Keep at most twice the room needed, so a shrinking log gives its memory back.
-        let len = self.words.len();
-        if self.words.capacity() > 16 && self.words.capacity() > 4 * len {
-            self.words.shrink_to(2 * len);
+        let len = self.bytes.len();
+        if self.bytes.capacity() > 64 && self.bytes.capacity() > 4 * len {
+            self.bytes.shrink_to(2 * len);
         }
+    }
+}
+
+/// Two logs are equal when they hold the same entries, however their bytes are laid out.
+impl PartialEq for SlidingLog {
+    fn eq(&self, other: &SlidingLog) -> bool {
+        self.total == other.total
+            && self.newest_ms() == other.newest_ms()
+            && self
+                .runs_from(self.start())
+                .eq(other.runs_from(other.start()))
+    }
+}
+
+impl Eq for SlidingLog {}
+
+impl fmt::Debug for SlidingLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.runs_from(self.start()))
+            .finish()
     }
 }
 
@@ -170,8 +312,8 @@ pub(crate) fn check(
         }) => log,
         _ => &empty,
     };
-    let (expired_words, expired_entries) = expired.unwrap_or((0, 0));
-    let count = log.total - expired_entries;
+    let mark = expired.unwrap_or_else(|| log.start());
+    let count = log.total - mark.entries;
     let cost = request.cost;
     let allowed = count
         .checked_add(cost)
@@ -191,7 +333,7 @@ pub(crate) fn check(
     } else {
         // The request fits once the (n + c − L)-th oldest live entry has left the window.
         let k = count + cost - params.limit;
-        log.kth_from(expired_words, k)
+        log.kth_from(mark, k)
             .map_or(0, |oldest| (oldest + params.period_ms - t_ms) as i64)
     };
     let decision = Decision {
@@ -214,10 +356,10 @@ pub(crate) fn check(
     (outcome, record(live, expired, params, t_ms, cost))
 }
 
-/// What of `limiter`'s log has slid out at `t_ms`, as (words, entries): entries gone under the
+/// Where `limiter`'s log starts to count at `t_ms`: after the entries gone under the
 /// stored period, and those older than the call's period, which do not count. `None` when the
 /// whole stored log has slid out of its own window: the key is then equivalent to a fresh one.
-fn slid_out(limiter: &Limiter, params: &Params, t_ms: u64) -> Option<(usize, u64)> {
+fn slid_out(limiter: &Limiter, params: &Params, t_ms: u64) -> Option<Mark> {
     let State::SlidingLog(log) = &limiter.state else {
         return None;
     };
@@ -237,7 +379,7 @@ pub fn append_fits(stored: Option<&Limiter>, params: &Params, t_ms: u64, cost: u
     let live = match stored {
         Some(limiter) if limiter.last_ms > t_ms => return false,
         Some(limiter) => match (&limiter.state, slid_out(limiter, params, t_ms)) {
-            (State::SlidingLog(log), Some((_, expired))) => log.total - expired,
+            (State::SlidingLog(log), Some(mark)) => log.total - mark.entries,
             _ => 0,
         },
         None => 0,
@@ -259,15 +401,15 @@ pub fn append(stored: Option<&mut Limiter>, params: &Params, t_ms: u64, cost: u6
 /// [`append`] with what has slid out already known (`None`: the stored log, if any, is stale).
 fn record(
     stored: Option<&mut Limiter>,
-    expired: Option<(usize, u64)>,
+    expired: Option<Mark>,
     params: &Params,
     t_ms: u64,
     cost: u64,
 ) -> Write {
     match (stored, expired) {
-        (Some(limiter), Some((words, entries))) => {
+        (Some(limiter), Some(mark)) => {
             if let State::SlidingLog(log) = &mut limiter.state {
-                log.drop_front(words, entries);
+                log.drop_front(mark);
                 log.push(t_ms, cost);
             }
             limiter.params = *params;
@@ -341,6 +483,87 @@ mod tests {
         let runs: Vec<_> = log.runs().collect();
         assert_eq!(runs, vec![(5, 2048), (5, 2048), (5, 905), (7, 3)]);
         assert_eq!(SlidingLog::from_runs(runs), Ok(log));
+    }
+
+    #[test]
+    fn an_entry_alone_costs_its_gap_in_varint_bytes() {
+        let mut log = SlidingLog::default();
+        log.push(1_000_000, 1); // the first run: gap 0
+        assert_eq!(log.bytes.len(), 1);
+        for (gap, bytes) in [(1, 1), (63, 1), (64, 2), (8191, 2), (8192, 3), (1 << 20, 4)] {
+            let before = log.bytes.len();
+            log.push(log.newest_ms + gap, 1);
+            assert_eq!(log.bytes.len() - before, bytes, "gap {gap}");
+        }
+        // A second entry at the same ms turns the record into gap + count.
+        let before = log.bytes.len();
+        log.push(log.newest_ms, 1);
+        assert_eq!(log.bytes.len() - before, 1);
+        assert_eq!(log.len(), 8);
+    }
+
+    #[test]
+    fn dropping_the_front_keeps_the_rest_and_its_times() {
+        let mut log = SlidingLog::from_runs([(10, 1), (20, 3), (700, 1), (5000, 2)]).unwrap();
+        let mark = log.expired(Some(20));
+        assert_eq!(mark.entries, 4);
+        assert_eq!(log.kth_from(mark, 2), Some(5000));
+        log.drop_front(mark);
+        log.push(5000, 4);
+        log.push(90_000, 1);
+        let runs: Vec<_> = log.runs().collect();
+        assert_eq!(runs, vec![(700, 1), (5000, 6), (90_000, 1)]);
+        assert_eq!(log.len(), 8);
+        // Equal to the same entries laid out from scratch.
+        assert_eq!(SlidingLog::from_runs(runs), Ok(log.clone()));
+        // Everything gone, then a new entry starts a new base.
+        log.drop_front(log.expired(Some(90_000)));
+        assert!(log.is_empty() && log.newest_ms().is_none());
+        log.push(3, 2);
+        assert_eq!(log.runs().collect::<Vec<_>>(), vec![(3, 2)]);
+    }
+
+    proptest::proptest! {
+        /// The encoded log against a plain list of its entries, through appends and slides.
+        #[test]
+        fn matches_a_plain_list(steps in proptest::collection::vec(
+            (0u64..3, 0u64..100_000, 1u64..5000, proptest::bool::ANY), 1..200,
+        )) {
+            let mut log = SlidingLog::default();
+            let mut model: Vec<u64> = Vec::new();
+            let mut now = 0u64;
+            for (kind, gap, count, slide) in steps {
+                // Gaps of every varint length, same-ms runs included.
+                now += match kind { 0 => 0, 1 => gap % 100, _ => gap * 1000 };
+                if slide {
+                    let cutoff = now.checked_sub(gap);
+                    let mark = log.expired(cutoff);
+                    let gone = model.iter().take_while(|ts| Some(**ts) <= cutoff).count();
+                    proptest::prop_assert_eq!(mark.entries, gone as u64);
+                    let k = (count % (model.len() as u64 - gone as u64 + 1)).max(1);
+                    proptest::prop_assert_eq!(
+                        log.kth_from(mark, k),
+                        model.get(gone + k as usize - 1).copied()
+                    );
+                    log.drop_front(mark);
+                    model.drain(..gone);
+                }
+                log.push(now, count);
+                model.extend(std::iter::repeat_n(now, count as usize));
+                proptest::prop_assert_eq!(log.len(), model.len() as u64);
+                proptest::prop_assert_eq!(log.newest_ms(), model.last().copied());
+                proptest::prop_assert_eq!(log.oldest_ms(), model.first().copied());
+                let flat: Vec<u64> = log
+                    .runs()
+                    .flat_map(|(ts, run)| std::iter::repeat_n(ts, run as usize))
+                    .collect();
+                proptest::prop_assert_eq!(&flat, &model);
+                proptest::prop_assert!(log.runs().all(|(_, run)| (1..=MAX_RUN).contains(&run)));
+                let rebuilt = SlidingLog::from_runs(log.runs());
+                proptest::prop_assert_eq!(rebuilt.as_ref(), Ok(&log));
+                proptest::prop_assert!(log.heap_bytes() >= log.bytes.len());
+            }
+        }
     }
 
     #[test]

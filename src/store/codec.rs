@@ -114,7 +114,7 @@ pub fn encode(limiter: &Limiter, out: &mut impl Sink) {
             }
         }
         State::SlidingLog(log) => {
-            out.put(&(log.runs().len() as u64).to_le_bytes());
+            out.put(&(log.runs().count() as u64).to_le_bytes());
             for (timestamp_ms, count) in log.runs() {
                 out.put(&timestamp_ms.to_le_bytes());
                 out.put(&count.to_le_bytes());
@@ -222,7 +222,7 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
                 pairs.push((timestamp_ms, count));
             }
             let log = SlidingLog::from_runs(pairs).map_err(|_| DecodeError::State)?;
-            let oldest = log.runs().next().map(|(timestamp_ms, _)| timestamp_ms);
+            let oldest = log.oldest_ms();
             check(
                 log.len() <= params.limit
                     && log.newest_ms().is_none_or(|newest| newest <= last_ms)
