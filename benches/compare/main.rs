@@ -37,10 +37,6 @@ use common::Server;
 use model::*;
 use parse::{parse_benchmark_csv, parse_cmdstat, parse_info, Summary};
 
-/// What the scaling runs measure over keyspaces larger than the throughput runs': SET PXAT, a
-/// fixed-size state and the variable-size log (filling a million keys of each kind takes
-/// seconds; the other algorithms share the fixed-size path).
-const LARGE_SCALING: [Subject; 3] = [Subject::SetPxat, Subject::Native(0), Subject::Native(4)];
 /// The gap between the entries of the logs whose memory is measured.
 const LOG_GAP_MS: u64 = 1000;
 
@@ -61,7 +57,7 @@ struct Config {
     /// Keys filled with 100-entry logs.
     log_memory_keys: u64,
     /// Keyspace sizes of the scaling runs, besides `keys` (whose figures come from the
-    /// throughput runs at pipeline 16). Sizes above `keys` run only `LARGE_SCALING`.
+    /// throughput runs at pipeline 16). Every subject runs at every size.
     scaling_keys: Vec<u64>,
     /// Sliding-log limits (entries per key) of the log scaling runs.
     log_limits: Vec<u64>,
@@ -952,12 +948,7 @@ impl<'a> Bench<'a> {
             .collect();
         for keys in self.config.scaling_keys.clone() {
             self.flushall()?;
-            let measured: Vec<Subject> = subjects
-                .iter()
-                .copied()
-                .filter(|s| keys <= self.config.keys || LARGE_SCALING.contains(s))
-                .collect();
-            let cases: Vec<Case> = measured
+            let cases: Vec<Case> = subjects
                 .iter()
                 .map(|&s| self.consuming(s, "scale:"))
                 .collect();
@@ -972,7 +963,7 @@ impl<'a> Bench<'a> {
             );
             let samples =
                 self.measure_round_robin(&format!("{keys} keys"), &cases, 16, Some(keys), true)?;
-            for (subject, samples) in measured.iter().zip(samples) {
+            for (subject, samples) in subjects.iter().zip(samples) {
                 if let Some(result) = results.iter_mut().find(|r| r.subject == *subject) {
                     result.points.push(point(keys, &samples));
                 }
