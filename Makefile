@@ -17,10 +17,10 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # FUZZ-RUN: placeholder for a bounded fuzz run appended to `make test` (set by the lead; empty = none).
 FUZZ_RUN := bash fuzz/run.sh
 
-.PHONY: help deps build run test lint fmt clean bench
+.PHONY: help deps build run test lint fmt clean bench profile
 
 help: ## List the targets
-	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-6s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-8s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 deps: ## Install redis-server, redis-tools and libclang-dev with apt-get (only what is missing)
 	@missing=""; \
@@ -51,6 +51,11 @@ test: build ## Run every test (unit, integration) against the built module
 bench: export RATELIMIT_MODULE := $(MODULE)
 bench: build ## Native commands vs Lua scripts on one server (BENCH_QUICK=1: ~1 min); see target/bench/
 	cargo bench --bench compare
+
+profile: export RATELIMIT_MODULE := $(MODULE)
+profile: build ## Instructions per call under callgrind, against SET PXAT and INCR (~6 min); see target/bench/profile/
+	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
+	bash benches/profile.sh
 
 lint: deps ## Check formatting and run clippy with warnings as errors
 	cargo fmt --check
