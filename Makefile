@@ -53,7 +53,7 @@ bench: build ## Native commands vs Lua scripts on one server (BENCH_QUICK=1: ~1 
 	cargo bench --bench compare
 
 profile: export RATELIMIT_MODULE := $(MODULE)
-profile: build ## Instructions per call under callgrind, against SET PXAT and INCR (~6 min); see target/bench/profile/
+profile: build ## Instructions per call under callgrind, against SET PXAT and INCR (~4 min); see target/bench/profile/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash benches/profile.sh
 
