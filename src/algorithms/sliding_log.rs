@@ -253,9 +253,16 @@ impl SlidingLog {
     /// Drops the runs before `mark`.
     fn drop_front(&mut self, mark: Mark) {
         self.bytes.drain(..mark.pos);
-        self.newest_pos -= mark.pos;
-        self.base_ms = mark.prev_ms;
         self.total -= mark.entries;
+        if self.total == 0 {
+            // Everything is gone, the newest run included: the next push starts afresh.
+            self.bytes.clear();
+            self.newest_pos = 0;
+            self.base_ms = 0;
+        } else {
+            self.newest_pos -= mark.pos;
+            self.base_ms = mark.prev_ms;
+        }
         // Keep at most twice the room needed, so a shrinking log gives its memory back.
         let len = self.bytes.len();
         if self.bytes.capacity() > 64 && self.bytes.capacity() > 4 * len {
@@ -519,6 +526,7 @@ mod tests {
         // Everything gone, then a new entry starts a new base.
         log.drop_front(log.expired(Some(90_000)));
         assert!(log.is_empty() && log.newest_ms().is_none());
+        assert_eq!((log.bytes.len(), log.newest_pos), (0, 0));
         log.push(3, 2);
         assert_eq!(log.runs().collect::<Vec<_>>(), vec![(3, 2)]);
     }
