@@ -100,8 +100,12 @@ pub fn evaluate(key: &Key, request: &Request, commit: bool) -> Result<Outcome, S
         algorithms::check(stored.as_deref_mut(), request, commit).map_err(|mismatch| {
             error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
         })?;
-    // Store an in-place update before anything reads the key again.
-    drop(stored);
+    // Store an in-place update before anything reads the key again; skip the write-back of a
+    // limiter the call left as it was.
+    match (stored, &write) {
+        (Some(handle), Write::None) => handle.unchanged(),
+        (stored, _) => drop(stored),
+    }
     let written = match write {
         Write::None => false,
         Write::Updated => true,

@@ -51,7 +51,11 @@ fn run(call: &Call) -> c_int {
     let limiter = match key.slot() {
         Slot::Empty => None,
         Slot::WrongType => return call.error(error::WRONG_TYPE),
-        Slot::Limiter(limiter) => Some(limiter.clone()),
+        Slot::Limiter(handle) => {
+            let limiter = Limiter::clone(&handle);
+            handle.unchanged();
+            Some(limiter)
+        }
     };
     drop(key);
     let now = now_ms();

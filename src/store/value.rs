@@ -200,6 +200,7 @@ impl Value {
                 LimiterRef::Packed {
                     words: &mut self.words,
                     limiter,
+                    write_back: true,
                 }
             }
         }
@@ -256,13 +257,25 @@ impl Drop for Value {
     }
 }
 
-/// A limiter borrowed from a [`Value`]; a packed one is written back when this drops.
+/// A limiter borrowed from a [`Value`]; a packed one is written back when this drops, unless
+/// [`LimiterRef::unchanged`] says there is nothing to write.
 pub enum LimiterRef<'a> {
     Packed {
         words: &'a mut [u64; 4],
         limiter: Limiter,
+        write_back: bool,
     },
     Boxed(&'a mut Limiter),
+}
+
+impl LimiterRef<'_> {
+    /// Closes the handle without packing the limiter again: the caller did not change it (a
+    /// rejected call, `COST 0`, PEEK). A change made through a boxed limiter is already in place.
+    pub fn unchanged(mut self) {
+        if let LimiterRef::Packed { write_back, .. } = &mut self {
+            *write_back = false;
+        }
+    }
 }
 
 impl Deref for LimiterRef<'_> {
@@ -287,7 +300,12 @@ impl DerefMut for LimiterRef<'_> {
 
 impl Drop for LimiterRef<'_> {
     fn drop(&mut self) {
-        if let LimiterRef::Packed { words, limiter } = self {
+        if let LimiterRef::Packed {
+            words,
+            limiter,
+            write_back: true,
+        } = self
+        {
             // A packed limiter stays packable: commands keep its algorithm and the SPEC's bounds.
             if let Some(packed) = pack(limiter) {
                 **words = packed;
@@ -366,6 +384,22 @@ mod tests {
         log.limiter().last_ms = 9;
         assert_eq!(log.to_limiter().last_ms, 9);
         assert!(log.memory_bytes() > 32);
+    }
+
+    #[test]
+    fn an_unchanged_handle_is_not_written_back() {
+        let original = limiter(Algorithm::FixedWindow, 10, 1000, None);
+        let mut value = Value::new(original.clone());
+        let words = value.words;
+        let mut handle = value.limiter();
+        // A handle declared unchanged skips the pack, even if something was touched.
+        handle.last_ms += 1;
+        handle.unchanged();
+        assert_eq!(value.words, words);
+        assert_eq!(value.to_limiter(), original);
+        // Dropped normally, the same change is stored.
+        value.limiter().last_ms += 1;
+        assert_eq!(value.to_limiter().last_ms, original.last_ms + 1);
     }
 
     proptest::proptest! {
