@@ -535,16 +535,17 @@ mod tests {
         /// The encoded log against a plain list of its entries, through appends and slides.
         #[test]
         fn matches_a_plain_list(steps in proptest::collection::vec(
-            (0u64..3, 0u64..100_000, 1u64..5000, proptest::bool::ANY), 1..200,
+            (0u64..4, 0u64..100_000, 1u64..5000, proptest::bool::ANY), 1..200,
         )) {
             let mut log = SlidingLog::default();
             let mut model: Vec<u64> = Vec::new();
             let mut now = 0u64;
             for (kind, gap, count, slide) in steps {
                 // Gaps of every varint length, same-ms runs included.
-                now += match kind { 0 => 0, 1 => gap % 100, _ => gap * 1000 };
+                // Up to 3650 days, the longest gap a log can hold (6-byte records).
+                now += match kind { 0 => 0, 1 => gap % 100, 2 => gap * 1000, _ => gap * 3_153_600 };
                 if slide {
-                    let cutoff = now.checked_sub(gap);
+                    let cutoff = now.checked_sub(gap * (1 + kind * kind * 1000));
                     let mark = log.expired(cutoff);
                     let gone = model.iter().take_while(|ts| Some(**ts) <= cutoff).count();
                     proptest::prop_assert_eq!(mark.entries, gone as u64);
