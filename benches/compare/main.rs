@@ -63,6 +63,9 @@ struct Config {
     log_limits: Vec<u64>,
     /// Calls per repetition and limit in the log scaling runs.
     log_calls: u64,
+    /// Pin redis-server to CPU 0 and redis-benchmark to CPU 1, so they do not take turns on one
+    /// core (`BENCH_PIN=0` turns it off; needs `taskset` and two CPUs).
+    pin: bool,
 }
 
 impl Config {
@@ -81,6 +84,7 @@ impl Config {
                 scaling_keys: vec![1_000],
                 log_limits: vec![10, 100, 1_000, 10_000],
                 log_calls: 2_000,
+                pin: false,
             }
         } else {
             Config {
@@ -95,8 +99,12 @@ impl Config {
                 scaling_keys: vec![1_000, 1_000_000],
                 log_limits: vec![10, 100, 1_000, 10_000, 100_000],
                 log_calls: 5_000,
+                pin: false,
             }
         };
+        config.pin = std::env::var("BENCH_PIN").map_or(true, |v| v != "0")
+            && thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+            && command_output("taskset", &["--version"]).is_some();
         if let Some(reps) = env_number("BENCH_REPS") {
             config.reps = (reps as usize).max(1);
         }
@@ -155,6 +163,16 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
         ..Results::default()
     };
     let server = Server::start();
+    if config.pin {
+        // Every thread of the server (its background threads included) on CPU 0.
+        let pid = server.pid().map(|pid| pid.to_string()).unwrap_or_default();
+        if command_output("taskset", &["-a", "-p", "-c", "0", &pid]).is_none() {
+            return Err(format!(
+                "taskset could not pin redis-server {pid}; try BENCH_PIN=0"
+            ));
+        }
+    }
+    results.pinned = config.pin;
     eprintln!(
         "bench: redis-server {} with the module on port {} ({} mode, {} repetitions)",
         results.machine.redis_version,
@@ -522,7 +540,13 @@ impl<'a> Bench<'a> {
             _ => None,
         };
         self.resetstat()?;
-        let mut command = Command::new("redis-benchmark");
+        let mut command = if self.config.pin {
+            let mut taskset = Command::new("taskset");
+            taskset.args(["-c", "1", "redis-benchmark"]);
+            taskset
+        } else {
+            Command::new("redis-benchmark")
+        };
         command
             .args(["-h", "127.0.0.1", "-p", &self.port().to_string()])
             .args(["-c", &self.config.clients.to_string()])

@@ -198,6 +198,8 @@ pub struct Results {
     pub clients: u32,
     pub keyspace: u64,
     pub run_seconds_target: f64,
+    /// redis-server ran on CPU 0 and redis-benchmark on CPU 1 (`taskset`).
+    pub pinned: bool,
     pub total_seconds: f64,
     pub cases: Vec<CaseResult>,
     pub memory: Vec<MemoryResult>,

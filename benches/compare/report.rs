@@ -249,8 +249,7 @@ pub fn markdown(results: &Results) -> String {
         md,
         "Run: {} mode, {} repetitions interleaved round by round, {} redis-benchmark clients, \
          {} random keys, about {:.1} s per run; {:.0} s in all. Load average {} before, {} after: \
-         redis-benchmark and redis-server share these cores with each other and with anything \
-         else running.  ",
+         {}  ",
         if results.quick { "quick" } else { "full" },
         results.repetitions,
         results.clients,
@@ -258,7 +257,14 @@ pub fn markdown(results: &Results) -> String {
         results.run_seconds_target,
         results.total_seconds,
         m.load_before,
-        m.load_after
+        m.load_after,
+        if results.pinned {
+            "redis-server ran on CPU 0 and redis-benchmark on CPU 1 (`taskset`), sharing them \
+             only with whatever else was running."
+        } else {
+            "redis-benchmark and redis-server share these cores with each other and with \
+             anything else running."
+        }
     );
     let _ = writeln!(
         md,
@@ -588,6 +594,7 @@ pub fn json(results: &Results) -> String {
         "clients": results.clients,
         "keyspace": results.keyspace,
         "run_seconds_target": results.run_seconds_target,
+        "pinned": results.pinned,
         "total_seconds": results.total_seconds,
         "consume_args": { "limit": CONSUME_LIMIT, "period_ms": CONSUME_PERIOD_MS },
         "reject_args": { "limit": REJECT_LIMIT, "period_ms": CONSUME_PERIOD_MS },

@@ -187,6 +187,7 @@ fn synthetic() -> Results {
         clients: 50,
         keyspace: 100_000,
         run_seconds_target: 0.5,
+        pinned: true,
         total_seconds: 60.0,
         cases,
         memory: vec![
