@@ -13,6 +13,8 @@
 //! Writes `target/bench/results.md` (also printed), `results.json` and `throughput.svg`.
 //! `BENCH_QUICK=1` makes a smoke run of about a minute; `BENCH_REPS` and `BENCH_RUN_SECS` override
 //! the repetitions (at least 3 by default) and the target length of one redis-benchmark run.
+//! redis-server is pinned to CPU 0 and redis-benchmark to CPU 1 when `taskset` and two CPUs are
+//! there; `BENCH_PIN=0` turns that off.
 //!
 //! Run without `--bench` (as `cargo test --bench compare` does), or with `--self-test`, it only
 //! checks its parsers and report writers on canned tool output, without any server.
