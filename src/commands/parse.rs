@@ -267,7 +267,20 @@ mod tests {
         assert_eq!(parse_integer(b"0"), Some(0));
         assert_eq!(parse_integer(b"007"), Some(7));
         assert_eq!(parse_integer(b"18446744073709551615"), Some(u64::MAX));
+        // Leading zeros do not count towards overflow.
+        assert_eq!(
+            parse_integer(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
+        assert_eq!(
+            parse_integer(b"09999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
+        assert_eq!(parse_integer(b"0000000000000000000000042"), Some(42));
         for bad in [
+            &b"999999999999999999/"[..],
+            b"99999999999999999:9",
+            b"0000000000000000000000042x",
             &b""[..],
             b"+1",
             b"-1",
@@ -277,6 +290,29 @@ mod tests {
             b"18446744073709551616",
         ] {
             assert_eq!(parse_integer(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn algorithm_names_are_whole_and_case_insensitive() {
+        for algorithm in Algorithm::ALL {
+            let name = algorithm.name();
+            assert_eq!(Algorithm::parse(name.as_bytes()), Some(algorithm));
+            let upper = name.to_ascii_uppercase();
+            assert_eq!(Algorithm::parse(upper.as_bytes()), Some(algorithm));
+            // A prefix or an extension of a name is no name.
+            assert_eq!(Algorithm::parse(&name.as_bytes()[..name.len() - 1]), None);
+            assert_eq!(Algorithm::parse(format!("{name}s").as_bytes()), None);
+        }
+        for bad in [
+            &b""[..],
+            b"s",
+            b"sliding",
+            b"sliding-bucket",
+            b"gcra",
+            b"\xff",
+        ] {
+            assert_eq!(Algorithm::parse(bad), None, "{bad:?}");
         }
     }
 
