@@ -248,7 +248,7 @@ pub fn markdown(results: &Results) -> String {
     let _ = writeln!(
         md,
         "Run: {} mode, {} repetitions interleaved round by round, {} redis-benchmark clients, \
-         {} random keys, about {:.1} s per run; {:.0} s in all. Load average {} before, {} after: \
+         {} random keys, about {:.2} s per run; {:.0} s in all. Load average {} before, {} after: \
          {}  ",
         if results.quick { "quick" } else { "full" },
         results.repetitions,
