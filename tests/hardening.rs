@@ -7,8 +7,8 @@
 //! - Hostile input: thousands of random argument vectors (huge and negative numbers, NUL bytes,
 //!   non-UTF-8, duplicated options, wrong arity) get an error or a valid reply, never a crash, and
 //!   no error creates a key; a RESTORE of a corrupt limiter with a valid checksum is refused.
-//! - Memory: `ratelimit.max-log-limit` bounds a sliding log, a full log stays under 16 bytes per
-//!   entry, `maxmemory` with `noeviction` answers OOM without breaking anything, eviction policies
+//! - Memory: `ratelimit.max-log-limit` bounds a sliding log (a client's, not the master's stream or
+//!   an AOF replay), a full log stays under 4 bytes per entry, `maxmemory` with `noeviction` answers OOM without breaking anything, eviction policies
 //!   do evict limiters (an evicted one is fresh), and a million expiring keys give their memory
 //!   back.
 //!
@@ -1061,6 +1061,58 @@ fn apply_cannot_grow_a_sliding_log_past_max_log_limit() {
     );
     assert!(error_text(&reply).is_some(), "accepted: {reply:?}");
     assert_eq!(dbsize(&mut con), 0);
+}
+
+#[test]
+fn a_lower_max_log_limit_on_a_replica_or_at_aof_replay_keeps_the_masters_logs() {
+    // The master admits logs of limit 1000; its replica, and later the master itself, run with
+    // max-log-limit 10. What the master admitted must still arrive and load exactly.
+    let master = Server::builder()
+        .config(&[("appendonly", "yes"), ("appendfsync", "always")])
+        .start();
+    let replica = Server::builder()
+        .module_args(&["max-log-limit", "10"])
+        .start();
+    replica.replica_of(&master);
+    let limit = Limit::new("sliding-log", 1000, "1h", None);
+    let base = future_base_ms();
+    let mut con = master.client();
+    for i in 0..60u64 {
+        assert_eq!(
+            check(&mut con, &limit.check("log", 1 + i % 3, Some(base + i * 7)))[0],
+            1
+        );
+    }
+    let keys = ["log".to_string()];
+    assert_replica_matches(&master, &replica, &keys);
+    let before = limiter_info(&mut con, "log").expect("stored");
+    assert_eq!(info_int(&before, "entries"), 120);
+
+    // A client is still held to the local setting.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("ratelimit.max-log-limit")
+        .arg("10")
+        .query(&mut con)
+        .expect("CONFIG SET ratelimit.max-log-limit");
+    let append = Change::LogAppend {
+        params: Params::new(1000, 3_600_000, None).unwrap(),
+        t_ms: base + 1000,
+        cost: 1,
+    }
+    .to_bytes();
+    let refused = send_one(
+        &mut con,
+        redis::cmd("RATELIMIT.APPLY").arg("log").arg(&append),
+    );
+    assert!(error_text(&refused).is_some(), "accepted: {refused:?}");
+
+    // The AOF replayed under the lower setting rebuilds the same log.
+    let digest_before = digest(&mut con, "log");
+    let reload = send_one(&mut con, redis::cmd("DEBUG").arg("LOADAOF"));
+    assert!(matches!(reload, Value::Okay), "DEBUG LOADAOF: {reload:?}");
+    assert_eq!(limiter_info(&mut con, "log"), Some(before));
+    assert_eq!(digest(&mut con, "log"), digest_before);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use redis_module::raw;
 
 use super::{guard, replicate_verbatim, Call};
 use crate::algorithms::{sliding_log, Algorithm, Write};
-use crate::config::max_log_limit;
+use crate::config::{max_log_limit, MAX_MAX_LOG_LIMIT};
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
 use crate::store::{Key, Slot};
@@ -45,10 +45,18 @@ fn run(call: &Call) -> c_int {
             expires_at_ms
         }
         Change::LogAppend { params, t_ms, cost } => {
-            // Only what an admitted call could have written: a log of this server's bounds,
-            // within its limit after the append (so a payload cannot allocate without bound, and
-            // nothing is stored that RDB loading would refuse).
-            let fits = params.limit <= max_log_limit()
+            // Only what an admitted call could have written: a log within its limit after the
+            // append (so a payload cannot allocate without bound, and nothing is stored that RDB
+            // loading would refuse), of this server's bounds when a client sends it. The master's
+            // stream and an AOF replay were admitted under the master's (or an earlier) setting:
+            // they are held to the hard cap only, so a lower local setting cannot make a replica
+            // or a restarted server drop the master's writes.
+            let bound = if call.replayed() {
+                MAX_MAX_LOG_LIMIT as u64
+            } else {
+                max_log_limit()
+            };
+            let fits = params.limit <= bound
                 && match &stored {
                     Some(limiter) if limiter.algorithm() != Algorithm::SlidingLog => false,
                     other => sliding_log::append_fits(other.as_deref(), &params, t_ms, cost),

@@ -56,6 +56,14 @@ impl Call {
         unsafe { std::slice::from_raw_parts(ptr.cast(), len) }
     }
 
+    /// The command comes from the master over the replication link, or from an AOF being
+    /// loaded: a write this server must reproduce, not a client's request.
+    pub fn replayed(&self) -> bool {
+        // SAFETY: the command's context.
+        let flags = unsafe { rm!(RedisModule_GetContextFlags)(self.ctx) } as u32;
+        flags & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) != 0
+    }
+
     /// The client speaks RESP3 (`HELLO 3`).
     pub fn resp3(&self) -> bool {
         // SAFETY: the command's context.
