@@ -25,7 +25,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{future_base_ms, is_bucket, now_ms, send, wait_replica_sync, Limit, Server};
+use common::{future_base_ms, is_bucket, now_ms, reply6, send, wait_replica_sync, Limit, Server};
 use redis::{Cmd, Connection, Value};
 use redis_ratelimit::algorithms::{self, Algorithm, Limiter, Params, Request, Write};
 use redis_ratelimit::store::codec::Change;
@@ -48,22 +48,6 @@ const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
 
 fn send_one(con: &mut Connection, cmd: &Cmd) -> Value {
     send(con, std::slice::from_ref(cmd)).remove(0)
-}
-
-/// A CHECK/PEEK reply as its six integers; panics on anything else.
-fn reply6(value: &Value) -> [i64; 6] {
-    let Value::Array(items) = value else {
-        panic!("not a six-integer reply: {value:?}");
-    };
-    let ints: Vec<i64> = items
-        .iter()
-        .map(|item| match item {
-            Value::Int(n) => *n,
-            other => panic!("not an integer in a CHECK reply: {other:?} in {value:?}"),
-        })
-        .collect();
-    ints.try_into()
-        .unwrap_or_else(|_| panic!("not six fields: {value:?}"))
 }
 
 fn check(con: &mut Connection, cmd: &Cmd) -> [i64; 6] {

@@ -12,7 +12,7 @@ use std::fs;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{future_base_ms, send, wait_replica_sync, Limit, Server};
+use common::{future_base_ms, reply6, send, wait_replica_sync, Limit, Server};
 use redis::{Cmd, Connection, Value};
 
 const ALGORITHMS: [&str; 5] = [
@@ -25,21 +25,6 @@ const ALGORITHMS: [&str; 5] = [
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-fn reply6(value: &Value) -> [i64; 6] {
-    let Value::Array(items) = value else {
-        panic!("not a six-integer reply: {value:?}");
-    };
-    let ints: Vec<i64> = items
-        .iter()
-        .map(|item| match item {
-            Value::Int(n) => *n,
-            other => panic!("not an integer: {other:?} in {value:?}"),
-        })
-        .collect();
-    ints.try_into()
-        .unwrap_or_else(|_| panic!("not six fields: {value:?}"))
-}
 
 /// Runs CHECKs, asserting that none is an error.
 fn run(con: &mut Connection, cmds: &[Cmd]) -> Vec<[i64; 6]> {

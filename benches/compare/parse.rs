@@ -1,8 +1,6 @@
 //! Parsing what the tools print: `redis-benchmark --csv`, `INFO` and `INFO commandstats`, plus
 //! the median/min/max summaries every cell of the report shows.
 
-use std::collections::HashMap;
-
 /// One `redis-benchmark --csv` result line.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BenchLine {
@@ -67,14 +65,8 @@ fn split_csv(line: &str) -> Vec<String> {
     fields
 }
 
-/// `INFO` text as field -> value.
-pub fn parse_info(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| line.split_once(':'))
-        .map(|(k, v)| (k.to_string(), v.trim_end().to_string()))
-        .collect()
-}
+/// `INFO` text as field -> value: the test harness's parser.
+pub use crate::common::parse_info;
 
 /// One `cmdstat_<name>` line of `INFO commandstats`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -59,16 +59,19 @@ impl Call {
     /// The command comes from the master over the replication link, or from an AOF being
     /// loaded: a write this server must reproduce, not a client's request.
     pub fn replayed(&self) -> bool {
-        // SAFETY: the command's context.
-        let flags = unsafe { rm!(RedisModule_GetContextFlags)(self.ctx) } as u32;
-        flags & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) != 0
+        self.context_flags()
+            & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING)
+            != 0
     }
 
     /// The client speaks RESP3 (`HELLO 3`).
     pub fn resp3(&self) -> bool {
+        self.context_flags() & raw::REDISMODULE_CTX_FLAGS_RESP3 != 0
+    }
+
+    fn context_flags(&self) -> u32 {
         // SAFETY: the command's context.
-        let flags = unsafe { rm!(RedisModule_GetContextFlags)(self.ctx) } as u32;
-        flags & raw::REDISMODULE_CTX_FLAGS_RESP3 != 0
+        unsafe { rm!(RedisModule_GetContextFlags)(self.ctx) as u32 }
     }
 
     /// Replies with an error (`message` starts with its code, e.g. `ERR`).

@@ -764,3 +764,19 @@ pub fn send(con: &mut Connection, cmds: &[Cmd]) -> Vec<Value> {
     con.req_packed_commands(&packed, 0, cmds.len())
         .expect("the connection works")
 }
+
+/// A CHECK/PEEK reply (RESP2) as its six integers; panics on anything else.
+pub fn reply6(value: &Value) -> [i64; 6] {
+    let Value::Array(items) = value else {
+        panic!("not a six-integer reply: {value:?}");
+    };
+    let ints: Vec<i64> = items
+        .iter()
+        .map(|item| match item {
+            Value::Int(n) => *n,
+            other => panic!("not an integer in a CHECK reply: {other:?} in {value:?}"),
+        })
+        .collect();
+    ints.try_into()
+        .unwrap_or_else(|_| panic!("not six fields: {value:?}"))
+}
