@@ -62,6 +62,8 @@ pub fn missing_required() -> Option<&'static str> {
         RedisModule_ReplyWithBool,
         RedisModule_Replicate,
         RedisModule_ReplicateVerbatim,
+        RedisModule_SignalModifiedKey,
+        RedisModule_SetModuleOptions,
         RedisModule_GetContextFlags,
         RedisModule_Milliseconds,
         RedisModule_NotifyKeyspaceEvent,

@@ -558,3 +558,126 @@ fn copy_and_memory_usage_work_on_limiters() {
         .unwrap();
     assert!(usage > 0 && usage < 200, "{usage}");
 }
+
+/// RESET answers what DEL answers for the same arguments, repeated keys included, for every
+/// algorithm's key (once a use-after-free: each repeated key had its own handle on a value the
+/// first delete had freed).
+#[test]
+fn reset_with_repeated_keys_counts_as_del() {
+    let server = Server::start();
+    let mut con = server.client();
+    let algorithms = [
+        "token-bucket",
+        "leaky-bucket",
+        "fixed-window",
+        "sliding-window",
+        "sliding-log",
+    ];
+    let fill = |con: &mut Connection, prefix: &str| {
+        for (i, algorithm) in algorithms.iter().enumerate() {
+            six(
+                con,
+                &format!("RATELIMIT.CHECK {prefix}{i} {algorithm} 3 1h"),
+            );
+        }
+    };
+    let count = |con: &mut Connection, line: &str| -> i64 {
+        let words = args(line);
+        redis::cmd(words[0]).arg(&words[1..]).query(con).unwrap()
+    };
+    for (i, _) in algorithms.iter().enumerate() {
+        for keys in [
+            format!("{i} {i} {i}"),
+            format!("{i} missing {i} missing"),
+            format!("missing {i} {i}"),
+        ] {
+            fill(&mut con, "r");
+            fill(&mut con, "d");
+            let reset = count(
+                &mut con,
+                &format!(
+                    "RATELIMIT.RESET {}",
+                    keys.replace(&i.to_string(), &format!("r{i}"))
+                ),
+            );
+            let del = count(
+                &mut con,
+                &format!("DEL {}", keys.replace(&i.to_string(), &format!("d{i}"))),
+            );
+            assert_eq!(reset, del, "{keys}");
+            assert_eq!(reset, 1, "{keys}");
+        }
+    }
+    fill(&mut con, "r");
+    assert_eq!(
+        count(&mut con, "RATELIMIT.RESET r0 r1 r0 r2 r1 r3 r4 r4"),
+        5
+    );
+    assert_eq!(count(&mut con, "EXISTS r0 r1 r2 r3 r4"), 0);
+    // A string among repeated keys: nothing removed.
+    fill(&mut con, "r");
+    let _: () = redis::cmd("SET").arg("s").arg("v").query(&mut con).unwrap();
+    assert!(error(&mut con, "RATELIMIT.RESET r0 r0 s r0").starts_with("WRONGTYPE"));
+    assert_eq!(count(&mut con, "EXISTS r0"), 1);
+    // The server is still whole.
+    six(&mut con, "RATELIMIT.CHECK r0 token-bucket 3 1h");
+}
+
+/// A limiter key that outlives its state (`PERSIST`, `RESTORE key 0`) is still described by
+/// INFO: its stored parameters and state, and a fresh key's `remaining` and `reset_after_ms`.
+/// The next consuming call gives it an expiry again.
+#[test]
+fn info_describes_a_key_whose_state_is_already_fresh() {
+    let server = Server::start();
+    let mut con = server.client();
+    let field = |info: &[Value], name: &str| -> Value {
+        info.chunks(2)
+            .find(|pair| redis::from_redis_value::<String>(&pair[0]).ok().as_deref() == Some(name))
+            .map(|pair| pair[1].clone())
+            .unwrap_or_else(|| panic!("no {name} in {info:?}"))
+    };
+    six(&mut con, "RATELIMIT.CHECK pk fixed-window 1 100ms");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("pk").query(&mut con).unwrap();
+    let persisted: i64 = redis::cmd("PERSIST").arg("pk").query(&mut con).unwrap();
+    assert_eq!(persisted, 1);
+    let _: () = redis::cmd("RESTORE")
+        .arg("rk")
+        .arg(0)
+        .arg(&dump)
+        .query(&mut con)
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for key in ["pk", "rk"] {
+        let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
+        assert_eq!(pttl, -1, "{key}");
+        let info: Vec<Value> = redis::cmd("RATELIMIT.INFO")
+            .arg(key)
+            .query(&mut con)
+            .unwrap();
+        assert!(
+            !info.is_empty(),
+            "{key}: INFO answered nil for an existing key"
+        );
+        assert_eq!(
+            field(&info, "algorithm"),
+            Value::SimpleString("fixed-window".into())
+        );
+        assert_eq!(field(&info, "limit"), Value::Int(1), "{key}");
+        assert_eq!(field(&info, "period_ms"), Value::Int(100), "{key}");
+        // As stored: one request in its (now past) window.
+        assert_eq!(field(&info, "count"), Value::Int(1), "{key}");
+        // As a fresh key now.
+        assert_eq!(field(&info, "remaining"), Value::Int(1), "{key}");
+        assert_eq!(field(&info, "reset_after_ms"), Value::Int(0), "{key}");
+        // A consuming call stores a new state with an expiry.
+        assert_eq!(
+            six(
+                &mut con,
+                &format!("RATELIMIT.CHECK {key} fixed-window 1 100ms")
+            )[0],
+            1
+        );
+        let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
+        assert!((1..=100).contains(&pttl), "{key}: PTTL {pttl}");
+    }
+}

@@ -17,7 +17,16 @@ const MAX_LOG_LIMIT: u64 = 100_000;
 
 fuzz_target!(|data: &[u8]| {
     let args: Vec<&[u8]> = data.split(|byte| *byte == b'\n').collect();
-    if let Ok(parsed) = parse_checkall(&args, MAX_LOG_LIMIT) {
+    let result = parse_checkall(&args, MAX_LOG_LIMIT);
+    if let Err(error) = &result {
+        // Every error names what is wrong, and a spec's the key it belongs to.
+        let message = error.message("ratelimit.checkall", &args);
+        assert!(message.starts_with("ERR "), "{message}");
+        if let Some(spec) = error.spec {
+            assert!((1..args.len()).contains(&spec), "{error:?}");
+        }
+    }
+    if let Ok(parsed) = result {
         assert!(parsed.numkeys >= 1);
         assert_eq!(parsed.specs.len(), parsed.numkeys);
         // numkeys, the keys, then at least three arguments per spec.

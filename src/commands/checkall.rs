@@ -6,8 +6,9 @@
 //! write exactly as CHECK does; PEEK equals the CHECK that follows, so the second pass admits too.
 //! If any key rejects, nothing is written anywhere.
 //!
-//! A key may appear only once: two specs on one key would have to be decided against the same
-//! state yet consume twice, which no single-key call can express, so such a call is refused.
+//! A key may be named more than once: each occurrence is a limit of its own, decided and consumed
+//! in order, exactly as the same CHECKs one after the other would be (the second sees what the
+//! first consumed), and still all or nothing. The command opens one handle per distinct key.
 //!
 //! The keys are declared two ways, because the legacy first/last/step triple cannot express
 //! `numkeys`. The command is registered with `getkeys-api` and answers Redis's key-position
@@ -25,12 +26,13 @@ use redis_module::raw;
 use super::check::{evaluate, notify_rejected, replicate_write};
 use super::keyspec::{end, INFO_VERSION};
 use super::parse::{parse_checkall, parse_integer};
-use super::{guard, now_ms, Call};
-use crate::algorithms::{Decision, Outcome, Request};
+use super::{guard, now_ms, Call, KeyGroups};
+use crate::algorithms::{self, Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
+use crate::error;
 use crate::stats;
-use crate::store::Key;
+use crate::store::{Key, Slot};
 
 /// The command's name, as registered.
 pub const NAME: &CStr = c"ratelimit.checkall";
@@ -57,12 +59,9 @@ fn run(call: &Call) -> c_int {
     let args: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
     let parsed = match parse_checkall(&args, max_log_limit()) {
         Ok(parsed) => parsed,
-        Err(error) => return call.error(&error.message("ratelimit.checkall")),
+        Err(error) => return call.error(&error.message("ratelimit.checkall", &args)),
     };
     let count = parsed.numkeys;
-    if let Some(key) = first_duplicate(&args[1..=count]) {
-        return call.error(&duplicate_key_message(key));
-    }
     let now_ms = parsed.at_ms.unwrap_or_else(now_ms);
     let requests: Vec<Request> = parsed
         .specs
@@ -75,25 +74,28 @@ fn run(call: &Call) -> c_int {
         })
         .collect();
     let key_name = |i: usize| call.string(FIRST_KEY + i);
-    let keys: Vec<Key> = (0..count)
-        .map(|i| Key::open(call.ctx, key_name(i), true))
+    // One handle per distinct key (see `KeyGroups`); a key named twice takes both its specs.
+    let groups = KeyGroups::of(&args[1..=count]);
+    let keys: Vec<Key> = groups
+        .first
+        .iter()
+        .map(|&i| Key::open(call.ctx, key_name(i), true))
         .collect();
 
-    // First pass: decide every key without writing. An error (WRONGTYPE, another algorithm)
+    // First pass: decide every limit without writing. An error (WRONGTYPE, another algorithm)
     // is the reply, and nothing has changed.
-    let mut outcomes: Vec<Outcome> = Vec::with_capacity(count);
-    for (key, request) in keys.iter().zip(&requests) {
-        match evaluate(key, request, false) {
-            Ok(outcome) => outcomes.push(outcome),
-            Err(message) => return call.error(&message),
-        }
-    }
+    let outcomes = match decide(&keys, &groups, &requests) {
+        Ok(outcomes) => outcomes,
+        Err(message) => return call.error(&message),
+    };
     let admitted = outcomes.iter().all(|outcome| outcome.decision.allowed);
+    let mut outcomes = outcomes;
 
     if admitted {
-        // Second pass: consume everywhere. Each key is distinct and was just decided the same
-        // way, so every one admits again.
-        for (i, (key, request)) in keys.iter().zip(&requests).enumerate() {
+        // Second pass: consume everywhere, in order. Each limit was just decided on the state
+        // the ones before it leave, so every one admits again.
+        for (i, request) in requests.iter().enumerate() {
+            let key = &keys[groups.group[i]];
             let outcome = match evaluate(key, request, true) {
                 Ok(outcome) => outcome,
                 Err(message) => return call.error(&message),
@@ -105,9 +107,11 @@ fn run(call: &Call) -> c_int {
             outcomes[i] = outcome;
         }
     } else {
-        for (i, outcome) in outcomes.iter().enumerate() {
-            if !outcome.decision.allowed {
-                notify_rejected(call, key_name(i));
+        for (i, &first) in groups.first.iter().enumerate() {
+            let rejected =
+                (0..count).any(|j| groups.group[j] == i && !outcomes[j].decision.allowed);
+            if rejected {
+                notify_rejected(call, key_name(first));
             }
         }
     }
@@ -120,6 +124,46 @@ fn run(call: &Call) -> c_int {
     let decisions: Vec<Decision> = outcomes.iter().map(|outcome| outcome.decision).collect();
     reply(call, &combine(&decisions), &decisions);
     raw::REDISMODULE_OK as c_int
+}
+
+/// Every limit's decision, without writing. A key named once is peeked at. A key named more
+/// than once is decided on a copy of its limiter, limit after limit, each one seeing what the
+/// admitted ones before it consumed: what the same CHECKs in sequence would answer.
+fn decide(keys: &[Key], groups: &KeyGroups, requests: &[Request]) -> Result<Vec<Outcome>, String> {
+    let mut occurrences = vec![0usize; keys.len()];
+    for &group in &groups.group {
+        occurrences[group] += 1;
+    }
+    let mut copies: Vec<Option<Option<Limiter>>> = vec![None; keys.len()];
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for (request, &group) in requests.iter().zip(&groups.group) {
+        let key = &keys[group];
+        if occurrences[group] == 1 {
+            outcomes.push(evaluate(key, request, false)?);
+            continue;
+        }
+        let copy = match &mut copies[group] {
+            Some(copy) => copy,
+            empty => empty.insert(match key.slot() {
+                Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
+                Slot::Empty => None,
+                Slot::Limiter(limiter) => {
+                    let copy = Limiter::clone(&limiter);
+                    limiter.unchanged();
+                    Some(copy)
+                }
+            }),
+        };
+        let (outcome, write) =
+            algorithms::check(copy.as_mut(), request, true).map_err(|mismatch| {
+                error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
+            })?;
+        if let Write::Created(limiter) = write {
+            *copy = Some(limiter);
+        }
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
 }
 
 /// The overall decision: allowed only if all allow; `remaining` the least; `retry_after_ms` the
@@ -169,27 +213,6 @@ fn reply(call: &Call, overall: &Decision, decisions: &[Decision]) {
     for decision in decisions {
         call.reply_decision(decision, resp3, 0);
     }
-}
-
-/// A key given more than once (the smallest such, byte-wise), if any.
-pub fn first_duplicate<'a>(keys: &[&'a [u8]]) -> Option<&'a [u8]> {
-    if keys.len() < 2 {
-        return None;
-    }
-    let mut sorted = keys.to_vec();
-    sorted.sort_unstable();
-    sorted
-        .windows(2)
-        .find(|pair| pair[0] == pair[1])
-        .map(|pair| pair[0])
-}
-
-/// The error reply for a key given twice.
-pub fn duplicate_key_message(key: &[u8]) -> String {
-    format!(
-        "ERR key '{}' given more than once: CHECKALL takes each key once, with one limit spec",
-        String::from_utf8_lossy(key)
-    )
 }
 
 /// Redis asks which arguments are keys (cluster routing, ACL, `COMMAND GETKEYS`).
@@ -308,7 +331,8 @@ pub(crate) fn declare_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static
         since: c"0.1.0".as_ptr(),
         history: ptr::null_mut(),
         tips: ptr::null(),
-        arity: -6,
+        // Every shorter call is answered by the parser, which names what is missing.
+        arity: -2,
         key_specs: key_specs.as_mut_ptr(),
         args: args.as_mut_ptr(),
     };
@@ -355,13 +379,5 @@ mod tests {
         assert!(all.allowed);
         assert_eq!((all.delay_ms, all.retry_after_ms), (70, 0));
         assert_eq!(combine(&[a]), a);
-    }
-
-    #[test]
-    fn duplicate_keys_are_found() {
-        assert_eq!(first_duplicate(&[b"a"]), None);
-        assert_eq!(first_duplicate(&[b"a", b"b", b"c"]), None);
-        assert_eq!(first_duplicate(&[b"b", b"a", b"b"]), Some(&b"b"[..]));
-        assert!(duplicate_key_message(b"user:1").contains("'user:1'"));
     }
 }

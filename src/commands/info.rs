@@ -1,5 +1,9 @@
 //! `RATELIMIT.INFO key`: the stored state as field/value pairs (a map under RESP3); nil when the
-//! key does not exist (or its state is already equivalent to a fresh key's).
+//! key does not exist.
+//!
+//! Every existing limiter key is described, also one whose state is already a fresh key's but
+//! that still exists (its expiry removed by `PERSIST`, or restored with `RESTORE key 0`): its
+//! stored parameters and state as they are, and `remaining`/`reset_after_ms` as a fresh key's.
 
 use std::ffi::{c_int, CStr, CString};
 
@@ -58,11 +62,11 @@ fn run(call: &Call) -> c_int {
         }
     };
     drop(key);
-    let now = now_ms();
-    let Some(mut limiter) = limiter.filter(|limiter| limiter.expires_at_ms() > now) else {
+    let Some(mut limiter) = limiter else {
         call.reply_null();
         return raw::REDISMODULE_OK as c_int;
     };
+    let now = now_ms();
     let request = Request {
         algorithm: limiter.algorithm(),
         params: limiter.params,

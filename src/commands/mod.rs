@@ -139,6 +139,48 @@ impl Call {
     }
 }
 
+/// The distinct keys of a command that takes several, so it opens one handle per key: a second
+/// handle on a key would keep pointing at a value the first one replaced or deleted.
+#[derive(Debug, PartialEq, Eq)]
+pub struct KeyGroups {
+    /// The position of each distinct key's first occurrence, in order.
+    pub first: Vec<usize>,
+    /// For each position, the index in `first` of its key.
+    pub group: Vec<usize>,
+}
+
+impl KeyGroups {
+    /// Groups `names` by equal bytes, in O(n log n).
+    pub fn of(names: &[&[u8]]) -> KeyGroups {
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        // Stable: among equal names the earliest position comes first.
+        order.sort_by(|&a, &b| names[a].cmp(names[b]));
+        let mut leader = vec![0; names.len()];
+        for (rank, &i) in order.iter().enumerate() {
+            leader[i] = match rank.checked_sub(1).map(|r| order[r]) {
+                Some(previous) if names[previous] == names[i] => leader[previous],
+                _ => i,
+            };
+        }
+        let mut first = Vec::new();
+        let mut group = vec![0; names.len()];
+        for i in 0..names.len() {
+            group[i] = if leader[i] == i {
+                first.push(i);
+                first.len() - 1
+            } else {
+                group[leader[i]]
+            };
+        }
+        KeyGroups { first, group }
+    }
+
+    /// Some key occurs more than once.
+    pub fn repeats(&self) -> bool {
+        self.first.len() < self.group.len()
+    }
+}
+
 /// The reply fields' names, in order.
 pub const DECISION_FIELDS: [&std::ffi::CStr; 6] = [
     c"allowed",
@@ -202,4 +244,22 @@ pub(crate) fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, pay
 pub fn replicate_verbatim(call: &Call) {
     // SAFETY: the command's context.
     unsafe { rm!(RedisModule_ReplicateVerbatim)(call.ctx) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyGroups;
+
+    #[test]
+    fn repeated_keys_share_the_group_of_their_first_occurrence() {
+        let names: [&[u8]; 6] = [b"b", b"a", b"b", b"c", b"a", b"b"];
+        let groups = KeyGroups::of(&names);
+        assert_eq!(groups.first, [0, 1, 3]);
+        assert_eq!(groups.group, [0, 1, 0, 2, 1, 0]);
+        assert!(groups.repeats());
+        let single = KeyGroups::of(&[b"x"]);
+        assert_eq!((single.first, single.group), (vec![0], vec![0]));
+        assert!(!KeyGroups::of(&[b"x", b"y"]).repeats());
+        assert_eq!(KeyGroups::of(&[]).first, Vec::<usize>::new());
+    }
 }

@@ -204,36 +204,50 @@ pub fn parse_numkeys(numkeys: &[u8], after: usize) -> Result<usize, ArgError> {
 /// optional `BURST capacity` right after it; the last spec and the shared options follow the
 /// grammar of [`parse_check`] exactly (options in any order, each once), so a CHECKALL of one key
 /// takes the very arguments a CHECK takes after its key.
-pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs, ArgError> {
+pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs, CheckAllError> {
     let Some((numkeys, rest)) = args.split_first() else {
-        return Err(ArgError::WrongArity);
+        return Err(ArgError::WrongArity.into());
     };
+    // A numkeys that is no count at all is named first, whatever follows it.
+    if parse_integer(numkeys).is_none_or(|n| n == 0) {
+        return Err(ArgError::NumKeys.into());
+    }
     if rest.len() < 4 {
-        return Err(ArgError::WrongArity);
+        return Err(ArgError::WrongArity.into());
     }
     let numkeys = parse_numkeys(numkeys, rest.len())?;
     let mut specs = Vec::with_capacity(numkeys);
     let mut i = numkeys;
     let mut burst = None;
-    for _ in 1..numkeys {
-        let head = spec_start(&rest[i..], burst.is_some())?;
-        let (algorithm, limit, period_ms) = parse_spec_head(head)?;
+    for spec in 1..numkeys {
+        let in_spec = |error: ArgError| CheckAllError::in_spec(error, spec);
+        let head = spec_start(&rest[i..], burst.is_some())
+            .map_err(|error| CheckAllError::in_spec(error, spec - 1))?;
+        let (algorithm, limit, period_ms) = parse_spec_head(head).map_err(in_spec)?;
         i += 3;
         burst = None;
         if rest.get(i).and_then(|name| option(name)) == Some(Option_::Burst) {
-            let value = rest.get(i + 1).ok_or(ArgError::MissingValue("BURST"))?;
-            burst = Some(option_value(Option_::Burst, value)?);
+            let value = rest
+                .get(i + 1)
+                .ok_or(ArgError::MissingValue("BURST"))
+                .map_err(in_spec)?;
+            burst = Some(option_value(Option_::Burst, value).map_err(in_spec)?);
             i += 2;
         }
-        specs.push(finish_spec(
-            algorithm,
-            limit,
-            period_ms,
-            burst,
-            max_log_limit,
-        )?);
+        specs
+            .push(finish_spec(algorithm, limit, period_ms, burst, max_log_limit).map_err(in_spec)?);
     }
-    let last = parse_check(spec_start(&rest[i..], burst.is_some())?, max_log_limit)?;
+    let tail = spec_start(&rest[i..], burst.is_some())
+        .map_err(|error| CheckAllError::in_spec(error, numkeys - 1))?;
+    let last = parse_check(tail, max_log_limit).map_err(|error| match error {
+        // The shared options and what follows the last spec belong to no spec.
+        ArgError::Cost
+        | ArgError::At
+        | ArgError::UnknownOption
+        | ArgError::MissingValue("COST" | "AT")
+        | ArgError::Duplicate("COST" | "AT") => error.into(),
+        error => CheckAllError::in_spec(error, numkeys),
+    })?;
     specs.push(last.spec);
     Ok(CheckAllArgs {
         numkeys,
@@ -241,6 +255,39 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
         cost: last.cost,
         at_ms: last.at_ms,
     })
+}
+
+/// A CHECKALL argument error, with the limit spec it is in (numbered from 1, as the keys are).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckAllError {
+    pub error: ArgError,
+    pub spec: Option<usize>,
+}
+
+impl CheckAllError {
+    /// `error` in spec `spec` (0: not in a spec; a wrong arity is never a spec's).
+    fn in_spec(error: ArgError, spec: usize) -> CheckAllError {
+        let spec = (spec > 0 && error != ArgError::WrongArity).then_some(spec);
+        CheckAllError { error, spec }
+    }
+
+    /// The error reply; one in a spec names the spec and its key (`args` as parsed, numkeys
+    /// first), e.g. `ERR limit spec 2 (key 'b'): BURST applies only to ...`.
+    pub fn message(&self, command: &str, args: &[&[u8]]) -> String {
+        let message = self.error.message(command);
+        let Some(spec) = self.spec else {
+            return message;
+        };
+        let key = String::from_utf8_lossy(args.get(spec).copied().unwrap_or_default());
+        let what = message.strip_prefix("ERR ").unwrap_or(&message);
+        format!("ERR limit spec {spec} (key '{key}'): {what}")
+    }
+}
+
+impl From<ArgError> for CheckAllError {
+    fn from(error: ArgError) -> CheckAllError {
+        CheckAllError { error, spec: None }
+    }
 }
 
 /// Where a spec must start. `COST` or `AT` there means a spec is missing; `BURST` there is the
@@ -387,6 +434,10 @@ mod tests {
     }
 
     fn parse_all(line: &str) -> Result<CheckAllArgs, ArgError> {
+        parse_all_in_spec(line).map_err(|error| error.error)
+    }
+
+    fn parse_all_in_spec(line: &str) -> Result<CheckAllArgs, CheckAllError> {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
         parse_checkall(&args, 100_000)
     }
@@ -506,6 +557,45 @@ mod tests {
                 max: 100_000
             })
         );
+    }
+
+    #[test]
+    fn checkall_errors_name_the_spec_they_are_in() {
+        let message = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            parse_checkall(&args, 100_000)
+                .unwrap_err()
+                .message("ratelimit.checkall", &args)
+        };
+        assert_eq!(
+            message("2 a b token-bucket 1 1s fixed-window 1 1s BURST 2"),
+            "ERR limit spec 2 (key 'b'): BURST applies only to token-bucket and leaky-bucket"
+        );
+        assert_eq!(
+            message("2 a b fixed-window 1 1s BURST 2 token-bucket 1 1s"),
+            "ERR limit spec 1 (key 'a'): BURST applies only to token-bucket and leaky-bucket"
+        );
+        assert!(
+            message("3 a b c fixed-window 1 1s fixed-window 0 1s fixed-window 1 1s")
+                .starts_with("ERR limit spec 2 (key 'b'): limit must be")
+        );
+        assert!(message("2 a b fixed-window 1 1s sliding-logs 1 1s")
+            .starts_with("ERR limit spec 2 (key 'b'): unknown algorithm"));
+        assert_eq!(
+            message("2 a b token-bucket 1 1s BURST 2 BURST 3 fixed-window 1 1s"),
+            "ERR limit spec 1 (key 'a'): BURST given more than once"
+        );
+        // Shared options and arity belong to no spec.
+        assert!(message("2 a b fixed-window 1 1s fixed-window 1 1s COST x").starts_with("ERR COST"));
+        assert_eq!(
+            message("2 a b fixed-window 1 1s fixed-window 1"),
+            "ERR wrong number of arguments for 'ratelimit.checkall' command"
+        );
+        // numkeys is named before the arity is counted.
+        assert!(message("0").starts_with("ERR numkeys"));
+        assert!(message("0 k").starts_with("ERR numkeys"));
+        assert!(message("x k fixed-window").starts_with("ERR numkeys"));
+        assert_eq!(parse_all("1 k"), Err(ArgError::WrongArity));
     }
 
     #[test]

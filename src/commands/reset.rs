@@ -4,7 +4,7 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 
-use super::{guard, replicate_verbatim, Call};
+use super::{guard, replicate_verbatim, Call, KeyGroups};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
@@ -20,8 +20,13 @@ fn run(call: &Call) -> c_int {
     if call.argc() < 2 {
         return call.error(&ArgError::WrongArity.message("ratelimit.reset"));
     }
-    let keys: Vec<Key> = (1..call.argc())
-        .map(|i| Key::open(call.ctx, call.string(i), true))
+    // One handle per distinct key: a key named twice is removed once, as DEL counts it, and no
+    // handle outlives the value another one deleted.
+    let names: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
+    let keys: Vec<Key> = KeyGroups::of(&names)
+        .first
+        .into_iter()
+        .map(|i| Key::open(call.ctx, call.string(1 + i), true))
         .collect();
     // All or nothing: any key of another type fails the whole call before anything is removed.
     if keys.iter().any(|key| matches!(key.slot(), Slot::WrongType)) {

@@ -5,6 +5,7 @@ pub mod codec;
 pub mod value;
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::ffi::{c_int, c_void, CString};
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -210,9 +211,20 @@ pub enum Slot<'a> {
 struct WrongType;
 
 /// An open key, closed on drop.
+///
+/// The module sets `REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED`, so closing a key opened for
+/// writing does not by itself tell Redis it changed (WATCH, client tracking). A key that was
+/// written through this handle ([`Key::set`], [`Key::expire_at`], [`Key::delete`]) signals the
+/// change once, when it closes; a call that writes nothing stays invisible.
+///
+/// A command holds at most one handle per key: Redis caches the value in the handle, so a
+/// second handle on the same key would keep pointing at a value the first one replaced or
+/// deleted.
 pub struct Key {
     ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
     key: *mut raw::RedisModuleKey,
+    written: Cell<bool>,
 }
 
 impl Key {
@@ -231,7 +243,9 @@ impl Key {
         let key = unsafe { rm!(RedisModule_OpenKey)(ctx, name, mode as c_int) };
         Key {
             ctx,
+            name,
             key: key.cast(),
+            written: Cell::new(false),
         }
     }
 
@@ -283,6 +297,7 @@ impl Key {
             unsafe { free(value) };
             return false;
         }
+        self.written.set(true);
         true
     }
 
@@ -292,12 +307,19 @@ impl Key {
         unsafe {
             rm!(RedisModule_SetAbsExpire)(self.key, i64::try_from(at_ms).unwrap_or(i64::MAX))
         };
+        self.written.set(true);
+    }
+
+    /// Records a change made in place through [`Key::slot`]'s handle.
+    pub fn mark_written(&self) {
+        self.written.set(true);
     }
 
     /// Deletes the key.
     pub fn delete(&self) {
         // SAFETY: an open key.
         unsafe { rm!(RedisModule_DeleteKey)(self.key) };
+        self.written.set(true);
     }
 
     /// The context the key was opened in.
@@ -308,6 +330,10 @@ impl Key {
 
 impl Drop for Key {
     fn drop(&mut self) {
+        if self.written.get() {
+            // SAFETY: the command's context and its own key name, both valid for the command.
+            unsafe { rm!(RedisModule_SignalModifiedKey)(self.ctx, self.name) };
+        }
         // SAFETY: CloseKey accepts NULL and each key is closed once.
         unsafe { rm!(RedisModule_CloseKey)(self.key) };
     }
