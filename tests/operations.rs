@@ -550,6 +550,26 @@ fn module_load_at_run_time_validates_too() {
         check(&mut con, "k", &["sliding-log", "7", "1s"]).unwrap()[0],
         1
     );
+    // A second load is refused, and the log says why.
+    expect_error(
+        load(&mut con, &["LOAD", &path]),
+        "ERR",
+        "MODULE LOAD of a loaded module",
+    );
+    let log = server.log();
+    assert!(
+        log.contains("ratelimit: the module is already loaded"),
+        "no reason for the refused second load in the log\n{log}"
+    );
+    let modules = run_ok(&mut con, &["MODULE", "LIST"]);
+    let Value::Array(modules) = modules else {
+        panic!("{modules:?}")
+    };
+    assert_eq!(modules.len(), 1, "{modules:?}");
+    assert_eq!(
+        check(&mut con, "k", &["sliding-log", "7", "1s"]).unwrap()[0],
+        1
+    );
 }
 
 #[test]
@@ -1175,9 +1195,12 @@ fn acl_read_only_user_can_peek_and_info_but_not_check() {
     }
     assert_eq!(remaining(&mut admin, "api"), 9, "something was consumed");
 
-    // With read-only key permissions (`%R~*`), PEEK and INFO work only once they declare their
-    // key read-only (key specs); with the legacy first/last/step declaration Redis treats the key
-    // as read-write and answers NOPERM.
+    // With read-only key permissions (`%R~*`), PEEK and INFO work: their key specs declare the
+    // key read-only. CHECK, CHECKALL and RESET write, so the same user gets NOPERM on the key.
+    assert!(
+        peek_declares_read_only_key(&mut admin),
+        "RATELIMIT.PEEK declares no read-only key spec"
+    );
     run_ok(
         &mut admin,
         &[
@@ -1189,23 +1212,30 @@ fn acl_read_only_user_can_peek_and_info_but_not_check() {
             "%R~*",
             "+ratelimit.peek",
             "+ratelimit.info",
+            "+ratelimit.check",
+            "+ratelimit.checkall",
+            "+ratelimit.reset",
         ],
     );
     let mut reader = login(&server, "reader");
-    if peek_declares_read_only_key(&mut admin) {
-        assert_eq!(remaining(&mut reader, "api"), 9);
-        let info: Value = redis::cmd("RATELIMIT.INFO")
-            .arg("api")
-            .query(&mut reader)
-            .unwrap();
-        assert_ne!(info, Value::Nil);
-    } else {
-        expect_error(peek(&mut reader, "api", &spec), "NOPERM", "%R~* PEEK");
-        eprintln!(
-            "note: RATELIMIT.PEEK declares its key read-write (legacy key spec), so a `%R~*` user \
-             cannot PEEK; grant `~pattern` with only +ratelimit.peek +ratelimit.info instead"
-        );
+    assert_eq!(remaining(&mut reader, "api"), 9);
+    let info: Value = redis::cmd("RATELIMIT.INFO")
+        .arg("api")
+        .query(&mut reader)
+        .unwrap();
+    assert_ne!(info, Value::Nil);
+    for (what, result) in [
+        ("CHECK", check(&mut reader, "api", &spec).map(|_| ())),
+        ("CHECKALL", checkall(&mut reader, &["api"]).map(|_| ())),
+        (
+            "RESET",
+            redis::cmd("RATELIMIT.RESET").arg("api").query(&mut reader),
+        ),
+    ] {
+        let message = expect_error(result, "NOPERM", what);
+        assert!(message.contains("keys"), "{what}: {message}");
     }
+    assert_eq!(remaining(&mut admin, "api"), 9, "something was consumed");
 }
 
 /// `COMMAND INFO ratelimit.peek` shows a key spec with the `RO` flag.

@@ -73,17 +73,18 @@ fn run(call: &Call, commit: bool) -> c_int {
         Ok(outcome) => outcome,
         Err(message) => return call.error(&message),
     };
+    if commit && outcome.consumed {
+        replicate_write(call, key_name, &request, &outcome, &key);
+    }
+    // Closed before the event: a subscriber to keyspace events may touch the key.
+    drop(key);
     if commit {
         let allowed = outcome.decision.allowed;
         stats::decision(request.algorithm, allowed);
         if !allowed {
             notify_rejected(call, key_name);
         }
-        if outcome.consumed {
-            replicate_write(call, key_name, &request, &outcome, &key);
-        }
     }
-    drop(key);
     call.reply_decision(&outcome.decision, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }

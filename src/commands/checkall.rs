@@ -106,10 +106,16 @@ fn run(call: &Call) -> c_int {
             }
             outcomes[i] = outcome;
         }
-    } else {
-        for (i, &first) in groups.first.iter().enumerate() {
-            let rejected =
-                (0..count).any(|j| groups.group[j] == i && !outcomes[j].decision.allowed);
+    }
+    // Closed before the events: a subscriber to keyspace events may touch the keys.
+    drop(keys);
+    if !admitted {
+        // Once per key, for the keys with a limit that rejected.
+        let mut rejected = vec![false; groups.first.len()];
+        for (outcome, &group) in outcomes.iter().zip(&groups.group) {
+            rejected[group] |= !outcome.decision.allowed;
+        }
+        for (&first, rejected) in groups.first.iter().zip(rejected) {
             if rejected {
                 notify_rejected(call, key_name(first));
             }
@@ -119,7 +125,6 @@ fn run(call: &Call) -> c_int {
     for request in &requests {
         stats::decision(request.algorithm, admitted);
     }
-    drop(keys);
 
     let decisions: Vec<Decision> = outcomes.iter().map(|outcome| outcome.decision).collect();
     reply(call, &combine(&decisions), &decisions);
