@@ -16,6 +16,17 @@
 //! Environment: `RATELIMIT_MODULE` (the module to load; `make test` sets it), `REDIS_SERVER` (the
 //! server binary, default `redis-server` from PATH), `RATELIMIT_KEEP_TEST_DIRS=1` (keep the
 //! temporary directories for inspection).
+//!
+//! Running the servers under a tool (`make memcheck`, tests/memcheck.sh):
+//! `RATELIMIT_SERVER_WRAPPER` is a command prefix, split on whitespace, put in front of the server
+//! binary, e.g. `valgrind --tool=memcheck --log-file=/abs/dir/valgrind.%p.log`. Give the tool's
+//! log an absolute path: the server runs in its temporary directory, removed on Drop. The wrapper
+//! must keep the server's pid (valgrind does: it runs the program in its own process), since the
+//! harness checks `INFO server`'s `process_id` and signals that pid. Under a wrapper every timeout
+//! (start-up, replica sync, client reads, exit after SHUTDOWN or SIGTERM) is multiplied by
+//! `RATELIMIT_TIMEOUT_SCALE` (default 20 with a wrapper, 1 without), so a server running 30-50x
+//! slower is waited for and stops gracefully (SIGTERM, never SIGKILL first), letting the tool write
+//! its final report; `RATELIMIT_READY_TIMEOUT_MS` overrides the start-up timeout alone.
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
@@ -33,13 +44,46 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::{Cmd, Connection, ConnectionLike, Value};
 
-/// How long a starting server may take to answer PING.
+/// How long a starting server may take to answer PING (unscaled: see [`ready_timeout`]).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a replica may take to reach its master's offset.
+/// How long a replica may take to reach its master's offset (unscaled: see [`scaled`]).
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read/write timeout of the connections [`Server::client`] returns, so a hung server fails the
-/// test instead of blocking it forever.
+/// test instead of blocking it forever (unscaled: see [`scaled`]).
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The command prefix of `$RATELIMIT_SERVER_WRAPPER` (split on whitespace); empty when unset.
+pub fn server_wrapper() -> Vec<OsString> {
+    std::env::var("RATELIMIT_SERVER_WRAPPER")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(OsString::from)
+        .collect()
+}
+
+/// `timeout` times `$RATELIMIT_TIMEOUT_SCALE`, which defaults to 20 under a server wrapper (a
+/// server under valgrind runs 30-50x slower) and to 1 without one.
+pub fn scaled(timeout: Duration) -> Duration {
+    static SCALE: OnceLock<u32> = OnceLock::new();
+    let scale = *SCALE.get_or_init(|| {
+        let default = if server_wrapper().is_empty() { 1 } else { 20 };
+        std::env::var("RATELIMIT_TIMEOUT_SCALE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    });
+    timeout * scale
+}
+
+/// How long a starting server may take to answer PING: `$RATELIMIT_READY_TIMEOUT_MS`, else
+/// [`READY_TIMEOUT`] [`scaled`].
+pub fn ready_timeout() -> Duration {
+    std::env::var("RATELIMIT_READY_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or_else(|| scaled(READY_TIMEOUT))
+}
 
 const MODULE_FILE: &str = "libredis_ratelimit.so";
 const DAY_MS: u64 = 86_400_000;
@@ -238,7 +282,7 @@ impl Server {
 
     /// A new RESP2 connection with [`CLIENT_TIMEOUT`] read/write timeouts.
     pub fn client(&self) -> redis::Connection {
-        self.connect(&self.url(), CLIENT_TIMEOUT)
+        self.connect(&self.url(), scaled(CLIENT_TIMEOUT))
     }
 
     /// A new RESP2 connection whose connect, read and write timeouts are `timeout`.
@@ -248,7 +292,10 @@ impl Server {
 
     /// A new RESP3 connection (`HELLO 3`), with [`CLIENT_TIMEOUT`] timeouts.
     pub fn client_resp3(&self) -> redis::Connection {
-        self.connect(&format!("{}?protocol=resp3", self.url()), CLIENT_TIMEOUT)
+        self.connect(
+            &format!("{}?protocol=resp3", self.url()),
+            scaled(CLIENT_TIMEOUT),
+        )
     }
 
     fn connect(&self, url: &str, timeout: Duration) -> redis::Connection {
@@ -291,7 +338,7 @@ impl Server {
             return;
         }
         let reply = redis::Client::open(self.url())
-            .and_then(|client| client.get_connection_with_timeout(CLIENT_TIMEOUT))
+            .and_then(|client| client.get_connection_with_timeout(scaled(CLIENT_TIMEOUT)))
             .and_then(|mut con| {
                 redis::cmd("SHUTDOWN")
                     .arg(if save { "SAVE" } else { "NOSAVE" })
@@ -309,9 +356,10 @@ impl Server {
             }
         }
         let child = self.child.as_mut().expect("checked above");
-        if wait_for_exit(child, Duration::from_secs(30)).is_none() {
+        let timeout = scaled(Duration::from_secs(30));
+        if wait_for_exit(child, timeout).is_none() {
             panic!(
-                "redis-server on port {} still runs 30 s after SHUTDOWN\n{}",
+                "redis-server on port {} still runs {timeout:?} after SHUTDOWN\n{}",
                 self.port,
                 self.log_tail(20)
             );
@@ -327,7 +375,7 @@ impl Server {
             "start_again: the server is still running"
         );
         // The port was ours a moment ago; if something else holds it, wait for it to go.
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let deadline = Instant::now() + ready_timeout();
         loop {
             match launch(&self.args, self.port, &self.dir) {
                 Ok(child) => {
@@ -424,7 +472,8 @@ impl Drop for Server {
                 libc::kill(pid, libc::SIGCONT);
                 libc::kill(pid, libc::SIGTERM);
             }
-            if wait_for_exit(&mut child, Duration::from_secs(3)).is_none() {
+            // Under a wrapper (valgrind) the exit takes longer: the tool writes its report.
+            if wait_for_exit(&mut child, scaled(Duration::from_secs(3))).is_none() {
                 let _ = child.kill();
                 let _ = child.wait();
             }
@@ -444,9 +493,10 @@ impl Drop for Server {
 }
 
 /// Wait until `replica` is linked to `master` and has processed everything the master has
-/// sent (equal replication offsets). Panics after [`SYNC_TIMEOUT`].
+/// sent (equal replication offsets). Panics after [`SYNC_TIMEOUT`] ([`scaled`]).
 pub fn wait_replica_sync(master: &Server, replica: &Server) {
-    let deadline = Instant::now() + SYNC_TIMEOUT;
+    let timeout = scaled(SYNC_TIMEOUT);
+    let deadline = Instant::now() + timeout;
     loop {
         let master_offset = master.info("replication").remove("master_repl_offset");
         let r = replica.info("replication");
@@ -457,7 +507,7 @@ pub fn wait_replica_sync(master: &Server, replica: &Server) {
         }
         if Instant::now() >= deadline {
             panic!(
-                "replica on port {} not in sync with master on port {} after {SYNC_TIMEOUT:?}: \
+                "replica on port {} not in sync with master on port {} after {timeout:?}: \
                  master offset {master_offset:?}, replica {r:?}\n--- master log ---\n{}\n\
                  --- replica log ---\n{}",
                 replica.port(),
@@ -499,7 +549,15 @@ fn launch(args: &[OsString], port: u16, dir: &Path) -> Result<Child, LaunchError
         .open(dir.join("stdio.log"))
         .map_err(|e| LaunchError::Failed(format!("creating {}: {e}", dir.display())))?;
     let stdio_err = stdio.try_clone().expect("clone a file handle");
-    let mut command = Command::new(server_binary());
+    let wrapper = server_wrapper();
+    let mut command = match wrapper.split_first() {
+        Some((tool, tool_args)) => {
+            let mut command = Command::new(tool);
+            command.args(tool_args).arg(server_binary());
+            command
+        }
+        None => Command::new(server_binary()),
+    };
     command
         .arg("--port")
         .arg(port.to_string())
@@ -510,12 +568,14 @@ fn launch(args: &[OsString], port: u16, dir: &Path) -> Result<Child, LaunchError
         .stderr(stdio_err);
     let mut child = spawn_child(command).map_err(|e| {
         LaunchError::Failed(format!(
-            "cannot run {:?}: {e} (install it with `make deps`, or set REDIS_SERVER)",
+            "cannot run {:?} {:?}: {e} (install it with `make deps`, or set REDIS_SERVER)",
+            wrapper,
             server_binary()
         ))
     })?;
     let pid = child.id();
-    let deadline = Instant::now() + READY_TIMEOUT;
+    let timeout = ready_timeout();
+    let deadline = Instant::now() + timeout;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             let new_log = logs_since(dir, sizes_before);
@@ -534,7 +594,7 @@ fn launch(args: &[OsString], port: u16, dir: &Path) -> Result<Child, LaunchError
             let _ = child.kill();
             let _ = child.wait();
             return Err(LaunchError::Failed(format!(
-                "redis-server on port {port} did not answer PING within {READY_TIMEOUT:?}\n{}",
+                "redis-server on port {port} did not answer PING within {timeout:?}\n{}",
                 tail(&read_logs(dir), 30)
             )));
         }
@@ -545,7 +605,7 @@ fn launch(args: &[OsString], port: u16, dir: &Path) -> Result<Child, LaunchError
 /// True when the server on `port` answers PING (so it finished loading) and is process `pid`
 /// (not some other server that got the port first).
 fn answers_as(port: u16, pid: u32) -> bool {
-    let timeout = Duration::from_millis(500);
+    let timeout = scaled(Duration::from_millis(500));
     let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
         return false;
     };
