@@ -17,7 +17,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # FUZZ-RUN: placeholder for a bounded fuzz run appended to `make test` (set by the lead; empty = none).
 FUZZ_RUN := bash fuzz/run.sh
 
-.PHONY: help deps build run test lint fmt clean bench profile
+.PHONY: help deps build run test lint fmt clean bench profile memcheck
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-8s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -56,6 +56,11 @@ profile: export RATELIMIT_MODULE := $(MODULE)
 profile: build ## Instructions per call under callgrind, against SET PXAT and INCR (~4 min); see target/bench/profile/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash benches/profile.sh
+
+memcheck: export RATELIMIT_MODULE := $(MODULE)
+memcheck: build ## Every command under valgrind memcheck (~1 min); fails on memory errors in the module; see target/memcheck/
+	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
+	bash tests/memcheck.sh
 
 lint: deps ## Check formatting and run clippy with warnings as errors
 	cargo fmt --check
