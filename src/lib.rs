@@ -5,11 +5,14 @@
 
 pub mod algorithms;
 mod api;
-pub mod commands;
-pub mod config;
-pub mod error;
-pub mod stats;
-pub mod store;
+pub(crate) mod commands;
+pub(crate) mod config;
+pub(crate) mod error;
+pub(crate) mod stats;
+pub(crate) mod store;
+
+/// The binary form of a limiter (RDB, AOF, replication): public for the tests that damage it.
+pub use store::codec;
 
 use std::ffi::{c_int, CStr};
 
@@ -17,65 +20,6 @@ use redis_module::{raw, Context, RedisString, Status};
 
 use crate::algorithms::Algorithm;
 use crate::store::LIMITER_TYPE;
-
-type Handler = unsafe extern "C" fn(
-    *mut raw::RedisModuleCtx,
-    *mut *mut raw::RedisModuleString,
-    c_int,
-) -> c_int;
-
-/// `(name, handler, flags, first key, last key, key step)`.
-const COMMANDS: [(&CStr, Handler, &CStr, c_int, c_int, c_int); 6] = [
-    (
-        c"ratelimit.check",
-        commands::check::check_command,
-        c"write deny-oom fast",
-        1,
-        1,
-        1,
-    ),
-    // Keys declared by a `numkeys` key spec and the getkeys-api callback (commands::checkall).
-    (
-        commands::checkall::NAME,
-        commands::checkall::checkall_command,
-        commands::checkall::FLAGS,
-        0,
-        0,
-        0,
-    ),
-    (
-        c"ratelimit.peek",
-        commands::check::peek_command,
-        c"readonly fast",
-        1,
-        1,
-        1,
-    ),
-    (
-        c"ratelimit.reset",
-        commands::reset::reset_command,
-        c"write",
-        1,
-        -1,
-        1,
-    ),
-    (
-        c"ratelimit.info",
-        commands::info::info_command,
-        c"readonly fast",
-        1,
-        1,
-        1,
-    ),
-    (
-        c"ratelimit.apply",
-        commands::apply::apply_command,
-        c"write deny-oom",
-        1,
-        1,
-        1,
-    ),
-];
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if let Some(name) = api::missing_required() {
@@ -102,33 +46,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: OnLoad context; replaces the crate's default INFO callback with ours.
     unsafe { api::rm!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(info)) };
-    for (name, handler, flags, first, last, step) in COMMANDS {
-        // SAFETY: OnLoad context; the strings are static and NUL-terminated.
-        let status = unsafe {
-            api::rm!(RedisModule_CreateCommand)(
-                ctx.ctx,
-                name.as_ptr(),
-                Some(handler),
-                flags.as_ptr(),
-                first,
-                last,
-                step,
-            )
-        };
-        if status != raw::REDISMODULE_OK as c_int {
-            ctx.log_warning(&format!("ratelimit: could not register {name:?}"));
+    for command in commands::COMMANDS {
+        if let Err(why) = commands::registry::register(ctx.ctx, command) {
+            ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
             return Status::Err;
         }
-    }
-    if let Err(name) = commands::keyspec::declare(ctx.ctx) {
-        ctx.log_warning(&format!(
-            "ratelimit: could not declare the key specs of {name:?}; it keeps its key range"
-        ));
-    }
-    if let Err(why) = commands::checkall::declare_keys(ctx.ctx) {
-        ctx.log_warning(&format!(
-            "ratelimit: {why}; its keys are declared by getkeys-api only"
-        ));
     }
     Status::Ok
 }

@@ -18,7 +18,7 @@ static REJECTED: [AtomicU64; N] = [ZERO; N];
 static KEYS: [AtomicI64; N] = [ZERO_I; N];
 
 /// Counts one decision.
-pub fn decision(algorithm: Algorithm, allowed: bool) {
+pub fn count_decision(algorithm: Algorithm, allowed: bool) {
     let table = if allowed { &ALLOWED } else { &REJECTED };
     table[algorithm.index()].fetch_add(1, Relaxed);
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use common::{future_base_ms, is_bucket, now_ms, reply6, send, wait_replica_sync, Limit, Server};
 use redis::{Cmd, Connection, Value};
 use redis_ratelimit::algorithms::{self, Algorithm, Limiter, Params, Request, Write};
-use redis_ratelimit::store::codec::Change;
+use redis_ratelimit::codec::Change;
 
 const ALGORITHMS: [&str; 5] = [
     "token-bucket",

@@ -142,7 +142,7 @@ fn check_canonical_round_trip(accepted: &CheckArgs) {
 fn call(stored: &mut Option<Limiter>, request: &Request) -> Outcome {
     let mut copy = stored.clone();
     let (peeked, write) = algorithms::check(copy.as_mut(), request, false).expect("one algorithm");
-    assert!(matches!(write, Write::None));
+    assert!(matches!(write, Write::Nothing));
     assert_eq!(&copy, stored, "PEEK changed the state");
     let (outcome, write) =
         algorithms::check(stored.as_mut(), request, true).expect("one algorithm");
@@ -153,7 +153,7 @@ fn call(stored: &mut Option<Limiter>, request: &Request) -> Outcome {
             *stored = Some(limiter);
         }
         Write::Updated => assert!(outcome.consumed),
-        Write::None => assert!(!outcome.consumed),
+        Write::Nothing => assert!(!outcome.consumed),
     }
     outcome
 }

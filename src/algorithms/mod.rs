@@ -265,7 +265,7 @@ pub struct AlgorithmMismatch {
 #[derive(Debug)]
 pub enum Write {
     /// Nothing changed.
-    None,
+    Nothing,
     /// `stored` was updated in place.
     Updated,
     /// The key was absent (or equivalent to fresh): this limiter is to be stored.
@@ -346,7 +346,7 @@ fn drive<A: FixedSize>(
         consumed,
     };
     if !(commit && consumed) {
-        return (outcome, Write::None);
+        return (outcome, Write::Nothing);
     }
     let limiter = Limiter {
         params: *new_params,
@@ -420,7 +420,7 @@ pub(crate) mod testing {
     pub fn peek(stored: &Option<Limiter>, request: &Request) -> Decision {
         let mut copy = stored.clone();
         let (outcome, write) = check(copy.as_mut(), request, false).expect("same algorithm");
-        assert!(matches!(write, Write::None));
+        assert!(matches!(write, Write::Nothing));
         assert_eq!(&copy, stored, "peek must not change the state");
         outcome.decision
     }

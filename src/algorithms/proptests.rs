@@ -355,7 +355,7 @@ fn unchanged_unless_consumed(call: &Call) -> Result<(), TestCaseError> {
 fn peek_matches_check(call: &Call) -> Result<(), TestCaseError> {
     let mut copy = call.before.clone();
     let (peeked, write) = check(copy.as_mut(), call.request, false).expect("same algorithm");
-    prop_assert!(matches!(write, Write::None), "PEEK wrote {:?}", write);
+    prop_assert!(matches!(write, Write::Nothing), "PEEK wrote {:?}", write);
     prop_assert_eq!(&copy, call.before, "PEEK changed the state");
     prop_assert_eq!(
         peeked,

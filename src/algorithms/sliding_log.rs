@@ -358,7 +358,7 @@ pub(crate) fn check(
         consumed,
     };
     if !(commit && consumed) {
-        return (outcome, Write::None);
+        return (outcome, Write::Nothing);
     }
     (outcome, record(live, expired, params, t_ms, cost))
 }

@@ -9,20 +9,32 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 
-use super::{guard, replicate_verbatim, Call};
+use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
+use super::{handler, replicate_verbatim, Call};
 use crate::algorithms::{sliding_log, Algorithm, Write};
 use crate::config::{max_log_limit, MAX_MAX_LOG_LIMIT};
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
 use crate::store::{Key, Slot};
 
-pub(crate) unsafe extern "C" fn apply_command(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard(ctx, argv, argc, run)
-}
+const ARGS: [Arg; 2] = [
+    Arg::new(c"key", ArgType::Key),
+    Arg::new(c"payload", ArgType::String),
+];
+
+pub(crate) const COMMAND: Command = Command {
+    name: c"ratelimit.apply",
+    flags: c"write deny-oom",
+    arity: 3,
+    keys: Keys::First {
+        rest: false,
+        flags: KEY_OVERWRITTEN,
+    },
+    summary: c"Replays a limiter write (replication and AOF); not for applications",
+    complexity: c"O(1); sliding-log: O(appended entries)",
+    args: &ARGS,
+    handler: handler!(run),
+};
 
 fn run(call: &Call) -> c_int {
     if call.argc() != 3 {
@@ -31,7 +43,7 @@ fn run(call: &Call) -> c_int {
     let Ok(change) = Change::decode(call.bytes(2)) else {
         return call.error(error::STATE);
     };
-    let key = Key::open(call.ctx, call.string(1), true);
+    let key = Key::open(call.ctx, call.raw_arg(1), true);
     let mut stored = match key.slot() {
         Slot::WrongType => return call.error(error::WRONG_TYPE),
         Slot::Empty => None,

@@ -6,33 +6,56 @@ use std::ffi::c_int;
 use redis_module::raw;
 
 use super::parse::{parse_check, CheckArgs};
-use super::{guard, now_ms, replicate_apply, Call};
-use crate::algorithms::{self, Algorithm, Outcome, Request, Write};
-use crate::api::rm;
+use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT_SPEC};
+use super::{evaluate, handler, notify_rejected, now_ms, replicate_apply, Call};
+use crate::algorithms::Request;
 use crate::config::max_log_limit;
-use crate::error::{self, ArgError};
+use crate::error::ArgError;
 use crate::stats;
-use crate::store::codec::{encode_replace, Change, StackBuf};
-use crate::store::{Key, Slot};
+use crate::store::codec::StackBuf;
+use crate::store::Key;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
 const MAX_ARGS: usize = 11;
 
-pub(crate) unsafe extern "C" fn check_command(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard(ctx, argv, argc, |call| run(call, true))
-}
+/// The arguments of CHECK and PEEK.
+const ARGS: [Arg; 7] = [
+    Arg::new(c"key", ArgType::Key),
+    LIMIT_SPEC[0],
+    LIMIT_SPEC[1],
+    LIMIT_SPEC[2],
+    LIMIT_SPEC[3],
+    Arg::option(c"COST", c"cost", ArgType::Integer),
+    Arg::option(c"AT", c"unix-ms", ArgType::UnixTime),
+];
 
-pub(crate) unsafe extern "C" fn peek_command(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard(ctx, argv, argc, |call| run(call, false))
-}
+pub(crate) const CHECK: Command = Command {
+    name: c"ratelimit.check",
+    flags: c"write deny-oom fast",
+    arity: -5,
+    keys: Keys::First {
+        rest: false,
+        flags: KEY_UPDATED,
+    },
+    summary: c"Checks a request against a limit and consumes its cost if admitted",
+    complexity: c"O(1); sliding-log: O(log size)",
+    args: &ARGS,
+    handler: handler!(|call| run(call, true)),
+};
+
+pub(crate) const PEEK: Command = Command {
+    name: c"ratelimit.peek",
+    flags: c"readonly fast",
+    arity: -5,
+    keys: Keys::First {
+        rest: false,
+        flags: KEY_READ,
+    },
+    summary: c"Answers what RATELIMIT.CHECK would, without changing anything",
+    complexity: c"O(1); sliding-log: O(log size)",
+    args: &ARGS,
+    handler: handler!(|call| run(call, false)),
+};
 
 /// Parses the arguments after the key of a CHECK-shaped call.
 pub fn parse_call(call: &Call, first: usize, name: &str) -> Result<CheckArgs, String> {
@@ -67,91 +90,24 @@ fn run(call: &Call, commit: bool) -> c_int {
         cost: args.cost,
         now_ms: args.at_ms.unwrap_or_else(now_ms),
     };
-    let key_name = call.string(1);
+    let key_name = call.raw_arg(1);
     let key = Key::open(call.ctx, key_name, commit);
-    let outcome = match evaluate(&key, &request, commit) {
-        Ok(outcome) => outcome,
+    let (outcome, written) = match evaluate(&key, &request, commit) {
+        Ok(evaluated) => evaluated,
         Err(message) => return call.error(&message),
     };
-    if commit && outcome.consumed {
-        replicate_write(call, key_name, &request, &outcome, &key);
+    if let Some(payload) = written.as_ref().and_then(StackBuf::as_slice) {
+        replicate_apply(call, key_name, payload);
     }
     // Closed before the event: a subscriber to keyspace events may touch the key.
     drop(key);
     if commit {
         let allowed = outcome.decision.allowed;
-        stats::decision(request.algorithm, allowed);
+        stats::count_decision(request.algorithm, allowed);
         if !allowed {
             notify_rejected(call, key_name);
         }
     }
     call.reply_decision(&outcome.decision, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
-}
-
-/// Decides on one open key and, with `commit`, writes the result into it (state and expiry).
-/// The error is the reply to send (WRONGTYPE, another algorithm).
-pub fn evaluate(key: &Key, request: &Request, commit: bool) -> Result<Outcome, String> {
-    let mut stored = match key.slot() {
-        Slot::Empty => None,
-        Slot::Limiter(limiter) => Some(limiter),
-        Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
-    };
-    let (outcome, write) =
-        algorithms::check(stored.as_deref_mut(), request, commit).map_err(|mismatch| {
-            error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
-        })?;
-    // Store an in-place update before anything reads the key again; skip the write-back of a
-    // limiter the call left as it was.
-    match (stored, &write) {
-        (Some(handle), Write::None) => handle.unchanged(),
-        (stored, _) => drop(stored),
-    }
-    let written = match write {
-        Write::None => false,
-        Write::Updated => true,
-        Write::Created(limiter) => key.set(limiter),
-    };
-    if written {
-        // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
-        key.expire_at(outcome.t_ms.saturating_add(outcome.decision.reset_after_ms));
-    }
-    Ok(outcome)
-}
-
-/// Sends replicas and the AOF the write this call made, with its explicit time.
-pub(crate) fn replicate_write(
-    call: &Call,
-    key_name: *mut raw::RedisModuleString,
-    request: &Request,
-    outcome: &Outcome,
-    key: &Key,
-) {
-    let mut payload = StackBuf::default();
-    if request.algorithm == Algorithm::SlidingLog {
-        Change::LogAppend {
-            params: request.params,
-            t_ms: outcome.t_ms,
-            cost: request.cost,
-        }
-        .encode(&mut payload);
-    } else if let Some(limiter) = key.read() {
-        encode_replace(&limiter, &mut payload);
-    }
-    if let Some(bytes) = payload.as_slice() {
-        replicate_apply(call, key_name, bytes);
-    }
-}
-
-/// Raises the `ratelimit.rejected` keyspace event (Redis drops it unless module events are on).
-pub(crate) fn notify_rejected(call: &Call, key_name: *mut raw::RedisModuleString) {
-    // SAFETY: the command's context, a static NUL-terminated event name and the command's key.
-    unsafe {
-        rm!(RedisModule_NotifyKeyspaceEvent)(
-            call.ctx,
-            raw::REDISMODULE_NOTIFY_MODULE,
-            c"ratelimit.rejected".as_ptr(),
-            key_name,
-        )
-    };
 }

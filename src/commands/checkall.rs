@@ -1,10 +1,10 @@
 //! `RATELIMIT.CHECKALL numkeys key [key ...] algorithm limit period [BURST capacity] [...]
 //! [COST cost] [AT unix-ms]`: several limits in one atomic, all-or-nothing call.
 //!
-//! Every key is first evaluated without writing (PEEK semantics). Only if every key admits the
-//! request is each one evaluated again, this time writing its state and expiry and replicating the
-//! write exactly as CHECK does; PEEK equals the CHECK that follows, so the second pass admits too.
-//! If any key rejects, nothing is written anywhere.
+//! Every limit is first decided without writing (a PEEK, or for a key named twice a CHECK on a
+//! copy). Only if every limit admits the request is each one evaluated again, this time writing
+//! its state and expiry and replicating the write exactly as CHECK does; the first pass decided
+//! on the same states, so the second admits too. If any limit rejects, nothing is written.
 //!
 //! A key may be named more than once: each occurrence is a limit of its own, decided and consumed
 //! in order, exactly as the same CHECKs one after the other would be (the second sees what the
@@ -14,42 +14,51 @@
 //! `numkeys`. The command is registered with `getkeys-api` and answers Redis's key-position
 //! requests itself (Redis 7.0 uses that for cluster slot checks; it works on every Redis and
 //! Valkey); where `RedisModule_SetCommandInfo` exists (7.0+) it also gets a `numkeys` key spec
-//! (begin search at index 1, keynum 0, first key 1, step 1), which `COMMAND INFO`/`COMMAND DOCS`
+//! (begin search at index 1, keynum 0, first key 1, step 1; see `registry`), which
+//! `COMMAND INFO`/`COMMAND DOCS`
 //! show and which Redis prefers for `COMMAND GETKEYS` and ACL key checks. Both name the same
 //! arguments, `2 ..= numkeys + 1`.
 
-use std::ffi::{c_int, CStr};
-use std::ptr;
+use std::ffi::c_int;
 
 use redis_module::raw;
 
-use super::check::{evaluate, notify_rejected, replicate_write};
-use super::keyspec::{end, INFO_VERSION};
 use super::parse::{parse_checkall, parse_integer};
-use super::{guard, now_ms, Call, KeyGroups};
+use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT_SPEC};
+use super::{evaluate, handler, notify_rejected, now_ms, replicate_apply, Call, KeyGroups};
 use crate::algorithms::{self, Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
 use crate::error;
 use crate::stats;
+use crate::store::codec::StackBuf;
 use crate::store::{Key, Slot};
-
-/// The command's name, as registered.
-pub const NAME: &CStr = c"ratelimit.checkall";
-
-/// The flags it is registered with (`getkeys-api`: see the module comment).
-pub const FLAGS: &CStr = c"write deny-oom getkeys-api";
 
 /// The first key is argument 2, after `numkeys`.
 const FIRST_KEY: usize = 2;
 
-pub(crate) unsafe extern "C" fn checkall_command(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard(ctx, argv, argc, run)
-}
+/// The arguments: `numkeys key [key ...] limit-spec [limit-spec ...] [COST cost] [AT unix-ms]`.
+const ARGS: [Arg; 5] = [
+    Arg::new(c"numkeys", ArgType::Integer),
+    Arg::new(c"key", ArgType::Key).multiple(),
+    Arg::block(c"limit-spec", &LIMIT_SPEC).multiple(),
+    Arg::option(c"COST", c"cost", ArgType::Integer),
+    Arg::option(c"AT", c"unix-ms", ArgType::UnixTime),
+];
+
+pub(crate) const COMMAND: Command = Command {
+    name: c"ratelimit.checkall",
+    // getkeys-api: the keys follow `numkeys` (see the module comment).
+    flags: c"write deny-oom getkeys-api",
+    // Every shorter call is answered by the parser, which names what is missing.
+    arity: -2,
+    keys: Keys::Counted { flags: KEY_UPDATED },
+    summary: c"Checks a request against several limits at once: admitted only if every limit \
+               admits it, then consumed from all of them",
+    complexity: c"O(N) for N keys (sliding-log keys: O(log size) each)",
+    args: &ARGS,
+    handler: handler!(run),
+};
 
 fn run(call: &Call) -> c_int {
     if is_keys_position_request(call) {
@@ -73,7 +82,7 @@ fn run(call: &Call) -> c_int {
             now_ms,
         })
         .collect();
-    let key_name = |i: usize| call.string(FIRST_KEY + i);
+    let key_name = |i: usize| call.raw_arg(FIRST_KEY + i);
     // One handle per distinct key (see `KeyGroups`); a key named twice takes both its specs.
     let groups = KeyGroups::of(&args[1..=count]);
     let keys: Vec<Key> = groups
@@ -96,13 +105,13 @@ fn run(call: &Call) -> c_int {
         // the ones before it leave, so every one admits again.
         for (i, request) in requests.iter().enumerate() {
             let key = &keys[groups.group[i]];
-            let outcome = match evaluate(key, request, true) {
-                Ok(outcome) => outcome,
+            let (outcome, written) = match evaluate(key, request, true) {
+                Ok(evaluated) => evaluated,
                 Err(message) => return call.error(&message),
             };
             debug_assert_eq!(outcome.decision, outcomes[i].decision);
-            if outcome.consumed {
-                replicate_write(call, key_name(i), request, &outcome, key);
+            if let Some(payload) = written.as_ref().and_then(StackBuf::as_slice) {
+                replicate_apply(call, key_name(i), payload);
             }
             outcomes[i] = outcome;
         }
@@ -123,7 +132,7 @@ fn run(call: &Call) -> c_int {
     }
     // One decision per limit: admitted (consumed) or not, whatever the key alone would say.
     for request in &requests {
-        stats::decision(request.algorithm, admitted);
+        stats::count_decision(request.algorithm, admitted);
     }
 
     let decisions: Vec<Decision> = outcomes.iter().map(|outcome| outcome.decision).collect();
@@ -144,7 +153,7 @@ fn decide(keys: &[Key], groups: &KeyGroups, requests: &[Request]) -> Result<Vec<
     for (request, &group) in requests.iter().zip(&groups.group) {
         let key = &keys[group];
         if occurrences[group] == 1 {
-            outcomes.push(evaluate(key, request, false)?);
+            outcomes.push(evaluate(key, request, false)?.0);
             continue;
         }
         let copy = match &mut copies[group] {
@@ -227,10 +236,6 @@ fn is_keys_position_request(call: &Call) -> bool {
         && unsafe { rm!(RedisModule_IsKeysPositionRequest)(call.ctx) } != 0
 }
 
-/// Key flags: read and written, the value used and updated (as `INCR`'s key).
-const KEY_FLAGS: u32 =
-    raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
-
 /// Reports arguments `2 ..= numkeys + 1` as keys, as the key spec does; nothing when `numkeys` is
 /// not a positive integer or names more keys than there are arguments (the command then fails).
 fn report_keys(call: &Call) {
@@ -248,106 +253,12 @@ fn report_keys(call: &Call) {
         // SAFETY: a key-position request's context; pos is a valid argument index.
         unsafe {
             if has!(RedisModule_KeyAtPosWithFlags) {
-                rm!(RedisModule_KeyAtPosWithFlags)(call.ctx, pos, KEY_FLAGS as c_int);
+                rm!(RedisModule_KeyAtPosWithFlags)(call.ctx, pos, KEY_UPDATED as c_int);
             } else {
                 rm!(RedisModule_KeyAtPos)(call.ctx, pos);
             }
         }
     }
-}
-
-fn arg(
-    name: &'static CStr,
-    type_: raw::RedisModuleCommandArgType,
-    token: Option<&'static CStr>,
-    flags: u32,
-) -> raw::RedisModuleCommandArg {
-    raw::RedisModuleCommandArg {
-        name: name.as_ptr(),
-        type_,
-        key_spec_index: -1,
-        token: token.map_or(ptr::null(), CStr::as_ptr),
-        summary: ptr::null(),
-        since: ptr::null(),
-        flags: flags as c_int,
-        deprecated_since: ptr::null(),
-        subargs: ptr::null_mut(),
-        display_text: ptr::null(),
-    }
-}
-
-/// Declares CHECKALL's keys (a `numkeys` key spec), arity and arguments with
-/// `RedisModule_SetCommandInfo`, where the server has it. Call after the command is created.
-/// Without it (or if it fails) the `getkeys-api` callback alone declares the keys.
-pub(crate) fn declare_keys(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
-    if !(has!(RedisModule_GetCommand) && has!(RedisModule_SetCommandInfo)) {
-        return Ok(());
-    }
-    // SAFETY: the OnLoad context and a registered command's NUL-terminated name.
-    let command = unsafe { rm!(RedisModule_GetCommand)(ctx, NAME.as_ptr()) };
-    if command.is_null() {
-        return Err("ratelimit.checkall is not registered");
-    }
-    let mut spec: raw::RedisModuleCommandKeySpec = end();
-    spec.notes = c"one limiter key per limit spec, in the same order".as_ptr();
-    spec.flags = u64::from(KEY_FLAGS);
-    spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-    spec.bs.index.pos = FIRST_KEY as c_int - 1;
-    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
-    spec.fk.keynum.keynumidx = 0;
-    spec.fk.keynum.firstkey = 1;
-    spec.fk.keynum.keystep = 1;
-    let mut key_specs = [spec, end()];
-
-    use raw::{
-        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK as BLOCK,
-        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER as INTEGER,
-        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY as KEY,
-        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING as STRING,
-        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_UNIX_TIME as UNIX_TIME,
-        REDISMODULE_CMD_ARG_MULTIPLE as MULTIPLE, REDISMODULE_CMD_ARG_NONE as NONE,
-        REDISMODULE_CMD_ARG_OPTIONAL as OPTIONAL,
-    };
-    let mut limit_args = [
-        arg(c"algorithm", STRING, None, NONE),
-        arg(c"limit", INTEGER, None, NONE),
-        arg(c"period", STRING, None, NONE),
-        arg(c"capacity", INTEGER, Some(c"BURST"), OPTIONAL),
-        end(),
-    ];
-    let mut key = arg(c"key", KEY, None, MULTIPLE);
-    key.key_spec_index = 0;
-    let mut limits = arg(c"limit-spec", BLOCK, None, MULTIPLE);
-    limits.subargs = limit_args.as_mut_ptr();
-    let mut args = [
-        arg(c"numkeys", INTEGER, None, NONE),
-        key,
-        limits,
-        arg(c"cost", INTEGER, Some(c"COST"), OPTIONAL),
-        arg(c"unix-ms", UNIX_TIME, Some(c"AT"), OPTIONAL),
-        end(),
-    ];
-    let info = raw::RedisModuleCommandInfo {
-        version: &INFO_VERSION,
-        summary: c"Checks a request against several limits at once: admitted only if every \
-                   limit admits it, then consumed from all of them"
-            .as_ptr(),
-        complexity: c"O(N) for N keys (sliding-log keys: O(log size) each)".as_ptr(),
-        since: c"0.1.0".as_ptr(),
-        history: ptr::null_mut(),
-        tips: ptr::null(),
-        // Every shorter call is answered by the parser, which names what is missing.
-        arity: -2,
-        key_specs: key_specs.as_mut_ptr(),
-        args: args.as_mut_ptr(),
-    };
-    // SAFETY: a command of this module, and an info struct whose pointers (all into the arrays
-    // above or static strings) outlive the call; Redis copies what it keeps.
-    let status = unsafe { rm!(RedisModule_SetCommandInfo)(command, &info) };
-    if status != raw::REDISMODULE_OK as c_int {
-        return Err("RedisModule_SetCommandInfo refused ratelimit.checkall's key spec");
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -9,18 +9,27 @@ use std::ffi::{c_int, CStr, CString};
 
 use redis_module::raw;
 
-use super::{guard, now_ms, Call};
+use super::registry::{Arg, ArgType, Command, Keys, KEY_READ};
+use super::{handler, now_ms, Call};
 use crate::algorithms::{self, ceil_div, to_u64, Limiter, Request, State};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
-pub(crate) unsafe extern "C" fn info_command(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard(ctx, argv, argc, run)
-}
+const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key)];
+
+pub(crate) const COMMAND: Command = Command {
+    name: c"ratelimit.info",
+    flags: c"readonly fast",
+    arity: 2,
+    keys: Keys::First {
+        rest: false,
+        flags: KEY_READ,
+    },
+    summary: c"Describes a limiter key: its parameters, its state and what it has left",
+    complexity: c"O(1); sliding-log: O(log size)",
+    args: &ARGS,
+    handler: handler!(run),
+};
 
 /// The algorithm's own fields, in requests or ms.
 fn own_fields(limiter: &Limiter) -> Vec<(&'static CStr, u64)> {
@@ -51,7 +60,7 @@ fn run(call: &Call) -> c_int {
     if call.argc() != 2 {
         return call.error(&ArgError::WrongArity.message("ratelimit.info"));
     }
-    let key = Key::open(call.ctx, call.string(1), false);
+    let key = Key::open(call.ctx, call.raw_arg(1), false);
     let limiter = match key.slot() {
         Slot::Empty => None,
         Slot::WrongType => return call.error(error::WRONG_TYPE),

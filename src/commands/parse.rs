@@ -94,37 +94,37 @@ fn finish_spec(
 
 /// Options recognised case-insensitively.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Option_ {
+enum OptionName {
     Burst,
     Cost,
     At,
 }
 
-fn option(name: &[u8]) -> Option<Option_> {
+fn option(name: &[u8]) -> Option<OptionName> {
     [
-        (Option_::Burst, "BURST"),
-        (Option_::Cost, "COST"),
-        (Option_::At, "AT"),
+        (OptionName::Burst, "BURST"),
+        (OptionName::Cost, "COST"),
+        (OptionName::At, "AT"),
     ]
     .into_iter()
     .find(|(_, text)| text.as_bytes().eq_ignore_ascii_case(name))
     .map(|(option, _)| option)
 }
 
-fn option_name(option: Option_) -> &'static str {
+fn option_name(option: OptionName) -> &'static str {
     match option {
-        Option_::Burst => "BURST",
-        Option_::Cost => "COST",
-        Option_::At => "AT",
+        OptionName::Burst => "BURST",
+        OptionName::Cost => "COST",
+        OptionName::At => "AT",
     }
 }
 
 /// The value of one option, checked for its range.
-fn option_value(option: Option_, bytes: &[u8]) -> Result<u64, ArgError> {
+fn option_value(option: OptionName, bytes: &[u8]) -> Result<u64, ArgError> {
     match option {
-        Option_::Burst => amount(bytes, 1, ArgError::Burst),
-        Option_::Cost => amount(bytes, 0, ArgError::Cost),
-        Option_::At => parse_integer(bytes)
+        OptionName::Burst => amount(bytes, 1, ArgError::Burst),
+        OptionName::Cost => amount(bytes, 0, ArgError::Cost),
+        OptionName::At => parse_integer(bytes)
             .filter(|at| *at < TIME_LIMIT_MS)
             .ok_or(ArgError::At),
     }
@@ -139,14 +139,14 @@ struct Options {
 }
 
 impl Options {
-    fn set(&mut self, option: Option_, bytes: Option<&&[u8]>) -> Result<(), ArgError> {
+    fn set(&mut self, option: OptionName, bytes: Option<&&[u8]>) -> Result<(), ArgError> {
         let name = option_name(option);
         let bytes = bytes.ok_or(ArgError::MissingValue(name))?;
         let value = option_value(option, bytes)?;
         let slot = match option {
-            Option_::Burst => &mut self.burst,
-            Option_::Cost => &mut self.cost,
-            Option_::At => &mut self.at_ms,
+            OptionName::Burst => &mut self.burst,
+            OptionName::Cost => &mut self.cost,
+            OptionName::At => &mut self.at_ms,
         };
         if slot.replace(value).is_some() {
             return Err(ArgError::Duplicate(name));
@@ -226,12 +226,12 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
         let (algorithm, limit, period_ms) = parse_spec_head(head).map_err(in_spec)?;
         i += 3;
         burst = None;
-        if rest.get(i).and_then(|name| option(name)) == Some(Option_::Burst) {
+        if rest.get(i).and_then(|name| option(name)) == Some(OptionName::Burst) {
             let value = rest
                 .get(i + 1)
                 .ok_or(ArgError::MissingValue("BURST"))
                 .map_err(in_spec)?;
-            burst = Some(option_value(Option_::Burst, value).map_err(in_spec)?);
+            burst = Some(option_value(OptionName::Burst, value).map_err(in_spec)?);
             i += 2;
         }
         specs
@@ -294,8 +294,8 @@ impl From<ArgError> for CheckAllError {
 /// spec before giving a second one.
 fn spec_start<'a, 'b>(args: &'a [&'b [u8]], after_burst: bool) -> Result<&'a [&'b [u8]], ArgError> {
     match args.first().and_then(|name| option(name)) {
-        Some(Option_::Burst) if after_burst => Err(ArgError::Duplicate("BURST")),
-        Some(Option_::Cost | Option_::At) => Err(ArgError::WrongArity),
+        Some(OptionName::Burst) if after_burst => Err(ArgError::Duplicate("BURST")),
+        Some(OptionName::Cost | OptionName::At) => Err(ArgError::WrongArity),
         _ => Ok(args),
     }
 }

@@ -4,17 +4,26 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 
-use super::{guard, replicate_verbatim, Call, KeyGroups};
+use super::registry::{Arg, ArgType, Command, Keys, KEY_REMOVED};
+use super::{handler, replicate_verbatim, Call, KeyGroups};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
-pub(crate) unsafe extern "C" fn reset_command(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard(ctx, argv, argc, run)
-}
+const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key).multiple()];
+
+pub(crate) const COMMAND: Command = Command {
+    name: c"ratelimit.reset",
+    flags: c"write",
+    arity: -2,
+    keys: Keys::First {
+        rest: true,
+        flags: KEY_REMOVED,
+    },
+    summary: c"Removes limiter keys; answers how many were removed",
+    complexity: c"O(N) for N keys",
+    args: &ARGS,
+    handler: handler!(run),
+};
 
 fn run(call: &Call) -> c_int {
     if call.argc() < 2 {
@@ -26,7 +35,7 @@ fn run(call: &Call) -> c_int {
     let keys: Vec<Key> = KeyGroups::of(&names)
         .first
         .into_iter()
-        .map(|i| Key::open(call.ctx, call.string(1 + i), true))
+        .map(|i| Key::open(call.ctx, call.raw_arg(1 + i), true))
         .collect();
     // All or nothing: any key of another type fails the whole call before anything is removed.
     if keys.iter().any(|key| matches!(key.slot(), Slot::WrongType)) {

@@ -154,7 +154,7 @@ impl Reader<'_> {
     }
 }
 
-fn check(condition: bool) -> Result<(), DecodeError> {
+fn require(condition: bool) -> Result<(), DecodeError> {
     if condition {
         Ok(())
     } else {
@@ -179,18 +179,18 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
     let state = match algorithm {
         Algorithm::TokenBucket => {
             let tokens_scaled = reader.u128()?;
-            check(tokens_scaled <= params.capacity_scaled())?;
+            require(tokens_scaled <= params.capacity_scaled())?;
             State::TokenBucket { tokens_scaled }
         }
         Algorithm::LeakyBucket => {
             let level_scaled = reader.u128()?;
-            check(level_scaled <= params.capacity_scaled())?;
+            require(level_scaled <= params.capacity_scaled())?;
             State::LeakyBucket { level_scaled }
         }
         Algorithm::FixedWindow => {
             let window_start_ms = reader.u64()?;
             let count = reader.u64()?;
-            check(window_start_ms == params.window_start(last_ms) && count <= MAX_AMOUNT)?;
+            require(window_start_ms == params.window_start(last_ms) && count <= MAX_AMOUNT)?;
             State::FixedWindow {
                 window_start_ms,
                 count,
@@ -200,7 +200,7 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
             let window_start_ms = reader.u64()?;
             let current = reader.u64()?;
             let previous = reader.u64()?;
-            check(
+            require(
                 window_start_ms == params.window_start(last_ms)
                     && current <= MAX_AMOUNT
                     && previous <= MAX_AMOUNT,
@@ -214,7 +214,7 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
         Algorithm::SlidingLog => {
             let runs = reader.u64()?;
             // Each run takes 16 bytes: a count beyond the payload is corrupt, not a reason to allocate.
-            check(runs <= (reader.bytes.len() / 16) as u64)?;
+            require(runs <= (reader.bytes.len() / 16) as u64)?;
             let mut pairs = Vec::with_capacity(runs as usize);
             for _ in 0..runs {
                 let timestamp_ms = reader.u64()?;
@@ -223,7 +223,7 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
             }
             let log = SlidingLog::from_runs(pairs).map_err(|_| DecodeError::State)?;
             let oldest = log.oldest_ms();
-            check(
+            require(
                 log.len() <= params.limit
                     && log.newest_ms().is_none_or(|newest| newest <= last_ms)
                     && oldest.is_none_or(|oldest| oldest + period_ms > last_ms),
@@ -300,7 +300,7 @@ impl Change {
                 }
                 let params =
                     Params::new(limit, period_ms, None).map_err(|_| DecodeError::Params)?;
-                check(t_ms < TIME_LIMIT_MS && cost >= 1 && cost <= limit)?;
+                require(t_ms < TIME_LIMIT_MS && cost >= 1 && cost <= limit)?;
                 Ok(Change::LogAppend { params, t_ms, cost })
             }
             _ => Err(DecodeError::Algorithm),

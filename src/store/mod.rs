@@ -4,7 +4,6 @@
 pub mod codec;
 pub mod value;
 
-use std::borrow::Cow;
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CString};
 use std::os::raw::c_char;
@@ -260,15 +259,6 @@ impl Key {
         }
     }
 
-    /// The stored limiter, read-only: no handle, so nothing is written back.
-    pub fn read(&self) -> Option<Cow<'_, Limiter>> {
-        match self.value() {
-            // SAFETY: as in `slot`.
-            Ok(Some(value)) => Some(unsafe { &*value }.read()),
-            _ => None,
-        }
-    }
-
     /// The key's value if it holds ours (`None` when empty).
     fn value(&self) -> Result<Option<*mut Value>, WrongType> {
         // SAFETY: KeyType accepts NULL (a missing key opened read-only) and answers EMPTY.
@@ -310,21 +300,11 @@ impl Key {
         self.written.set(true);
     }
 
-    /// Records a change made in place through [`Key::slot`]'s handle.
-    pub fn mark_written(&self) {
-        self.written.set(true);
-    }
-
     /// Deletes the key.
     pub fn delete(&self) {
         // SAFETY: an open key.
         unsafe { rm!(RedisModule_DeleteKey)(self.key) };
         self.written.set(true);
-    }
-
-    /// The context the key was opened in.
-    pub fn ctx(&self) -> *mut raw::RedisModuleCtx {
-        self.ctx
     }
 }
 

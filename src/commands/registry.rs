@@ -1,0 +1,296 @@
+//! One declaration per command ([`Command`]: name, flags, arity, keys, documentation, handler),
+//! kept next to its handler, and the one place that hands them to Redis ([`register`]).
+//!
+//! Keys are declared twice, as Redis asks: the legacy first/last/step triple at creation (the
+//! fallback Redis uses for cluster routing where it finds nothing better), and a key spec through
+//! `RedisModule_SetCommandInfo` (Redis 7.0+), which ACL read/write key permissions (`%R~…`),
+//! `COMMAND INFO` and `COMMAND DOCS` use. A command whose keys follow a `numkeys` argument cannot
+//! be described by the triple: it is registered with `getkeys-api` and answers Redis's key-position
+//! requests itself (see `checkall`).
+
+use std::ffi::{c_int, CStr};
+use std::ptr;
+
+use redis_module::raw;
+
+use crate::api::{has, rm};
+
+/// The `extern "C"` entry point of a command.
+pub(crate) type Handler = unsafe extern "C" fn(
+    *mut raw::RedisModuleCtx,
+    *mut *mut raw::RedisModuleString,
+    c_int,
+) -> c_int;
+
+/// Key flags of a key that is read and updated in place (as `INCR`'s).
+pub(crate) const KEY_UPDATED: u32 =
+    raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
+/// Key flags of a key that is only read.
+pub(crate) const KEY_READ: u32 = raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS;
+/// Key flags of a key that is removed (as `DEL`'s).
+pub(crate) const KEY_REMOVED: u32 = raw::REDISMODULE_CMD_KEY_RM | raw::REDISMODULE_CMD_KEY_DELETE;
+/// Key flags of a key whose value is replaced by one given in the arguments.
+pub(crate) const KEY_OVERWRITTEN: u32 =
+    raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE;
+
+/// Where a command's keys are.
+#[derive(Clone, Copy)]
+pub(crate) enum Keys {
+    /// Argument 1, and with `rest` every argument after it.
+    First { rest: bool, flags: u32 },
+    /// A count at argument 1, then that many keys (the command needs `getkeys-api`).
+    Counted { flags: u32 },
+}
+
+impl Keys {
+    /// The legacy `(first, last, step)` triple.
+    fn range(self) -> (c_int, c_int, c_int) {
+        match self {
+            Keys::First { rest: false, .. } => (1, 1, 1),
+            Keys::First { rest: true, .. } => (1, -1, 1),
+            Keys::Counted { .. } => (0, 0, 0),
+        }
+    }
+
+    fn key_spec(self) -> raw::RedisModuleCommandKeySpec {
+        let mut spec: raw::RedisModuleCommandKeySpec = terminator();
+        spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+        spec.bs.index.pos = 1;
+        match self {
+            Keys::First { rest, flags } => {
+                spec.flags = u64::from(flags);
+                spec.find_keys_type =
+                    raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+                spec.fk.range.lastkey = if rest { -1 } else { 0 };
+                spec.fk.range.keystep = 1;
+                spec.fk.range.limit = 0;
+            }
+            Keys::Counted { flags } => {
+                spec.flags = u64::from(flags);
+                spec.notes = c"one limiter key per limit spec, in the same order".as_ptr();
+                spec.find_keys_type =
+                    raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+                spec.fk.keynum.keynumidx = 0;
+                spec.fk.keynum.firstkey = 1;
+                spec.fk.keynum.keystep = 1;
+            }
+        }
+        spec
+    }
+}
+
+/// The type of a documented argument.
+#[derive(Clone, Copy)]
+pub(crate) enum ArgType {
+    Key,
+    String,
+    Integer,
+    UnixTime,
+    Block,
+}
+
+/// One argument as `COMMAND DOCS` shows it.
+#[derive(Clone, Copy)]
+pub(crate) struct Arg {
+    name: &'static CStr,
+    kind: ArgType,
+    token: Option<&'static CStr>,
+    optional: bool,
+    multiple: bool,
+    subargs: &'static [Arg],
+}
+
+impl Arg {
+    pub(crate) const fn new(name: &'static CStr, kind: ArgType) -> Arg {
+        Arg {
+            name,
+            kind,
+            token: None,
+            optional: false,
+            multiple: false,
+            subargs: &[],
+        }
+    }
+
+    /// An optional `TOKEN value` pair.
+    pub(crate) const fn option(token: &'static CStr, name: &'static CStr, kind: ArgType) -> Arg {
+        let mut arg = Arg::new(name, kind);
+        arg.token = Some(token);
+        arg.optional = true;
+        arg
+    }
+
+    /// A group of arguments.
+    pub(crate) const fn block(name: &'static CStr, subargs: &'static [Arg]) -> Arg {
+        let mut arg = Arg::new(name, ArgType::Block);
+        arg.subargs = subargs;
+        arg
+    }
+
+    /// Given once or more.
+    pub(crate) const fn multiple(mut self) -> Arg {
+        self.multiple = true;
+        self
+    }
+}
+
+/// The arguments of a limit spec after the key: `algorithm limit period [BURST capacity]`.
+pub(crate) const LIMIT_SPEC: [Arg; 4] = [
+    Arg::new(c"algorithm", ArgType::String),
+    Arg::new(c"limit", ArgType::Integer),
+    Arg::new(c"period", ArgType::String),
+    Arg::option(c"BURST", c"capacity", ArgType::Integer),
+];
+
+/// A command of the module.
+pub(crate) struct Command {
+    /// Its name, lower-case as registered.
+    pub name: &'static CStr,
+    /// Redis's command flags (`write deny-oom fast`, ...).
+    pub flags: &'static CStr,
+    /// Redis's arity: the exact argument count, or its negated minimum (the name included).
+    pub arity: c_int,
+    pub keys: Keys,
+    pub summary: &'static CStr,
+    pub complexity: &'static CStr,
+    pub args: &'static [Arg],
+    pub handler: Handler,
+}
+
+/// Registers `command` (from `RedisModule_OnLoad`). An error means it could not be created; a
+/// refused key spec or documentation only weakens ACL and `COMMAND DOCS`, and is logged.
+pub(crate) fn register(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Result<(), String> {
+    let (first, last, step) = command.keys.range();
+    // SAFETY: the OnLoad context; the name and flags are static NUL-terminated strings and the
+    // handler lives as long as the module.
+    let status = unsafe {
+        rm!(RedisModule_CreateCommand)(
+            ctx,
+            command.name.as_ptr(),
+            Some(command.handler),
+            command.flags.as_ptr(),
+            first,
+            last,
+            step,
+        )
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!("could not register {:?}", command.name));
+    }
+    if let Err(why) = describe(ctx, command) {
+        crate::store::log_warning(&format!(
+            "ratelimit: {why}; {:?} keeps its legacy key range",
+            command.name
+        ));
+    }
+    Ok(())
+}
+
+/// The layout version of the command-info structs this module passes.
+static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
+    version: 1,
+    sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+    sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+    sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+};
+
+/// Declares the key spec, arity and documentation, where the server has the API.
+fn describe(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Result<(), &'static str> {
+    if !(has!(RedisModule_GetCommand) && has!(RedisModule_SetCommandInfo)) {
+        return Ok(());
+    }
+    // SAFETY: the OnLoad context and a command just created under this static name.
+    let handle = unsafe { rm!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };
+    if handle.is_null() {
+        return Err("RedisModule_GetCommand does not find it");
+    }
+    let mut key_specs = [command.keys.key_spec(), terminator()];
+    let mut storage = Vec::new();
+    let info = raw::RedisModuleCommandInfo {
+        version: &INFO_VERSION,
+        summary: command.summary.as_ptr(),
+        complexity: command.complexity.as_ptr(),
+        since: c"0.1.0".as_ptr(),
+        history: ptr::null_mut(),
+        tips: ptr::null(),
+        arity: command.arity,
+        key_specs: key_specs.as_mut_ptr(),
+        args: raw_args(command.args, &mut storage),
+    };
+    // SAFETY: a command of this module, and an info struct whose pointers (into `key_specs`,
+    // `storage` and static strings) outlive the call; Redis copies what it keeps.
+    let status = unsafe { rm!(RedisModule_SetCommandInfo)(handle, &info) };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err("RedisModule_SetCommandInfo refused its key spec");
+    }
+    Ok(())
+}
+
+/// `args` as a terminated C array, kept alive in `storage` (each array's heap buffer stays where
+/// it is when `storage` grows). Null for no arguments.
+fn raw_args(
+    args: &[Arg],
+    storage: &mut Vec<Vec<raw::RedisModuleCommandArg>>,
+) -> *mut raw::RedisModuleCommandArg {
+    use raw::{
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK as BLOCK,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER as INTEGER,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY as KEY,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING as STRING,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_UNIX_TIME as UNIX_TIME,
+    };
+    if args.is_empty() {
+        return ptr::null_mut();
+    }
+    let mut list: Vec<raw::RedisModuleCommandArg> = Vec::with_capacity(args.len() + 1);
+    for arg in args {
+        let mut flags = raw::REDISMODULE_CMD_ARG_NONE;
+        if arg.optional {
+            flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
+        }
+        if arg.multiple {
+            flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE;
+        }
+        let mut entry: raw::RedisModuleCommandArg = terminator();
+        entry.name = arg.name.as_ptr();
+        entry.type_ = match arg.kind {
+            ArgType::Key => KEY,
+            ArgType::String => STRING,
+            ArgType::Integer => INTEGER,
+            ArgType::UnixTime => UNIX_TIME,
+            ArgType::Block => BLOCK,
+        };
+        // Every command has one key spec; key arguments refer to it.
+        entry.key_spec_index = if matches!(arg.kind, ArgType::Key) {
+            0
+        } else {
+            -1
+        };
+        entry.token = arg.token.map_or(ptr::null(), CStr::as_ptr);
+        entry.flags = flags as c_int;
+        entry.subargs = raw_args(arg.subargs, storage);
+        list.push(entry);
+    }
+    list.push(terminator());
+    let pointer = list.as_mut_ptr();
+    storage.push(list);
+    pointer
+}
+
+/// The C structs of the command-info API whose all-zero value is valid: null pointers, zero
+/// integers and the zero (`INVALID`/`OMITTED`) enum values. The all-zero value ends their arrays.
+///
+/// # Safety
+/// Implement only for `repr(C)` structs of integers, raw pointers and C enums (integers).
+unsafe trait ZeroIsValid {}
+
+// SAFETY: bindgen structs of integers, raw pointers, unions of such, and C enums.
+unsafe impl ZeroIsValid for raw::RedisModuleCommandKeySpec {}
+// SAFETY: as above.
+unsafe impl ZeroIsValid for raw::RedisModuleCommandArg {}
+
+/// The all-zero value of a command-info struct: its array terminator.
+fn terminator<T: ZeroIsValid>() -> T {
+    // SAFETY: `T: ZeroIsValid` guarantees the all-zero bit pattern is a valid `T`.
+    unsafe { std::mem::zeroed() }
+}
