@@ -97,12 +97,9 @@ fn find(name: &[u8]) -> Option<usize> {
         .position(|config| config.name.to_bytes().eq_ignore_ascii_case(short))
 }
 
-/// A plain decimal integer: digits only, no sign, at most 18 of them.
+/// A plain decimal integer, by the same rules as every numeric argument of the commands.
 fn parse_integer(text: &[u8]) -> Option<i64> {
-    if text.is_empty() || text.len() > 18 || !text.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(text).ok()?.parse().ok()
+    crate::commands::parse::parse_integer(text).and_then(|value| i64::try_from(value).ok())
 }
 
 /// The initial value of every config in [`NUMERIC`] (its default unless a load argument sets it),

@@ -1,7 +1,9 @@
 //! redis-ratelimit: distributed rate limiting as native Redis commands.
 //!
 //! Registration only: the module, its data type, its commands and its INFO section. The
-//! arithmetic lives in [`algorithms`], the Redis glue in [`commands`] and [`store`].
+//! arithmetic lives in [`algorithms`], the Redis glue in the `commands` and `store` modules.
+
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod algorithms;
 mod api;

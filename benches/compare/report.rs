@@ -225,9 +225,9 @@ fn growth(scaling: &ScalingResult) -> Option<f64> {
 
 /// 1000 -> "1k", 1000000 -> "1M".
 pub fn count(n: u64) -> String {
-    if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
+    if n >= 1_000_000 && n % 1_000_000 == 0 {
         format!("{}M", n / 1_000_000)
-    } else if n >= 1_000 && n.is_multiple_of(1_000) {
+    } else if n >= 1_000 && n % 1_000 == 0 {
         format!("{}k", n / 1_000)
     } else {
         n.to_string()

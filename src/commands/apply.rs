@@ -2,7 +2,7 @@
 //!
 //! CHECK sends this to replicas and the AOF instead of itself, so a replica, an AOF replay or a
 //! rewrite reproduces the master's state exactly whatever its own clock says. The payload is a
-//! [`Change`](crate::store::codec::Change): a whole limiter, or a sliding log's appended entries.
+//! [`Change`]: a whole limiter, or a sliding log's appended entries.
 //! Not meant to be called by applications.
 
 use std::ffi::c_int;

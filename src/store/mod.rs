@@ -55,6 +55,7 @@ fn raw_type() -> *mut raw::RedisModuleType {
 /// Logs through Redis's log (the crate's logger allocates a CString; fine off the hot path).
 pub fn log_warning(message: &str) {
     if let Ok(message) = CString::new(message) {
+        // SAFETY: the API table is written once at load, before any caller, and only read since.
         if let Some(log) = unsafe { raw::RedisModule_Log } {
             // SAFETY: a NULL context logs as the module; both strings are NUL-terminated.
             unsafe {
@@ -139,8 +140,8 @@ unsafe extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     guarded("aof_rewrite", (), || {
-        // SAFETY: Redis passes a value of our type.
         let mut bytes = Vec::new();
+        // SAFETY: Redis passes a value of our type.
         codec::encode_replace(&unsafe { stored(value) }.read(), &mut bytes);
         // SAFETY: a registered command, "sb" = key string + buffer, both valid for the call.
         unsafe {
@@ -266,8 +267,8 @@ impl Key {
         if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
             return Ok(None);
         }
-        // SAFETY: a non-empty open key.
         if kind != raw::REDISMODULE_KEYTYPE_MODULE
+            // SAFETY: a non-empty open key.
             || unsafe { rm!(RedisModule_ModuleTypeGetType)(self.key) } != raw_type()
         {
             return Err(WrongType);

@@ -233,8 +233,8 @@ impl Value {
     /// Bytes held, for `MEMORY USAGE`.
     pub fn memory_bytes(&self) -> usize {
         let boxed = match self.boxed() {
-            // SAFETY: as in `limiter`.
             Some(pointer) => {
+                // SAFETY: as in `limiter`.
                 let limiter = unsafe { &*pointer };
                 let heap = match &limiter.state {
                     State::SlidingLog(log) => log.heap_bytes(),
