@@ -8,8 +8,10 @@
 pub mod algorithms;
 mod api;
 pub(crate) mod commands;
+
 pub(crate) mod config;
 pub(crate) mod error;
+pub(crate) mod server;
 pub(crate) mod stats;
 pub(crate) mod store;
 
@@ -48,12 +50,28 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: OnLoad context; replaces the crate's default INFO callback with ours.
     unsafe { api::rm!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(info)) };
+    let server = server::detect(ctx.ctx);
+    let category = commands::registry::add_acl_category(ctx.ctx);
     for command in commands::COMMANDS {
         if let Err(why) = commands::registry::register(ctx.ctx, command) {
             ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
             return Status::Err;
         }
     }
+    ctx.log_notice(&format!(
+        "ratelimit: loaded on {}; optional APIs in use: {}; ACL category @ratelimit: {}",
+        server.release,
+        if server.apis.is_empty() {
+            "none"
+        } else {
+            &server.apis
+        },
+        if category {
+            "yes"
+        } else {
+            "no (needs Redis 7.4+ or Valkey 8)"
+        }
+    ));
     Status::Ok
 }
 
@@ -95,6 +113,20 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: Redis's INFO context for this callback; names are static and NUL-terminated.
         unsafe { api::rm!(RedisModule_InfoAddSection)(ctx, c"".as_ptr()) };
+        if let Some(server) = server::get() {
+            for (name, value) in [(c"server", &server.release), (c"apis", &server.apis)] {
+                if let Ok(value) = std::ffi::CString::new(value.as_str()) {
+                    // SAFETY: as above; Redis copies the value.
+                    unsafe {
+                        api::rm!(RedisModule_InfoAddFieldCString)(
+                            ctx,
+                            name.as_ptr(),
+                            value.as_ptr().cast_mut(),
+                        )
+                    };
+                }
+            }
+        }
         for (algorithm, names) in Algorithm::ALL.into_iter().zip(FIELDS) {
             let figures = stats::figures(algorithm);
             let values = [

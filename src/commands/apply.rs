@@ -33,6 +33,7 @@ pub(crate) const COMMAND: Command = Command {
     summary: c"Replays a limiter write (replication and AOF); not for applications",
     complexity: c"O(1); sliding-log: O(appended entries)",
     args: &ARGS,
+    acl: "write slow dangerous",
     handler: handler!(run),
 };
 

@@ -40,6 +40,7 @@ pub(crate) const CHECK: Command = Command {
     summary: c"Checks a request against a limit and consumes its cost if admitted",
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
+    acl: "write fast",
     handler: handler!(|call| run(call, true)),
 };
 
@@ -54,6 +55,7 @@ pub(crate) const PEEK: Command = Command {
     summary: c"Answers what RATELIMIT.CHECK would, without changing anything",
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
+    acl: "read fast",
     handler: handler!(|call| run(call, false)),
 };
 

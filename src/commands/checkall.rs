@@ -57,6 +57,7 @@ pub(crate) const COMMAND: Command = Command {
                admits it, then consumed from all of them",
     complexity: c"O(N) for N keys (sliding-log keys: O(log size) each)",
     args: &ARGS,
+    acl: "write slow",
     handler: handler!(run),
 };
 

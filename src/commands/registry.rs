@@ -154,7 +154,29 @@ pub(crate) struct Command {
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     pub args: &'static [Arg],
+    /// Built-in ACL categories (`write fast`, ...), set where the server lets modules set them
+    /// (7.2+, Valkey); every command is in `@ratelimit` too where modules may add categories.
+    pub acl: &'static str,
     pub handler: Handler,
+}
+
+/// The module's own ACL category, holding every command of the module.
+pub(crate) const ACL_CATEGORY: &CStr = c"ratelimit";
+
+static ACL_CATEGORY_ADDED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Adds the `@ratelimit` ACL category where the server lets modules add one (Redis 7.4+,
+/// Valkey 8). Call from OnLoad, before the commands are registered.
+pub(crate) fn add_acl_category(ctx: *mut raw::RedisModuleCtx) -> bool {
+    if !has!(RedisModule_AddACLCategory) {
+        return false;
+    }
+    // SAFETY: the OnLoad context and a static NUL-terminated name.
+    let added = unsafe { rm!(RedisModule_AddACLCategory)(ctx, ACL_CATEGORY.as_ptr()) }
+        == raw::REDISMODULE_OK as c_int;
+    ACL_CATEGORY_ADDED.store(added, std::sync::atomic::Ordering::Relaxed);
+    added
 }
 
 /// Registers `command` (from `RedisModule_OnLoad`). An error means it could not be created; a
@@ -177,10 +199,39 @@ pub(crate) fn register(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resu
     if status != raw::REDISMODULE_OK as c_int {
         return Err(format!("could not register {:?}", command.name));
     }
+    if let Err(why) = set_acl_categories(ctx, command) {
+        crate::store::log_warning(&format!("ratelimit: {why} for {:?}", command.name));
+    }
     if let Err(why) = describe(ctx, command) {
         crate::store::log_warning(&format!(
             "ratelimit: {why}; {:?} keeps its legacy key range",
             command.name
+        ));
+    }
+    Ok(())
+}
+
+/// Puts the command in its ACL categories, where the server has the API.
+fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Result<(), String> {
+    if !(has!(RedisModule_GetCommand) && has!(RedisModule_SetCommandACLCategories)) {
+        return Ok(());
+    }
+    let mut categories = command.acl.to_string();
+    if ACL_CATEGORY_ADDED.load(std::sync::atomic::Ordering::Relaxed) {
+        categories.push(' ');
+        categories.push_str(&ACL_CATEGORY.to_string_lossy());
+    }
+    let categories = std::ffi::CString::new(categories).map_err(|e| e.to_string())?;
+    // SAFETY: the OnLoad context and a command just created under this static name.
+    let handle = unsafe { rm!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };
+    if handle.is_null() {
+        return Err("RedisModule_GetCommand does not find it".to_string());
+    }
+    // SAFETY: a command of this module and a NUL-terminated string Redis reads during the call.
+    let status = unsafe { rm!(RedisModule_SetCommandACLCategories)(handle, categories.as_ptr()) };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!(
+            "the server refused the ACL categories {categories:?}"
         ));
     }
     Ok(())
