@@ -107,7 +107,7 @@ impl FixedSize for FixedWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::run_table;
+    use super::super::testing::{run_table, step};
     use super::super::Algorithm;
 
     #[test]
@@ -119,12 +119,12 @@ mod tests {
             1000,
             None,
             &[
-                (100, 1, [1, 2, 1, 0, 900, 0]),
-                (200, 1, [1, 2, 0, 0, 800, 0]),
-                (300, 1, [0, 2, 0, 700, 700, 0]),
-                (999, 0, [1, 2, 0, 0, 1, 0]),
-                (1000, 2, [1, 2, 0, 0, 1000, 0]),
-                (1001, 3, [0, 2, 0, -1, 999, 0]),
+                step!(at 100, cost 1 => allowed, remaining 1, retry 0, reset 900),
+                step!(at 200, cost 1 => allowed, remaining 0, retry 0, reset 800),
+                step!(at 300, cost 1 => rejected, remaining 0, retry 700, reset 700),
+                step!(at 999, cost 0 => allowed, remaining 0, retry 0, reset 1),
+                step!(at 1000, cost 2 => allowed, remaining 0, retry 0, reset 1000),
+                step!(at 1001, cost 3 => rejected, remaining 0, retry -1, reset 999),
             ],
         );
     }
@@ -138,9 +138,9 @@ mod tests {
             1000,
             None,
             &[
-                (1500, 1, [1, 1, 0, 0, 500, 0]),
-                (900, 1, [0, 1, 0, 500, 500, 0]),
-                (2000, 1, [1, 1, 0, 0, 1000, 0]),
+                step!(at 1500, cost 1 => allowed, remaining 0, retry 0, reset 500),
+                step!(at 900, cost 1 => rejected, remaining 0, retry 500, reset 500),
+                step!(at 2000, cost 1 => allowed, remaining 0, retry 0, reset 1000),
             ],
         );
     }

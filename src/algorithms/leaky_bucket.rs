@@ -77,7 +77,7 @@ impl FixedSize for LeakyBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::run_table;
+    use super::super::testing::{run_table, step};
     use super::super::Algorithm;
 
     #[test]
@@ -89,12 +89,12 @@ mod tests {
             1000,
             None,
             &[
-                (0, 1, [1, 3, 2, 0, 334, 0]),
-                (0, 1, [1, 3, 1, 0, 667, 334]),
-                (0, 1, [1, 3, 0, 0, 1000, 667]),
-                (0, 1, [0, 3, 0, 334, 1000, 0]),
-                (331, 1, [0, 3, 0, 3, 669, 0]),
-                (1500, 1, [1, 3, 2, 0, 334, 0]),
+                step!(at 0, cost 1 => allowed, remaining 2, retry 0, reset 334),
+                step!(at 0, cost 1 => allowed, remaining 1, retry 0, reset 667, delay 334),
+                step!(at 0, cost 1 => allowed, remaining 0, retry 0, reset 1000, delay 667),
+                step!(at 0, cost 1 => rejected, remaining 0, retry 334, reset 1000),
+                step!(at 331, cost 1 => rejected, remaining 0, retry 3, reset 669),
+                step!(at 1500, cost 1 => allowed, remaining 2, retry 0, reset 334),
             ],
         );
     }
@@ -108,10 +108,10 @@ mod tests {
             1000,
             Some(2),
             &[
-                (0, 2, [1, 2, 0, 0, 200, 0]),
-                (50, 0, [1, 2, 0, 0, 150, 150]),
-                (50, 3, [0, 2, 0, -1, 150, 0]),
-                (100, 1, [1, 2, 0, 0, 200, 100]),
+                step!(at 0, cost 2 => allowed, remaining 0, retry 0, reset 200),
+                step!(at 50, cost 0 => allowed, remaining 0, retry 0, reset 150, delay 150),
+                step!(at 50, cost 3 => rejected, remaining 0, retry -1, reset 150),
+                step!(at 100, cost 1 => allowed, remaining 0, retry 0, reset 200, delay 100),
             ],
         );
     }

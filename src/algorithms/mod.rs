@@ -255,6 +255,17 @@ pub struct Outcome {
     pub consumed: bool,
 }
 
+impl Outcome {
+    /// The outcome of a call of `cost` decided at `t_ms`: it consumed if admitted with a cost.
+    pub(crate) fn new(decision: Decision, t_ms: u64, cost: u64) -> Outcome {
+        Outcome {
+            consumed: decision.allowed && cost > 0,
+            decision,
+            t_ms,
+        }
+    }
+}
+
 /// The key holds another algorithm than the call names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AlgorithmMismatch {
@@ -339,13 +350,8 @@ fn drive<A: FixedSize>(
         None => (request.now_ms, A::fresh(new_params, request.now_ms)),
     };
     let (decision, after) = A::decide(carried, new_params, request.cost, t_ms);
-    let consumed = decision.allowed && request.cost > 0;
-    let outcome = Outcome {
-        decision,
-        t_ms,
-        consumed,
-    };
-    if !(commit && consumed) {
+    let outcome = Outcome::new(decision, t_ms, request.cost);
+    if !(commit && outcome.consumed) {
         return (outcome, Write::Nothing);
     }
     let limiter = Limiter {
@@ -380,30 +386,68 @@ fn saturating_i64(value: u64) -> i64 {
 pub(crate) mod testing {
     use super::*;
 
-    /// Runs a timeline `(at, cost, expected reply)` on one fresh key and checks every reply.
+    /// One step of a timeline: a call `AT at` with `COST cost`, and the reply it must get
+    /// (`retry`/`reset`: `retry_after_ms`/`reset_after_ms`; its `limit` is the table's: the
+    /// capacity for buckets, the limit otherwise).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Step {
+        pub at: u64,
+        pub cost: u64,
+        pub allowed: bool,
+        pub remaining: u64,
+        pub retry_after: i64,
+        pub reset_after: u64,
+        pub delay: u64,
+    }
+
+    /// A [`Step`] that reads as a timeline row:
+    /// `step!(at 400, cost 2 => rejected, remaining 1, retry 267, reset 600)`,
+    /// with `, delay N` where it is not 0.
+    macro_rules! step {
+        (at $at:expr, cost $cost:expr => $verdict:ident, remaining $remaining:expr,
+         retry $retry:expr, reset $reset:expr $(, delay $delay:expr)?) => {
+            $crate::algorithms::testing::Step {
+                at: $at,
+                cost: $cost,
+                allowed: step!(@$verdict),
+                remaining: $remaining,
+                retry_after: $retry,
+                reset_after: $reset,
+                delay: 0 $(+ $delay)?,
+            }
+        };
+        (@allowed) => { true };
+        (@rejected) => { false };
+    }
+    pub(crate) use step;
+
+    /// Runs a timeline on one fresh key and checks every reply.
     pub fn run_table(
         algorithm: Algorithm,
         limit: u64,
         period_ms: u64,
         burst: Option<u64>,
-        rows: &[(u64, u64, [i64; 6])],
+        steps: &[Step],
     ) {
         let params = Params::new(limit, period_ms, burst).expect("valid params");
         let mut stored: Option<Limiter> = None;
-        for (i, (at, cost, expected)) in rows.iter().enumerate() {
+        for (i, step) in steps.iter().enumerate() {
             let request = Request {
                 algorithm,
                 params,
-                cost: *cost,
-                now_ms: *at,
+                cost: step.cost,
+                now_ms: step.at,
             };
             let reply = apply(&mut stored, &request);
-            assert_eq!(
-                reply.to_array(),
-                *expected,
-                "{} row {i}: AT {at} COST {cost}",
-                algorithm.name()
-            );
+            let expected = Decision {
+                allowed: step.allowed,
+                limit: params.capacity,
+                remaining: step.remaining,
+                retry_after_ms: step.retry_after,
+                reset_after_ms: step.reset_after,
+                delay_ms: step.delay,
+            };
+            assert_eq!(reply, expected, "{} step {i}: {step:?}", algorithm.name());
         }
     }
 

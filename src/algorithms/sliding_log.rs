@@ -351,13 +351,8 @@ pub(crate) fn check(
         reset_after_ms: newest_ms.map_or(0, |newest| newest + params.period_ms - t_ms),
         delay_ms: 0,
     };
-    let consumed = allowed && cost > 0;
-    let outcome = Outcome {
-        decision,
-        t_ms,
-        consumed,
-    };
-    if !(commit && consumed) {
+    let outcome = Outcome::new(decision, t_ms, cost);
+    if !(commit && outcome.consumed) {
         return (outcome, Write::Nothing);
     }
     (outcome, record(live, expired, params, t_ms, cost))
@@ -437,7 +432,7 @@ fn record(
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::run_table;
+    use super::super::testing::{run_table, step};
     use super::super::Algorithm;
     use super::*;
 
@@ -450,12 +445,12 @@ mod tests {
             1000,
             None,
             &[
-                (0, 1, [1, 2, 1, 0, 1000, 0]),
-                (0, 1, [1, 2, 0, 0, 1000, 0]),
-                (500, 1, [0, 2, 0, 500, 500, 0]),
-                (1000, 1, [1, 2, 1, 0, 1000, 0]),
-                (1000, 1, [1, 2, 0, 0, 1000, 0]),
-                (1400, 1, [0, 2, 0, 600, 600, 0]),
+                step!(at 0, cost 1 => allowed, remaining 1, retry 0, reset 1000),
+                step!(at 0, cost 1 => allowed, remaining 0, retry 0, reset 1000),
+                step!(at 500, cost 1 => rejected, remaining 0, retry 500, reset 500),
+                step!(at 1000, cost 1 => allowed, remaining 1, retry 0, reset 1000),
+                step!(at 1000, cost 1 => allowed, remaining 0, retry 0, reset 1000),
+                step!(at 1400, cost 1 => rejected, remaining 0, retry 600, reset 600),
             ],
         );
     }
@@ -469,13 +464,13 @@ mod tests {
             1000,
             None,
             &[
-                (0, 1, [1, 3, 2, 0, 1000, 0]),
-                (100, 1, [1, 3, 1, 0, 1000, 0]),
-                (200, 1, [1, 3, 0, 0, 1000, 0]),
-                (300, 2, [0, 3, 0, 800, 900, 0]),
-                (1000, 0, [1, 3, 1, 0, 200, 0]),
-                (1100, 2, [1, 3, 0, 0, 1000, 0]),
-                (1100, 4, [0, 3, 0, -1, 1000, 0]),
+                step!(at 0, cost 1 => allowed, remaining 2, retry 0, reset 1000),
+                step!(at 100, cost 1 => allowed, remaining 1, retry 0, reset 1000),
+                step!(at 200, cost 1 => allowed, remaining 0, retry 0, reset 1000),
+                step!(at 300, cost 2 => rejected, remaining 0, retry 800, reset 900),
+                step!(at 1000, cost 0 => allowed, remaining 1, retry 0, reset 200),
+                step!(at 1100, cost 2 => allowed, remaining 0, retry 0, reset 1000),
+                step!(at 1100, cost 4 => rejected, remaining 0, retry -1, reset 1000),
             ],
         );
     }

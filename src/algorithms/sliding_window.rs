@@ -173,7 +173,7 @@ impl FixedSize for SlidingWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::run_table;
+    use super::super::testing::{run_table, step};
     use super::super::Algorithm;
 
     #[test]
@@ -185,12 +185,12 @@ mod tests {
             1000,
             None,
             &[
-                (0, 1, [1, 2, 1, 0, 2000, 0]),
-                (100, 1, [1, 2, 0, 0, 1900, 0]),
-                (200, 1, [0, 2, 0, 1300, 1800, 0]),
-                (1500, 1, [1, 2, 0, 0, 1500, 0]),
-                (1999, 1, [0, 2, 0, 1, 1001, 0]),
-                (2000, 1, [1, 2, 0, 0, 2000, 0]),
+                step!(at 0, cost 1 => allowed, remaining 1, retry 0, reset 2000),
+                step!(at 100, cost 1 => allowed, remaining 0, retry 0, reset 1900),
+                step!(at 200, cost 1 => rejected, remaining 0, retry 1300, reset 1800),
+                step!(at 1500, cost 1 => allowed, remaining 0, retry 0, reset 1500),
+                step!(at 1999, cost 1 => rejected, remaining 0, retry 1, reset 1001),
+                step!(at 2000, cost 1 => allowed, remaining 0, retry 0, reset 2000),
             ],
         );
     }
@@ -204,12 +204,12 @@ mod tests {
             1000,
             None,
             &[
-                (0, 10, [1, 10, 0, 0, 2000, 0]),
-                (1000, 1, [0, 10, 0, 100, 1000, 0]),
-                (1100, 1, [1, 10, 0, 0, 1900, 0]),
-                (1150, 1, [0, 10, 0, 50, 1850, 0]),
-                (1199, 1, [0, 10, 0, 1, 1801, 0]),
-                (1200, 1, [1, 10, 0, 0, 1800, 0]),
+                step!(at 0, cost 10 => allowed, remaining 0, retry 0, reset 2000),
+                step!(at 1000, cost 1 => rejected, remaining 0, retry 100, reset 1000),
+                step!(at 1100, cost 1 => allowed, remaining 0, retry 0, reset 1900),
+                step!(at 1150, cost 1 => rejected, remaining 0, retry 50, reset 1850),
+                step!(at 1199, cost 1 => rejected, remaining 0, retry 1, reset 1801),
+                step!(at 1200, cost 1 => allowed, remaining 0, retry 0, reset 1800),
             ],
         );
     }

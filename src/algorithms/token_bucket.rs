@@ -77,7 +77,7 @@ impl FixedSize for TokenBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::run_table;
+    use super::super::testing::{run_table, step};
     use super::super::Algorithm;
 
     #[test]
@@ -89,13 +89,13 @@ mod tests {
             1000,
             None,
             &[
-                (0, 1, [1, 3, 2, 0, 334, 0]),
-                (0, 1, [1, 3, 1, 0, 667, 0]),
-                (0, 1, [1, 3, 0, 0, 1000, 0]),
-                (0, 1, [0, 3, 0, 334, 1000, 0]),
-                (331, 1, [0, 3, 0, 3, 669, 0]),
-                (400, 2, [0, 3, 1, 267, 600, 0]),
-                (1000, 0, [1, 3, 3, 0, 0, 0]),
+                step!(at 0, cost 1 => allowed, remaining 2, retry 0, reset 334),
+                step!(at 0, cost 1 => allowed, remaining 1, retry 0, reset 667),
+                step!(at 0, cost 1 => allowed, remaining 0, retry 0, reset 1000),
+                step!(at 0, cost 1 => rejected, remaining 0, retry 334, reset 1000),
+                step!(at 331, cost 1 => rejected, remaining 0, retry 3, reset 669),
+                step!(at 400, cost 2 => rejected, remaining 1, retry 267, reset 600),
+                step!(at 1000, cost 0 => allowed, remaining 3, retry 0, reset 0),
             ],
         );
     }
@@ -109,11 +109,11 @@ mod tests {
             1000,
             Some(5),
             &[
-                (0, 5, [1, 5, 0, 0, 2500, 0]),
-                (0, 1, [0, 5, 0, 500, 2500, 0]),
-                (500, 1, [1, 5, 0, 0, 2500, 0]),
-                (999, 1, [0, 5, 0, 1, 2001, 0]),
-                (3000, 6, [0, 5, 5, -1, 0, 0]),
+                step!(at 0, cost 5 => allowed, remaining 0, retry 0, reset 2500),
+                step!(at 0, cost 1 => rejected, remaining 0, retry 500, reset 2500),
+                step!(at 500, cost 1 => allowed, remaining 0, retry 0, reset 2500),
+                step!(at 999, cost 1 => rejected, remaining 0, retry 1, reset 2001),
+                step!(at 3000, cost 6 => rejected, remaining 5, retry -1, reset 0),
             ],
         );
     }
