@@ -2,10 +2,10 @@
 # check_examples.sh PORT [HOST]
 #
 # Runs the reference scripts in this directory against a running Redis server
-# (redis-cli must be on PATH) and compares their replies with every worked
-# example of SPEC.md, plus hand-computed cases that change parameters between
-# calls on the same key, run time backwards, use COST 0 and costs above the
-# limit. For every call it also checks the side effects:
+# (redis-cli must be on PATH) and compares their replies with the worked
+# examples of docs/algorithms.md, including those that change parameters
+# between calls on the same key, run time backwards, use COST 0 and costs
+# above the limit. For every call it also checks the side effects:
 #   - a consuming call (allowed, cost > 0) sets the expiry to t + reset_after_ms
 #     (t = max(AT, last));
 #   - any other call leaves the key exactly as it was (DUMP and PEXPIRETIME).
@@ -78,9 +78,9 @@ while read -r line; do
     echo "FAIL $script ($title) L=$L P=$P C=$C COST=$cost AT=$at: $problem"
   fi
 done <<'EOF'
-# ---- SPEC.md worked examples --------------------------------------------
+# ---- docs/algorithms.md worked examples -----------------------------------
 # L P C COST AT | allowed limit remaining retry_after reset_after delay
-table token_bucket SPEC token-bucket 3 1000
+table token_bucket example token-bucket 3 1000
 3 1000 3 1 0     | 1 3 2 0 334 0
 3 1000 3 1 0     | 1 3 1 0 667 0
 3 1000 3 1 0     | 1 3 0 0 1000 0
@@ -89,7 +89,7 @@ table token_bucket SPEC token-bucket 3 1000
 3 1000 3 2 400   | 0 3 1 267 600 0
 3 1000 3 0 1000  | 1 3 3 0 0 0
 
-table leaky_bucket SPEC leaky-bucket 3 1000
+table leaky_bucket example leaky-bucket 3 1000
 3 1000 3 1 0     | 1 3 2 0 334 0
 3 1000 3 1 0     | 1 3 1 0 667 334
 3 1000 3 1 0     | 1 3 0 0 1000 667
@@ -97,7 +97,7 @@ table leaky_bucket SPEC leaky-bucket 3 1000
 3 1000 3 1 331   | 0 3 0 3 669 0
 3 1000 3 1 1500  | 1 3 2 0 334 0
 
-table fixed_window SPEC fixed-window 2 1000
+table fixed_window example fixed-window 2 1000
 2 1000 2 1 100   | 1 2 1 0 900 0
 2 1000 2 1 200   | 1 2 0 0 800 0
 2 1000 2 1 300   | 0 2 0 700 700 0
@@ -105,7 +105,7 @@ table fixed_window SPEC fixed-window 2 1000
 2 1000 2 2 1000  | 1 2 0 0 1000 0
 2 1000 2 3 1001  | 0 2 0 -1 999 0
 
-table sliding_window SPEC sliding-window 2 1000
+table sliding_window example sliding-window 2 1000
 2 1000 2 1 0     | 1 2 1 0 2000 0
 2 1000 2 1 100   | 1 2 0 0 1900 0
 2 1000 2 1 200   | 0 2 0 1300 1800 0
@@ -113,7 +113,7 @@ table sliding_window SPEC sliding-window 2 1000
 2 1000 2 1 1999  | 0 2 0 1 1001 0
 2 1000 2 1 2000  | 1 2 0 0 2000 0
 
-table sliding_log SPEC sliding-log 2 1000
+table sliding_log example sliding-log 2 1000
 2 1000 2 1 0     | 1 2 1 0 1000 0
 2 1000 2 1 0     | 1 2 0 0 1000 0
 2 1000 2 1 500   | 0 2 0 500 500 0
@@ -122,7 +122,7 @@ table sliding_log SPEC sliding-log 2 1000
 2 1000 2 1 1400  | 0 2 0 600 600 0
 
 # ---- Parameter changes, time going backwards, COST 0, cost above limit --
-# (computed by hand from SPEC.md "Semantics" and the parameter-change rules)
+# (computed by hand from docs/algorithms.md, "Parameter changes")
 
 table token_bucket changes
 # empty it; then 1.5 requests are carried over (clamped to C=5: no change)

@@ -1,9 +1,8 @@
--- seed_sliding_log.lua: the project's seed script, kept verbatim for reference.
---
--- Source: the seed article "Distributed Rate Limiting: Algorithms, Topologies &
--- Redis Lua Scripts" (shared/seed), section "Atomic Sliding Window with Redis
--- Lua Scripts". Everything below these comment lines is the article's script,
--- copied byte for byte from `local key = KEYS[1]` to the final `end`.
+-- seed_sliding_log.lua: the widely used ZSET sliding-log rate limiter, kept
+-- unchanged as the baseline the native sliding log is compared with (see
+-- docs/equivalence.md, which calls it "the seed script"). Everything below
+-- these comment lines is that script as it circulates, byte for byte, from
+-- `local key = KEYS[1]` to the final `end`.
 --
 -- Usage: EVAL <script> 1 <key> <limit> <current_time_ms> <window_ms>
 --   ARGV = (limit, current_time, window); replies 1 (allowed) or 0 (rejected).

@@ -2,9 +2,9 @@
 -- script.
 --
 -- Reference implementation of `RATELIMIT.CHECK key sliding-log ...` from the
--- redis-ratelimit command contract (SPEC.md, "Semantics"): for the same calls
+-- redis-ratelimit command contract (docs/algorithms.md): for the same calls
 -- it gives the module's reply, integer for integer, and it can be deployed on
--- its own where the module cannot be loaded. It replaces the seed's script
+-- its own where the module cannot be loaded. It replaces the usual ZSET script
 -- (seed_sliding_log.lua) and fixes its defects: entries in the same ms are
 -- all counted, the expiry is in ms, time never runs backwards for a key, the
 -- reply says when to retry, and requests can weigh more than 1.

@@ -2,7 +2,7 @@
 -- atomic Redis Lua script.
 --
 -- Reference implementation of `RATELIMIT.CHECK key sliding-window ...` from
--- the redis-ratelimit command contract (SPEC.md, "Semantics"): for the same
+-- the redis-ratelimit command contract (docs/algorithms.md): for the same
 -- calls it gives the module's reply, integer for integer, and it can be
 -- deployed on its own where the module cannot be loaded.
 --

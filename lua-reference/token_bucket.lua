@@ -1,7 +1,7 @@
 -- token_bucket.lua: a token-bucket rate limiter as one atomic Redis Lua script.
 --
 -- Reference implementation of `RATELIMIT.CHECK key token-bucket ...` from the
--- redis-ratelimit command contract (SPEC.md, "Semantics"): for the same calls
+-- redis-ratelimit command contract (docs/algorithms.md): for the same calls
 -- it gives the module's reply, integer for integer, and it can be deployed on
 -- its own where the module cannot be loaded.
 --

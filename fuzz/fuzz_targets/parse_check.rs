@@ -6,7 +6,7 @@
 //!
 //! Beyond "never panics" (built with overflow checks, so an overflow is a crash too), it checks:
 //! - an accepted vector is well-formed: plain decimal digits, known names, each option once, the
-//!   SPEC's bounds; `ratelimit.max-log-limit` changes nothing but the sliding-log bound;
+//!   bounds of docs/commands.md; `ratelimit.max-log-limit` changes nothing but the sliding-log bound;
 //! - the canonical rendering of what was parsed parses to the same thing;
 //! - on a fresh key at one instant: PEEK equals the CHECK that follows, replies are consistent, no
 //!   more than the limit (capacity for buckets) is admitted, every stored state survives the codec

@@ -5,8 +5,8 @@
 //! Input: the arguments after the command name, separated by `\n` (as for `parse_check`).
 //!
 //! Beyond "never panics", it checks that an accepted vector has one spec per key, each within the
-//! SPEC's bounds, and that a CHECKALL of one key parses exactly as a CHECK of the same arguments
-//! (the SPEC's "a CHECKALL of one key takes the very arguments a CHECK takes after its key").
+//! bounds of docs/commands.md, and that a CHECKALL of one key parses exactly as a CHECK of the same
+//! arguments (docs/commands.md: "a `CHECKALL` of one key is a `CHECK`").
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

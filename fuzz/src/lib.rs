@@ -5,7 +5,7 @@
 //! Why not a dependency on the crate itself: it links `redis-module`, whose build runs bindgen and
 //! compiles its dependency tree again under the fuzzer's instrumentation flags: about five minutes
 //! of a cold build on two cores, against about one for this. These modules import nothing but each
-//! other and `std` (the house style keeps Redis out of them); if one ever needs more, add it here or
+//! other and `std` (the cores are kept free of Redis); if one ever needs more, add it here or
 //! switch to `redis-ratelimit = { path = ".." }` in Cargo.toml: the targets do not change.
 #![allow(dead_code)]
 

@@ -2,7 +2,7 @@
 //!
 //! Every algorithm is a small state machine over integer milliseconds. A call hands the core the
 //! stored limiter (if any), the request and the time; the core answers a [`Decision`] (the six reply
-//! fields of the SPEC) and, when the request consumed something, the new state to store.
+//! fields of docs/algorithms.md) and, when the request consumed something, the new state to store.
 //!
 //! Quantities are kept exact with *scaled units*: one request of cost is worth `P` scaled units and
 //! `L` scaled units flow per millisecond, so a rate of `L` per `P` ms never needs a fraction.
@@ -80,7 +80,7 @@ impl Algorithm {
     }
 }
 
-/// The parameters of a limiter, validated against the SPEC's bounds when built.
+/// The parameters of a limiter, validated against the bounds of docs/algorithms.md when built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
     /// `L`: requests allowed per period; also the flow of scaled units per ms.
@@ -100,7 +100,7 @@ pub enum ParamsError {
 }
 
 impl Params {
-    /// Builds parameters, refusing values outside the SPEC's bounds.
+    /// Builds parameters, refusing values outside the bounds of docs/algorithms.md.
     /// `burst` is `None` for windows and the log (their capacity is the limit).
     pub fn new(limit: u64, period_ms: u64, burst: Option<u64>) -> Result<Params, ParamsError> {
         if limit == 0 || limit > MAX_AMOUNT {
@@ -136,7 +136,7 @@ impl Params {
     }
 }
 
-/// The six reply fields, in the SPEC's order.
+/// The six reply fields, in the order of docs/algorithms.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Decision {
     /// The request is admitted (and its cost consumed).
@@ -373,7 +373,8 @@ pub fn ceil_div(a: u128, b: u128) -> u128 {
     a.div_ceil(b)
 }
 
-/// A `u128` quantity of ms or requests as `u64`, saturating (only reachable beyond the SPEC's bounds).
+/// A `u128` quantity of ms or requests as `u64`, saturating (only reachable beyond the bounds
+/// of docs/algorithms.md).
 pub fn to_u64(value: u128) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
 }

@@ -1,6 +1,6 @@
-//! Property tests of the pure cores: each property is one invariant of the SPEC's "Semantics",
+//! Property tests of the pure cores: each property is one invariant of docs/algorithms.md,
 //! checked on random call sequences against one key (random times, late arrivals, costs and, where
-//! the SPEC allows them, parameter changes between calls).
+//! docs/algorithms.md allows them, parameter changes between calls).
 //!
 //! Sequences are generated relative to the period, so the same strategies exercise tiny limiters
 //! (where boundaries and rounding collide often) and the largest accepted inputs (10^12 amounts,
@@ -602,7 +602,7 @@ fn admitted_within_capacity_plus_rate(s: &Scenario) -> Result<(), TestCaseError>
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parameter changes (SPEC: "Parameters given on a call win over those stored")
+// Parameter changes (docs/algorithms.md: parameters given on a call win over those stored)
 // ---------------------------------------------------------------------------------------------
 
 /// One call of a timeline: `(limit, period, burst, at, cost, expected reply)`.

@@ -29,7 +29,7 @@ pub enum DecodeError {
     Length,
     /// An unknown algorithm byte.
     Algorithm,
-    /// Parameters outside the SPEC's bounds.
+    /// Parameters outside the bounds of docs/algorithms.md.
     Params,
     /// A state no command could have produced.
     State,

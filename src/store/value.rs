@@ -1,8 +1,8 @@
 //! The in-memory form of a stored limiter, sized to its algorithm.
 //!
 //! Buckets and windows are bit-packed into 32 bytes (jemalloc's 32-byte class): every field has a
-//! bound from the SPEC, so its width is fixed. The sliding log, whose entries live on the heap
-//! anyway, stays a boxed [`Limiter`].
+//! bound (docs/algorithms.md), so its width is fixed. The sliding log, whose entries live on the
+//! heap anyway, stays a boxed [`Limiter`].
 //!
 //! ```text
 //! bits    field
@@ -306,7 +306,8 @@ impl Drop for LimiterRef<'_> {
             write_back: true,
         } = self
         {
-            // A packed limiter stays packable: commands keep its algorithm and the SPEC's bounds.
+            // A packed limiter stays packable: commands keep its algorithm and the bounds of
+            // docs/algorithms.md.
             if let Some(packed) = pack(limiter) {
                 **words = packed;
             }
