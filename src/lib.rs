@@ -51,6 +51,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // SAFETY: OnLoad context; replaces the crate's default INFO callback with ours.
     unsafe { api::rm!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(info)) };
     let server = server::detect(ctx.ctx);
+    if !commands::field_names::make(ctx.ctx) {
+        ctx.log_notice("ratelimit: RESP3 replies send their keys as simple strings");
+    }
     let category = commands::registry::add_acl_category(ctx.ctx);
     for command in commands::COMMANDS {
         if let Err(why) = commands::registry::register(ctx.ctx, command) {

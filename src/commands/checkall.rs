@@ -219,7 +219,13 @@ fn reply(call: &Call, overall: &Decision, decisions: &[Decision]) {
     let resp3 = call.resp3();
     if resp3 {
         call.reply_decision(overall, true, 1);
-        call.reply_name(c"limits");
+        match super::field_names::get() {
+            // SAFETY: the command's context and a reply made at load and never freed.
+            Some(names) => unsafe {
+                rm!(RedisModule_ReplyWithCallReply)(call.ctx, names.limits);
+            },
+            None => call.reply_name(c"limits"),
+        }
         call.reply_array(decisions.len());
     } else {
         call.reply_array(1 + decisions.len());

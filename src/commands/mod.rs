@@ -157,8 +157,15 @@ impl Call {
         }
         // SAFETY: the command's context.
         unsafe { rm!(RedisModule_ReplyWithMap)(self.ctx, (fields.len() + extra) as _) };
-        for (name, value) in DECISION_FIELDS.iter().zip(fields) {
-            self.reply_name(name);
+        let cached = field_names::get();
+        for (i, (name, value)) in DECISION_FIELDS.iter().zip(fields).enumerate() {
+            match cached {
+                // SAFETY: the command's context and a reply made at load and never freed.
+                Some(names) => unsafe {
+                    rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[i]);
+                },
+                None => self.reply_name(name),
+            }
             if *name == c"allowed" {
                 // SAFETY: the command's context.
                 unsafe { rm!(RedisModule_ReplyWithBool)(self.ctx, c_int::from(decision.allowed)) };
@@ -203,6 +210,72 @@ impl KeyGroups {
             };
         }
         KeyGroups { first, group }
+    }
+}
+
+/// The map keys of the RESP3 replies, made once at load as call replies: sending one costs a
+/// single copy of its bytes, where `ReplyWithSimpleString` costs several appends and a `strlen`
+/// (about a quarter of the instructions), so a RESP3 reply costs about what the RESP2 array does.
+pub(crate) mod field_names {
+    use std::sync::OnceLock;
+
+    use redis_module::raw;
+
+    use super::DECISION_FIELDS;
+    use crate::api::{has, rm};
+
+    /// The keys, as `ECHO` replies (bulk strings: clients read them as the strings they are).
+    pub(crate) struct FieldNames {
+        pub decision: [*mut raw::RedisModuleCallReply; 6],
+        pub limits: *mut raw::RedisModuleCallReply,
+    }
+
+    // SAFETY: the replies are written once at load and only read afterwards, on Redis's main
+    // thread; nothing ever frees or changes them.
+    unsafe impl Send for FieldNames {}
+    // SAFETY: as above.
+    unsafe impl Sync for FieldNames {}
+
+    static NAMES: OnceLock<FieldNames> = OnceLock::new();
+
+    /// The cached keys, once [`make`] succeeded.
+    pub(crate) fn get() -> Option<&'static FieldNames> {
+        NAMES.get()
+    }
+
+    /// Makes the keys (from OnLoad). Without them (an API missing, a refused call) replies send
+    /// their keys as simple strings: the same map to a client.
+    pub(crate) fn make(ctx: *mut raw::RedisModuleCtx) -> bool {
+        if !(has!(RedisModule_Call)
+            && has!(RedisModule_CallReplyType)
+            && has!(RedisModule_ReplyWithCallReply))
+        {
+            return false;
+        }
+        let echo = |name: &std::ffi::CStr| -> Option<*mut raw::RedisModuleCallReply> {
+            // SAFETY: the OnLoad context; "c" takes one NUL-terminated string. The reply is kept
+            // for the module's lifetime and never freed: freeing it later would touch the load
+            // context, which is gone by then.
+            let reply = unsafe {
+                rm!(RedisModule_Call)(ctx, c"ECHO".as_ptr(), c"c".as_ptr(), name.as_ptr())
+            };
+            // SAFETY: a reply RM_Call returned (checked for null first).
+            let is_string = !reply.is_null()
+                && unsafe { rm!(RedisModule_CallReplyType)(reply) } as isize
+                    == raw::REDISMODULE_REPLY_STRING;
+            is_string.then_some(reply)
+        };
+        let mut decision = [std::ptr::null_mut(); 6];
+        for (slot, name) in decision.iter_mut().zip(DECISION_FIELDS) {
+            match echo(name) {
+                Some(reply) => *slot = reply,
+                None => return false,
+            }
+        }
+        let Some(limits) = echo(c"limits") else {
+            return false;
+        };
+        NAMES.set(FieldNames { decision, limits }).is_ok()
     }
 }
 
