@@ -20,7 +20,7 @@ FUZZ_RUN := bash fuzz/run.sh
 .PHONY: help deps build run test lint fmt clean bench profile memcheck
 
 help: ## List the targets
-	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-8s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 deps: ## Install redis-server, redis-tools and libclang-dev with apt-get (only what is missing)
 	@missing=""; \
@@ -61,6 +61,14 @@ memcheck: export RATELIMIT_MODULE := $(MODULE)
 memcheck: build ## Every command under valgrind memcheck (~1 min); fails on memory errors in the module; see target/memcheck/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash tests/memcheck.sh
+
+.PHONY: functions functions-bench
+
+functions: ## Load the Redis Functions library (no module needed) into a running server (PORT=6379)
+	redis-cli -p $(PORT) -x FUNCTION LOAD REPLACE < lua-reference/functions/ratelimit.lua
+
+functions-bench: ## Functions library vs Lua scripts (and the module, if loaded) on a running server (PORT=6379)
+	bash lua-reference/functions/bench.sh $(PORT)
 
 lint: deps ## Check formatting and run clippy with warnings as errors
 	cargo fmt --check

@@ -1,0 +1,1068 @@
+#!lua name=ratelimit
+--
+-- ratelimit: the redis-ratelimit module's commands as a Redis Functions library, for servers
+-- that cannot load modules (managed Redis and Valkey). Same arguments, same replies, same
+-- exact integer arithmetic (see ../../../shared/SPEC.md and docs/functions.md).
+--
+--   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [COST n] [AT ms]
+--   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [COST n] [AT ms]
+--   FCALL    ratelimit_checkall N key1 .. keyN algorithm limit period [BURST c] [...] [COST n] [AT ms]
+--   FCALL    ratelimit_reset    N key1 .. keyN
+--   FCALL_RO ratelimit_info     1 key
+--
+-- Load it with `redis-cli -x FUNCTION LOAD REPLACE < ratelimit.lua` (`make functions`); the
+-- full documentation is docs/functions.md, the proof tests/functions.rs (module and library
+-- answer alike on the same calls).
+--
+-- Differences from the module, all forced by Lua or by Functions:
+--   * Lua numbers are doubles, exact below 2^53. Every quantity is kept below 2^53, and the
+--     products the module computes in 128 bits are refused when they would not be:
+--     BURST (default: limit) * period_ms must be below 2^53 for the buckets, and
+--     limit * period_ms for the sliding window (an ERR says so). Fixed window and sliding log
+--     take the module's full bounds.
+--   * The sliding log's limit is at most 100000 (the module's default ratelimit.max-log-limit;
+--     a library has no configuration).
+--   * Replies are RESP2-shaped under RESP3 too (arrays, not maps; `allowed` is 1 or 0): a
+--     function cannot see its caller's protocol.
+--   * Error texts are the module's, with its command names replaced by these functions' names.
+--   * No INFO section, no `ratelimit.rejected` events; ratelimit_reset is refused under
+--     maxmemory OOM like every function that may write (no function has allow-oom).
+--
+-- State: one Redis string per key, written only by a consuming call, with an absolute expiry
+-- (PXAT / PEXPIREAT) at the moment it becomes equivalent to a fresh key:
+--   rl:tb <limit> <period_ms> <burst> <tokens_scaled> <last_ms>      token bucket
+--   rl:lb <limit> <period_ms> <burst> <level_scaled> <last_ms>       leaky bucket
+--   rl:fw <limit> <period_ms> <count> <last_ms>                      fixed window
+--   rl:sw <limit> <period_ms> <current> <previous> <last_ms>         sliding window
+--   rl:sl <33-byte binary header: LOG_FIELDS> <records>               sliding log
+-- (scaled: requests * period_ms; a window's start is last_ms - last_ms mod period_ms). The
+-- sliding log's records are the module's encoding: one record per run of entries at the same ms,
+-- varint(gap << 1 | several) then varint(count - 2) if several, the gap counted from the
+-- previous run (the first from `base`). Records before `head` have left the window; they are
+-- reclaimed when they outweigh the live ones, and a log under 128 bytes is rewritten whole.
+-- Any other value is not a limiter: WRONGTYPE.
+
+-- The standard library as upvalues: a function's globals are looked up through its library's
+-- environment on every access, and they do not exist while the library loads, so they are
+-- bound by the first call.
+local floor, max, min, byte, char, format, lower, match, strsub, upper
+local bound = false
+local function bind()
+  floor, max, min = math.floor, math.max, math.min
+  byte, char, format, lower, match, strsub, upper =
+    string.byte, string.char, string.format, string.lower, string.match, string.sub, string.upper
+  bound = true
+end
+
+local EXACT = 9007199254740992 -- 2^53: doubles hold every integer below it
+local MAX_AMOUNT = 1000000000000 -- limit, BURST and COST
+local MAX_PERIOD_MS = 3650 * 86400000
+local MAX_LOG_LIMIT = 100000 -- the module's default ratelimit.max-log-limit
+
+local TB, LB, FW, SW, SL = 'token-bucket', 'leaky-bucket', 'fixed-window', 'sliding-window',
+  'sliding-log'
+local ALGORITHMS = { [TB] = true, [LB] = true, [FW] = true, [SW] = true, [SL] = true }
+local BUCKET = { [TB] = true, [LB] = true }
+local TAG = { [TB] = 'rl:tb', [LB] = 'rl:lb', [FW] = 'rl:fw', [SW] = 'rl:sw', [SL] = 'rl:sl' }
+local OPTIONS = { BURST = 'BURST', COST = 'COST', AT = 'AT' }
+
+-- ------------------------------------------------------------------------------------------
+-- Error replies: the module's texts (src/error.rs).
+
+local WRONG_TYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+local E_ALGORITHM = 'ERR unknown algorithm: expected token-bucket, leaky-bucket, '
+  .. 'fixed-window, sliding-window or sliding-log'
+local E_LIMIT = 'ERR limit must be an integer from 1 to 1000000000000'
+local E_PERIOD = 'ERR period must be an integer from 1 ms to 3650 days, in ms or '
+  .. 'with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)'
+local E_BURST = 'ERR BURST must be an integer from 1 to 1000000000000'
+local E_BURST_ON_WINDOW = 'ERR BURST applies only to token-bucket and leaky-bucket'
+local E_COST = 'ERR COST must be an integer from 0 to 1000000000000'
+local E_AT = 'ERR AT must be a time in ms since the Unix epoch, below 2^53'
+local E_NUMKEYS = 'ERR numkeys must be an integer from 1 to the number of keys given'
+local E_OPTION = 'ERR unknown option: expected BURST, COST or AT'
+-- Lua's own bounds (the module computes these products in 128 bits).
+local E_EXACT_BUCKET = 'ERR BURST (or limit, without BURST) times the period in ms must be '
+  .. 'below 2^53 for exact arithmetic in the ratelimit functions library (the module has no '
+  .. 'such bound)'
+local E_EXACT_WINDOW = 'ERR limit times the period in ms must be below 2^53 for exact '
+  .. 'arithmetic in the ratelimit functions library (the module has no such bound)'
+local E_CORRUPT = 'ERR corrupt sliding-log state'
+
+local function arity(name)
+  return 'ERR wrong number of arguments for \'' .. name .. '\' command'
+end
+
+local function one_key(name)
+  return 'ERR ' .. name .. ' takes exactly one key: FCALL ' .. name .. ' 1 key ...'
+end
+
+local function mismatch(stored, named)
+  return 'ERR key holds a ' .. stored .. ' limiter, not ' .. named
+    .. ': ratelimit_reset it to change algorithm'
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Exact integer arithmetic on doubles below 2^53.
+
+-- Float division is correctly rounded, so floor(a / b) is at most one off; the loops fix it.
+local function floor_div(a, b)
+  local q = floor(a / b)
+  while q * b > a do q = q - 1 end
+  while (q + 1) * b <= a do q = q + 1 end
+  return q
+end
+
+local function ceil_div(a, b)
+  local q = floor_div(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+-- a*b = q*m + r (0 <= r < m) for integers 0 <= a < m < 2^53 and 0 <= b < 2^53, without forming
+-- a*b: binary long multiplication modulo m, every intermediate below m.
+local function mul_div(a, b, m)
+  local bits = {}
+  while b > 0 do
+    local bit = b % 2
+    bits[#bits + 1] = bit
+    b = (b - bit) / 2
+  end
+  local q, r = 0, 0
+  for i = #bits, 1, -1 do
+    q = q * 2
+    if r >= m - r then r = r - (m - r); q = q + 1 else r = r + r end
+    if bits[i] == 1 then
+      if r >= m - a then r = r - (m - a); q = q + 1 else r = r + a end
+    end
+  end
+  return q, r
+end
+
+-- Integers to decimal. Lua 5.1's %d converts through a C long (64 bits here), exact for every
+-- integer a double holds below 2^53; tostring would use %.14g.
+local function fmt(n)
+  return format('%d', n)
+end
+
+-- a + b in decimal, exact also at or above 2^53 (an expiry t + reset_after_ms may get there).
+local function fmt_sum(a, b)
+  if a + b < EXACT then return fmt(a + b) end
+  local a_hi, b_hi = floor_div(a, 1e8), floor_div(b, 1e8)
+  local lo = (a - a_hi * 1e8) + (b - b_hi * 1e8)
+  local hi = a_hi + b_hi
+  if lo >= 1e8 then lo, hi = lo - 1e8, hi + 1 end
+  return fmt(hi) .. format('%08d', lo)
+end
+
+local function window_start(t, p) -- t - t mod p
+  return floor_div(t, p) * p
+end
+
+local function server_now()
+  local tm = redis.call('TIME')
+  return tonumber(tm[1]) * 1000 + floor(tonumber(tm[2]) / 1000)
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Arguments: the module's grammar (src/commands/parse.rs). An error is a table: `msg` the
+-- reply, `shared` when it concerns COST, AT or an unknown option (no limit spec's in CHECKALL),
+-- `arity` for a wrong number of arguments (its text names the function).
+
+local ARITY = { arity = true }
+
+local function bad(msg, shared)
+  return { msg = msg, shared = shared }
+end
+
+-- A plain decimal integer (no sign, fraction or exponent). tonumber is exact below 2^53, and a
+-- larger value never rounds below 2^53, so every bound check below is exact.
+local function parse_integer(s)
+  if s and match(s, '^%d+$') then return tonumber(s) end
+  return nil
+end
+
+local function parse_amount(s, lo)
+  local n = parse_integer(s)
+  if n and n >= lo and n <= MAX_AMOUNT then return n end
+  return nil
+end
+
+local PERIOD_UNITS = { [''] = 1, ms = 1, s = 1000, m = 60000, h = 3600000, d = 86400000 }
+
+local function parse_period(s)
+  if match(s, '^%d+$') then -- plain ms, the common case
+    local ms = tonumber(s)
+    if ms >= 1 and ms <= MAX_PERIOD_MS then return ms end
+    return nil
+  end
+  local digits, unit = match(s, '^(%d*)(.*)$')
+  local scale = PERIOD_UNITS[lower(unit)]
+  local n = parse_integer(digits)
+  if not (scale and n) then return nil end
+  local ms = n * scale
+  if ms >= 1 and ms <= MAX_PERIOD_MS then return ms end
+  return nil
+end
+
+local function option_value(option, s)
+  local v
+  if option == 'BURST' then
+    v = parse_amount(s, 1)
+    if not v then return nil, bad(E_BURST, false) end
+  elseif option == 'COST' then
+    v = parse_amount(s, 0)
+    if not v then return nil, bad(E_COST, true) end
+  else
+    v = parse_integer(s)
+    if not v or v >= EXACT then return nil, bad(E_AT, true) end
+  end
+  return v
+end
+
+-- `algorithm limit period` at args[i].
+local function parse_head(args, i)
+  if args[i + 2] == nil then return nil, ARITY end
+  local algorithm = lower(args[i])
+  if not ALGORITHMS[algorithm] then return nil, bad(E_ALGORITHM) end
+  local limit = parse_amount(args[i + 1], 1)
+  if not limit then return nil, bad(E_LIMIT) end
+  local period = parse_period(args[i + 2])
+  if not period then return nil, bad(E_PERIOD) end
+  return { alg = algorithm, L = limit, P = period }
+end
+
+-- The BURST rules, the sliding log's bound, and Lua's exactness bounds.
+local function finish_spec(spec, burst)
+  if burst and not BUCKET[spec.alg] then return nil, bad(E_BURST_ON_WINDOW) end
+  if spec.alg == SL and spec.L > MAX_LOG_LIMIT then
+    return nil, bad('ERR sliding-log limit ' .. fmt(spec.L)
+      .. ' exceeds ratelimit.max-log-limit ' .. fmt(MAX_LOG_LIMIT))
+  end
+  spec.C = burst or spec.L
+  if BUCKET[spec.alg] and spec.C * spec.P >= EXACT then return nil, bad(E_EXACT_BUCKET) end
+  if spec.alg == SW and spec.L * spec.P >= EXACT then return nil, bad(E_EXACT_WINDOW) end
+  return spec
+end
+
+-- `algorithm limit period [BURST c] [COST n] [AT ms]` from args[i] on, options in any order,
+-- each once. Returns spec, cost, at (nil: the server's clock) or nil, error.
+local function parse_check(args, i)
+  local spec, err = parse_head(args, i)
+  if not spec then return nil, err end
+  local burst, cost, at
+  local j = i + 3
+  while args[j] ~= nil do
+    local option = OPTIONS[upper(args[j])]
+    if not option then return nil, bad(E_OPTION, true) end
+    local shared = option ~= 'BURST'
+    if args[j + 1] == nil then return nil, bad('ERR ' .. option .. ' needs a value', shared) end
+    local value, verr = option_value(option, args[j + 1])
+    if value == nil then return nil, verr end
+    local before
+    if option == 'BURST' then
+      before, burst = burst, value
+    elseif option == 'COST' then
+      before, cost = cost, value
+    else
+      before, at = at, value
+    end
+    if before ~= nil then return nil, bad('ERR ' .. option .. ' given more than once', shared) end
+    j = j + 2
+  end
+  spec, err = finish_spec(spec, burst)
+  if not spec then return nil, err end
+  return spec, cost or 1, at
+end
+
+-- CHECKALL: one spec per key, `algorithm limit period [BURST c]` each, the last one followed by
+-- the shared COST and AT (the last spec and the options parse exactly as CHECK's). An error in
+-- a spec names it and its key. Returns specs, cost, at or nil, error message.
+local function parse_checkall(keys, args, name)
+  local n = #keys
+  local total = n + #args
+  if n == 0 then return nil, E_NUMKEYS end
+  if total < 4 then return nil, arity(name) end
+  if n >= total then return nil, E_NUMKEYS end
+  if n * 4 > total then return nil, arity(name) end
+
+  local function in_spec(err, s)
+    if err.arity then return arity(name) end
+    if s == 0 then return err.msg end
+    return 'ERR limit spec ' .. s .. ' (key \'' .. keys[s] .. '\'): ' .. strsub(err.msg, 5)
+  end
+  -- Where a spec must start: COST or AT there means a spec is missing; BURST there is a second
+  -- one for the spec before.
+  local function spec_start(i, after_burst)
+    local option = args[i] and OPTIONS[upper(args[i])]
+    if option == 'BURST' and after_burst then return bad('ERR BURST given more than once') end
+    if option == 'COST' or option == 'AT' then return ARITY end
+    return nil
+  end
+
+  local specs = {}
+  local i = 1
+  local burst
+  for s = 1, n - 1 do
+    local err = spec_start(i, burst ~= nil)
+    if err then return nil, in_spec(err, s - 1) end
+    local spec
+    spec, err = parse_head(args, i)
+    if not spec then return nil, in_spec(err, s) end
+    i = i + 3
+    burst = nil
+    if args[i] and OPTIONS[upper(args[i])] == 'BURST' then
+      if args[i + 1] == nil then return nil, in_spec(bad('ERR BURST needs a value'), s) end
+      burst, err = option_value('BURST', args[i + 1])
+      if not burst then return nil, in_spec(err, s) end
+      i = i + 2
+    end
+    spec, err = finish_spec(spec, burst)
+    if not spec then return nil, in_spec(err, s) end
+    specs[s] = spec
+  end
+  local err = spec_start(i, burst ~= nil)
+  if err then return nil, in_spec(err, n - 1) end
+  local spec, cost, at = parse_check(args, i)
+  if not spec then
+    if cost.shared then return nil, cost.msg end
+    return nil, in_spec(cost, n)
+  end
+  specs[n] = spec
+  return specs, cost, at
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Stored state.
+
+-- The sliding log's header: the tag, then big-endian unsigned fields of fixed widths.
+local LOG_FIELDS = {
+  { 'P', 5 },          -- period_ms of the last consuming call
+  { 'L', 3 },          -- limit of the last consuming call
+  { 'last', 7 },       -- time of the last consuming call = the newest run's ms
+  { 'base', 7 },       -- the ms the first live record's gap counts from
+  { 'head', 4 },       -- offset of the first live record (records before it are dead)
+  { 'newest_pos', 4 }, -- offset of the newest record (the last one)
+  { 'total', 3 },      -- entries from head on
+}
+local HEADER = 5 -- the tag
+for k = 1, #LOG_FIELDS do HEADER = HEADER + LOG_FIELDS[k][2] end
+
+local function log_header(st)
+  local out, at = {}, 0
+  for f = 1, #LOG_FIELDS do
+    local name, width = LOG_FIELDS[f][1], LOG_FIELDS[f][2]
+    local n = st[name]
+    for k = at + width, at + 1, -1 do
+      local low = n % 256
+      out[k] = low
+      n = (n - low) / 256
+    end
+    at = at + width
+  end
+  return 'rl:sl' .. char(unpack(out))
+end
+
+local function parse_log_header(raw)
+  if #raw <= HEADER then return nil end
+  local st = { alg = SL }
+  local bytes = { byte(raw, 6, HEADER) }
+  local at = 0
+  for f = 1, #LOG_FIELDS do
+    local name, width = LOG_FIELDS[f][1], LOG_FIELDS[f][2]
+    local n = 0
+    for k = at + 1, at + width do n = n * 256 + bytes[k] end
+    st[name] = n
+    at = at + width
+  end
+  if st.P < 1 or st.P > MAX_PERIOD_MS or st.L < 1 or st.L > MAX_LOG_LIMIT
+    or st.last >= EXACT or st.base > st.last or st.head > st.newest_pos or st.total < 1 then
+    return nil
+  end
+  st.C = st.L
+  st.raw = raw
+  return st
+end
+
+local FIXED_PATTERN = {
+  [TB] = '^rl:tb (%d+) (%d+) (%d+) (%d+) (%d+)$',
+  [LB] = '^rl:lb (%d+) (%d+) (%d+) (%d+) (%d+)$',
+  [FW] = '^rl:fw (%d+) (%d+) (%d+) (%d+)$',
+  [SW] = '^rl:sw (%d+) (%d+) (%d+) (%d+) (%d+)$',
+}
+local ALG_OF_TAG = {
+  ['rl:tb'] = TB, ['rl:lb'] = LB, ['rl:fw'] = FW, ['rl:sw'] = SW, ['rl:sl'] = SL,
+}
+
+-- A stored value (its first bytes: up to 128) as a state table, or nil if it is not a limiter.
+local function parse_state(raw)
+  local alg = ALG_OF_TAG[strsub(raw, 1, 5)]
+  if alg == SL then return parse_log_header(raw) end
+  if not alg or #raw >= 128 then return nil end
+  local f1, f2, f3, f4, f5 = match(raw, FIXED_PATTERN[alg])
+  if not f1 then return nil end
+  -- Each field below 2^53 (a longer digit string converts to a larger double).
+  f1, f2, f3, f4, f5 = tonumber(f1), tonumber(f2), tonumber(f3), tonumber(f4), tonumber(f5 or 0)
+  if f3 >= EXACT or f4 >= EXACT or f5 >= EXACT then return nil end
+  local st
+  if BUCKET[alg] then
+    st = { alg = alg, L = f1, P = f2, C = f3, a = f4, last = f5 }
+  elseif alg == FW then
+    st = { alg = alg, L = f1, P = f2, C = f1, a = f3, last = f4 }
+  else
+    st = { alg = alg, L = f1, P = f2, C = f1, a = f3, b = f4, last = f5 }
+  end
+  if st.L < 1 or st.L > MAX_AMOUNT or st.P < 1 or st.P > MAX_PERIOD_MS
+    or st.C < 1 or st.C > MAX_AMOUNT then
+    return nil
+  end
+  if BUCKET[alg] and (st.C * st.P >= EXACT or st.a > st.C * st.P) then return nil end
+  if alg == SW and st.L * st.P >= EXACT then return nil end
+  return st
+end
+
+local function encode_fixed(st)
+  if BUCKET[st.alg] then
+    return format('%s %d %d %d %d %d', TAG[st.alg], st.L, st.P, st.C, st.a, st.last)
+  elseif st.alg == FW then
+    return format('rl:fw %d %d %d %d', st.L, st.P, st.a, st.last)
+  end
+  return format('rl:sw %d %d %d %d %d', st.L, st.P, st.a, st.b, st.last)
+end
+
+-- The limiter at `key`: nil for a missing key, or nil and WRONGTYPE for anything that is not
+-- one (another type, or a string that is not a limiter's). One read of at most 128 bytes.
+local function load(key)
+  local raw = redis.pcall('GETRANGE', key, 0, 127)
+  if type(raw) ~= 'string' then return nil, WRONG_TYPE end
+  if raw == '' then
+    if redis.call('EXISTS', key) == 1 then return nil, WRONG_TYPE end
+    return nil
+  end
+  local st = parse_state(raw)
+  if not st then return nil, WRONG_TYPE end
+  return st
+end
+
+-- ------------------------------------------------------------------------------------------
+-- The fixed-size algorithms: (stored state or nil, spec, cost, now) -> reply, t, the state to
+-- store if the call consumes. Each call is evaluated at t = max(now, last).
+
+local function token_bucket(st, spec, cost, now)
+  local L, P, C = spec.L, spec.P, spec.C
+  local full = C * P
+  local t, tokens = now, full -- a missing key is a full bucket
+  if st then
+    if st.last > t then t = st.last end
+    -- Refill under the stored parameters, min(C0*P0, tokens + (t - last)*L0), decided by
+    -- comparison so that (t - last)*L0 is only formed when small.
+    local full0, tok = st.C * st.P, st.a
+    local elapsed = t - st.last
+    if elapsed >= ceil_div(full0 - tok, st.L) then tok = full0 else tok = tok + elapsed * st.L end
+    -- A full bucket is a fresh one; otherwise carried over in requests to the new period
+    -- (rounded down) and clamped to the new capacity.
+    if tok < full0 then
+      if st.P == P then
+        tokens = min(tok, full)
+      else
+        local whole = floor_div(tok, st.P)
+        if whole >= C then
+          tokens = full
+        else
+          tokens = min(whole * P + mul_div(tok - whole * st.P, P, st.P), full)
+        end
+      end
+    end
+  end
+  local allowed, retry = 0, 0
+  if cost > C then
+    retry = -1
+  elseif tokens >= cost * P then
+    allowed = 1
+    tokens = tokens - cost * P
+  else
+    retry = ceil_div(cost * P - tokens, L)
+  end
+  local reply = { allowed, C, floor_div(tokens, P), retry, ceil_div(full - tokens, L), 0 }
+  return reply, t, { alg = TB, L = L, P = P, C = C, a = tokens, last = t }
+end
+
+local function leaky_bucket(st, spec, cost, now)
+  local L, P, C = spec.L, spec.P, spec.C
+  local full = C * P
+  local t, level = now, 0 -- a missing key is an empty queue
+  if st then
+    if st.last > t then t = st.last end
+    local lvl = st.a
+    local elapsed = t - st.last
+    if elapsed >= ceil_div(lvl, st.L) then lvl = 0 else lvl = lvl - elapsed * st.L end
+    -- An empty queue is a fresh one; otherwise carried over in requests to the new period
+    -- (rounded up) and clamped to the new capacity.
+    if lvl > 0 then
+      if st.P == P then
+        level = min(lvl, full)
+      else
+        local whole = floor_div(lvl, st.P)
+        if whole >= C then
+          level = full
+        else
+          local part, rem = mul_div(lvl - whole * st.P, P, st.P)
+          if rem > 0 then part = part + 1 end
+          level = min(whole * P + part, full)
+        end
+      end
+    end
+  end
+  local allowed, retry, delay = 0, 0, 0
+  if cost > C then
+    retry = -1
+  elseif level <= full - cost * P then
+    allowed = 1
+    delay = ceil_div(level, L) -- the queue ahead of this request
+    level = level + cost * P
+  else
+    retry = ceil_div(level - (full - cost * P), L)
+  end
+  local reply = { allowed, C, floor_div(full - level, P), retry, ceil_div(level, L), delay }
+  return reply, t, { alg = LB, L = L, P = P, C = C, a = level, last = t }
+end
+
+local function fixed_window(st, spec, cost, now)
+  local L, P = spec.L, spec.P
+  local t, count = now, 0
+  if st then
+    if st.last > t then t = st.last end
+    -- The count belongs to the window of `last` only, under an unchanged period.
+    if st.P == P and window_start(t, P) == window_start(st.last, P) then count = st.a end
+  end
+  local w = window_start(t, P)
+  local allowed, retry = 0, 0
+  if cost > L then
+    retry = -1
+  elseif count + cost <= L then
+    allowed = 1
+    count = count + cost
+  else
+    retry = P - (t - w)
+  end
+  local reset = 0
+  if count > 0 then reset = P - (t - w) end
+  local reply = { allowed, L, max(0, L - count), retry, reset, 0 }
+  return reply, t, { alg = FW, L = L, P = P, C = L, a = count, last = t }
+end
+
+local function sliding_window(st, spec, cost, now)
+  local L, P = spec.L, spec.P
+  local t, prev, curr = now, 0, 0
+  if st then
+    if st.last > t then t = st.last end
+    -- The same window keeps both counts, the next one makes the current count the previous,
+    -- any later one (or a changed period) starts afresh.
+    if st.P == P then
+      local w0, wt = window_start(st.last, P), window_start(t, P)
+      if wt == w0 then
+        curr, prev = st.a, st.b
+      elseif wt == w0 + P then
+        curr, prev = 0, st.a
+      end
+    end
+  end
+  local w = window_start(t, P)
+  local e = t - w
+  local LP = L * P
+  local est = prev * (P - e) + curr * P -- the weighted estimate, scaled
+  local allowed, retry = 0, 0
+  if cost > L then
+    retry = -1
+  elseif est <= LP - cost * P then
+    allowed = 1
+    curr = curr + cost
+    est = est + cost * P
+  else
+    -- The least d >= 1 that admits it: later in this window while prev decays...
+    if prev > 0 and curr + cost <= L then
+      local d = max(1, P - e - floor_div((L - curr - cost) * P, prev))
+      if d < P - e then retry = d end
+    end
+    -- ...else in the next window (curr becomes the previous count), or the one after.
+    if retry == 0 then
+      if curr == 0 then
+        retry = P - e
+      else
+        local e2 = max(0, P - floor_div((L - cost) * P, curr))
+        if e2 < P then retry = P - e + e2 else retry = 2 * P - e end
+      end
+    end
+  end
+  local remaining = 0
+  if est < LP then remaining = floor_div(LP - est, P) end
+  local reset = 0
+  if curr > 0 then
+    reset = 2 * P - e
+  elseif prev > 0 then
+    reset = P - e
+  end
+  local reply = { allowed, L, remaining, retry, reset, 0 }
+  return reply, t, { alg = SW, L = L, P = P, C = L, a = curr, b = prev, last = t }
+end
+
+local FIXED = {
+  [TB] = token_bucket, [LB] = leaky_bucket, [FW] = fixed_window, [SW] = sliding_window,
+}
+
+-- ------------------------------------------------------------------------------------------
+-- The sliding log. A view reads the stored records lazily (GETRANGE in growing chunks) and
+-- may carry runs appended in memory (CHECKALL's first pass). A mark is a point between runs:
+-- (pos: the record's offset, prev: the ms its gap counts from, left: stored entries from there
+-- on, x: the next in-memory run).
+
+local function varint(out, v)
+  while v >= 128 do
+    local low = v % 128
+    out[#out + 1] = low + 128
+    v = (v - low) / 128
+  end
+  out[#out + 1] = v
+end
+
+-- One run's record: varint(gap << 1 | several) [varint(count - 2)], without forming gap << 1
+-- (which may pass 2^53).
+local function log_record(gap, count)
+  local several = 0
+  if count > 1 then several = 1 end
+  local low = gap % 64
+  local out = { low * 2 + several }
+  local rest = (gap - low) / 64
+  if rest > 0 then
+    out[1] = out[1] + 128
+    varint(out, rest)
+  end
+  if several == 1 then varint(out, count - 2) end
+  return char(unpack(out))
+end
+
+-- The byte at offset `off` of the records, loading a chunk when it is not buffered.
+local function log_byte(v, off)
+  local k = off - v.buf_at + 1
+  if k < 1 or k > #v.buf then
+    if v.complete and off >= v.buf_at then error(redis.error_reply(E_CORRUPT)) end
+    v.buf = redis.call('GETRANGE', v.key, HEADER + off, HEADER + off + v.chunk - 1)
+    v.buf_at = off
+    v.chunk = min(v.chunk * 2, 65536)
+    k = 1
+    if #v.buf == 0 then error(redis.error_reply(E_CORRUPT)) end
+  end
+  return byte(v.buf, k)
+end
+
+-- The record at `off`: gap, count, the next record's offset.
+local function log_read(v, off)
+  local b = log_byte(v, off)
+  off = off + 1
+  local several = b % 2
+  local gap = (b % 128 - several) / 2
+  local scale = 64
+  while b >= 128 do
+    b = log_byte(v, off)
+    off = off + 1
+    gap = gap + (b % 128) * scale
+    scale = scale * 128
+  end
+  local count = 1
+  if several == 1 then
+    local n, sc = 0, 1
+    repeat
+      b = log_byte(v, off)
+      off = off + 1
+      n = n + (b % 128) * sc
+      sc = sc * 128
+    until b < 128
+    count = n + 2
+  end
+  return gap, count, off
+end
+
+-- The run at a mark: ts, count, and the mark after it; nil at the end.
+local function log_next(v, pos, prev, left, x)
+  if left > 0 then
+    local gap, count, nxt = log_read(v, pos)
+    local ts = prev + gap
+    return ts, count, nxt, ts, left - count, x
+  end
+  local run = v.extra[x]
+  if not run then return nil end
+  return run[1], run[2], pos, prev, 0, x + 1
+end
+
+-- A view of a stored log (st from load, with its first bytes), or of a missing key (st nil).
+local function log_view(key, st)
+  if not st then return nil end
+  return {
+    key = key, buf = strsub(st.raw, HEADER + 1), buf_at = 0, chunk = 256,
+    complete = #st.raw < 128,
+    P = st.P, last = st.last, newest = st.last,
+    pos = st.head, prev = st.base, left = st.total, x = 1, extra = {}, n = st.total,
+  }
+end
+
+-- The decision; `res` tells the write what the call saw: live (the stored log counts), count
+-- (live entries), and the mark after the entries that have left the window.
+local function sliding_log(v, spec, cost, now)
+  local L, P = spec.L, spec.P
+  local t, count, live = now, 0, false
+  local res = {}
+  if v then
+    if v.last > t then t = v.last end
+    -- A log whose newest entry has left its own window is a fresh key.
+    live = v.last + v.P > t
+  end
+  if live then
+    -- Entries at or before the cutoff are gone (under the stored period) or do not count
+    -- (under the new one).
+    local cutoff = max(t - v.P, t - P)
+    local pos, prev, left, x = v.pos, v.prev, v.left, v.x
+    local gone = 0
+    while true do
+      local ts, c, p2, pv2, l2, x2 = log_next(v, pos, prev, left, x)
+      if not ts or ts > cutoff then break end
+      gone = gone + c
+      pos, prev, left, x = p2, pv2, l2, x2
+    end
+    count = v.n - gone
+    res.pos, res.prev, res.left, res.x = pos, prev, left, x
+  end
+  res.live, res.count = live, count
+  local allowed, retry = 0, 0
+  local after = count
+  if count + cost <= L then
+    allowed = 1
+    after = count + cost
+  elseif cost > L then
+    retry = -1
+  else
+    -- The request fits once the (count + cost - L)-th oldest live entry has left the window.
+    local k = count + cost - L
+    local pos, prev, left, x = res.pos, res.prev, res.left, res.x
+    local seen = 0
+    while true do
+      local ts, c
+      ts, c, pos, prev, left, x = log_next(v, pos, prev, left, x)
+      if not ts then break end
+      seen = seen + c
+      if seen >= k then
+        retry = P - (t - ts)
+        break
+      end
+    end
+  end
+  local newest
+  if allowed == 1 and cost > 0 then
+    newest = t
+  elseif count > 0 then
+    newest = v.newest
+  end
+  local reset = 0
+  if newest then reset = P - (t - newest) end
+  return { allowed, L, max(0, L - after), retry, reset, 0 }, t, res
+end
+
+-- CHECKALL's first pass: what a consuming call would leave, in memory.
+local function log_consume_in_view(key, v, res, spec, cost, t)
+  if not v then
+    v = { key = key, buf = '', buf_at = 0, chunk = 256, complete = true }
+  end
+  if res.live and res.count > 0 then
+    v.pos, v.prev, v.left, v.x = res.pos, res.prev, res.left, res.x
+    v.extra[#v.extra + 1] = { t, cost }
+  else
+    v.left, v.extra, v.x = 0, { { t, cost } }, 1
+  end
+  v.n = res.count + cost
+  v.P, v.last, v.newest = spec.P, t, t
+  return v
+end
+
+-- A consuming call's write: the dropped prefix becomes dead (head moves), the entries are
+-- appended (or the newest run grows when it is at the same ms), the header is rewritten in
+-- place. When the dead bytes outweigh the live ones the log is rewritten without them.
+local function log_write(key, st, res, spec, cost, t, reset)
+  local expire = fmt_sum(t, reset)
+  local header = { P = spec.P, L = spec.L, last = t, base = t, head = 0, newest_pos = 0,
+    total = cost }
+  if not (res.live and res.count > 0) then
+    redis.call('SET', key, log_header(header) .. log_record(0, cost), 'PXAT', expire)
+    return
+  end
+  header.base, header.total = res.prev, res.count + cost
+  local head, pos = res.pos, st.newest_pos
+  local record, size
+  local same_ms = t == st.last
+  if #st.raw < 128 then
+    -- A small log, read whole by load(): one SET rewrites it without its dead records.
+    local records = strsub(st.raw, HEADER + 1)
+    if same_ms then
+      local v = { key = key, buf = records, buf_at = 0, chunk = 256, complete = true }
+      local gap, count = log_read(v, pos)
+      record = log_record(gap, count + cost)
+    else
+      record = log_record(t - st.last, cost)
+      pos = #records
+    end
+    header.newest_pos = pos - head
+    redis.call('SET', key, log_header(header) .. strsub(records, head + 1, pos) .. record,
+      'PXAT', expire)
+    return
+  end
+  if same_ms then
+    -- The newest record is the last one: re-encode it with its new count.
+    local old = redis.call('GETRANGE', key, HEADER + pos, -1)
+    local v = { key = key, buf = old, buf_at = pos, chunk = 256, complete = true }
+    local gap, count = log_read(v, pos)
+    record = log_record(gap, count + cost)
+    size = pos + #record
+  else
+    size = redis.call('STRLEN', key) - HEADER
+    pos = size
+    record = log_record(t - st.last, cost)
+    size = size + #record
+  end
+  header.head, header.newest_pos = head, pos
+  if head >= 16 and head >= size - head then
+    local live = redis.call('GETRANGE', key, HEADER + head, HEADER + pos - 1)
+    header.head, header.newest_pos = 0, pos - head
+    redis.call('SET', key, log_header(header) .. live .. record, 'PXAT', expire)
+    return
+  end
+  if same_ms then
+    redis.call('SETRANGE', key, HEADER + pos, record)
+  else
+    redis.call('APPEND', key, record)
+  end
+  redis.call('SETRANGE', key, 0, log_header(header))
+  redis.call('PEXPIREAT', key, expire)
+end
+
+-- ------------------------------------------------------------------------------------------
+-- One limit on one key.
+
+-- The view a decision reads: the state table, or the sliding log's view.
+local function view_of(key, st)
+  if st and st.alg == SL then return log_view(key, st) end
+  return st
+end
+
+local function decide(alg, view, spec, cost, now)
+  if alg == SL then return sliding_log(view, spec, cost, now) end
+  return FIXED[alg](view, spec, cost, now)
+end
+
+-- CHECK (commit) or PEEK on a loaded key; returns the reply or nil, error.
+local function evaluate(key, st, spec, cost, now, commit)
+  if st and st.alg ~= spec.alg then return nil, mismatch(st.alg, spec.alg) end
+  local reply, t, res = decide(spec.alg, view_of(key, st), spec, cost, now)
+  if commit and reply[1] == 1 and cost > 0 then
+    if spec.alg == SL then
+      log_write(key, st, res, spec, cost, t, reply[5])
+    else
+      redis.call('SET', key, encode_fixed(res), 'PXAT', fmt_sum(t, reply[5]))
+    end
+  end
+  return reply
+end
+
+-- ------------------------------------------------------------------------------------------
+-- The functions.
+
+local function check(name, keys, args, commit)
+  if #keys ~= 1 then return redis.error_reply(one_key(name)) end
+  local spec, cost, at = parse_check(args, 1)
+  if not spec then
+    if cost.arity then return redis.error_reply(arity(name)) end
+    return redis.error_reply(cost.msg)
+  end
+  local st, err = load(keys[1])
+  if err then return redis.error_reply(err) end
+  local reply
+  reply, err = evaluate(keys[1], st, spec, cost, at or server_now(), commit)
+  if not reply then return redis.error_reply(err) end
+  return reply
+end
+
+-- The overall decision: allowed only if all allow; the least remaining (and the limit of the
+-- first key with it); the greatest retry_after (-1 if any is -1), reset_after and delay.
+local function combine(replies)
+  local overall = { 1, 0, 0, 0, 0, 0 }
+  local least
+  local never = false
+  for _, r in ipairs(replies) do
+    if r[1] == 0 then overall[1] = 0 end
+    if not least or r[3] < least[3] then least = r end
+    if r[4] == -1 then never = true end
+    overall[4] = max(overall[4], r[4])
+    overall[5] = max(overall[5], r[5])
+    overall[6] = max(overall[6], r[6])
+  end
+  overall[2], overall[3] = least[2], least[3]
+  if never then overall[4] = -1 end
+  return overall
+end
+
+local function checkall(keys, args)
+  local specs, cost, at = parse_checkall(keys, args, 'ratelimit_checkall')
+  if not specs then return redis.error_reply(cost) end
+  local now = at or server_now()
+
+  -- First pass: decide every limit in order without writing. A key named more than once is
+  -- decided on a view that carries what the admitted limits before it consumed.
+  local loaded, views, algs, seen = {}, {}, {}, {}
+  local replies = {}
+  for i, key in ipairs(keys) do
+    local spec = specs[i]
+    if not seen[key] then
+      local st, err = load(key)
+      if err then return redis.error_reply(err) end
+      seen[key], loaded[key] = true, st
+      views[key] = view_of(key, st)
+      algs[key] = st and st.alg
+    end
+    if algs[key] and algs[key] ~= spec.alg then
+      return redis.error_reply(mismatch(algs[key], spec.alg))
+    end
+    local reply, t, res = decide(spec.alg, views[key], spec, cost, now)
+    if reply[1] == 1 and cost > 0 then
+      algs[key] = spec.alg
+      if spec.alg == SL then
+        views[key] = log_consume_in_view(key, views[key], res, spec, cost, t)
+      else
+        views[key] = res
+      end
+    end
+    replies[i] = reply
+  end
+
+  local admitted = true
+  for _, r in ipairs(replies) do
+    if r[1] == 0 then admitted = false end
+  end
+  if admitted and cost > 0 then
+    -- Second pass: consume everywhere, in order, as the same CHECKs one after the other. A key
+    -- is read again after a write to it.
+    local fresh = {}
+    for i, key in ipairs(keys) do
+      local st = loaded[key]
+      if fresh[key] then
+        local err
+        st, err = load(key)
+        if err then return redis.error_reply(err) end
+      end
+      local reply, err = evaluate(key, st, specs[i], cost, now, true)
+      if not reply then return redis.error_reply(err) end
+      replies[i] = reply
+      fresh[key] = true
+    end
+  end
+
+  local out = { combine(replies) }
+  for i, r in ipairs(replies) do out[i + 1] = r end
+  return out
+end
+
+local function reset(keys, args)
+  if #keys == 0 or #args > 0 then return redis.error_reply(arity('ratelimit_reset')) end
+  -- All or nothing: a key of another type fails the call before anything is removed. A key
+  -- named twice is removed once, as DEL counts it.
+  local found, seen = {}, {}
+  for _, key in ipairs(keys) do
+    if not seen[key] then
+      seen[key] = true
+      local st, err = load(key)
+      if err then return redis.error_reply(err) end
+      if st then found[#found + 1] = key end
+    end
+  end
+  for i = 1, #found, 1000 do
+    redis.call('DEL', unpack(found, i, min(i + 999, #found)))
+  end
+  return #found
+end
+
+local function status(s)
+  return { ok = s }
+end
+
+local function info(keys, args)
+  if #keys ~= 1 then return redis.error_reply(one_key('ratelimit_info')) end
+  if #args > 0 then return redis.error_reply(arity('ratelimit_info')) end
+  local key = keys[1]
+  local st, err = load(key)
+  if err then return redis.error_reply(err) end
+  if not st then return false end
+  -- remaining and reset_after_ms: a COST 0 PEEK with the stored parameters, now.
+  local reply = decide(st.alg, view_of(key, st), st, 0, server_now())
+  local out = {
+    status('algorithm'), status(st.alg), status('limit'), st.L, status('period_ms'), st.P,
+    status('burst'), st.C, status('remaining'), reply[3], status('reset_after_ms'), reply[5],
+    status('updated_at_ms'), st.last,
+  }
+  local own
+  if st.alg == TB then
+    own = { 'tokens', floor_div(st.a, st.P) }
+  elseif st.alg == LB then
+    own = { 'level', ceil_div(st.a, st.P) }
+  elseif st.alg == FW then
+    own = { 'window_start', window_start(st.last, st.P), 'count', st.a }
+  elseif st.alg == SW then
+    own = { 'window_start', window_start(st.last, st.P), 'count', st.a, 'previous', st.b }
+  else
+    own = { 'entries', st.total }
+  end
+  for k = 1, #own, 2 do
+    out[#out + 1] = status(own[k])
+    out[#out + 1] = own[k + 1]
+  end
+  return out
+end
+
+redis.register_function {
+  function_name = 'ratelimit_check',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return check('ratelimit_check', keys, args, true)
+  end,
+  description = 'RATELIMIT.CHECK: 1 key algorithm limit period [BURST c] [COST n] [AT ms]',
+}
+redis.register_function {
+  function_name = 'ratelimit_peek',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return check('ratelimit_peek', keys, args, false)
+  end,
+  flags = { 'no-writes' },
+  description = 'RATELIMIT.PEEK: what ratelimit_check would answer, changing nothing',
+}
+redis.register_function {
+  function_name = 'ratelimit_checkall',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return checkall(keys, args)
+  end,
+  description = 'RATELIMIT.CHECKALL: N keys, one algorithm limit period [BURST c] per key, '
+    .. '[COST n] [AT ms]; all or nothing',
+}
+redis.register_function {
+  function_name = 'ratelimit_reset',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return reset(keys, args)
+  end,
+  description = 'RATELIMIT.RESET: N keys; removes limiters, replies how many',
+}
+redis.register_function {
+  function_name = 'ratelimit_info',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return info(keys, args)
+  end,
+  flags = { 'no-writes' },
+  description = 'RATELIMIT.INFO: 1 key; the stored state as field/value pairs, nil if missing',
+}
