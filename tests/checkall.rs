@@ -1,151 +1,28 @@
-//! `RATELIMIT.CHECKALL` against a real redis-server, checked against the SPEC's model: each key
-//! decides as CHECK would (the pure cores of `redis_ratelimit::algorithms`, whose arithmetic other
-//! tests hold to the SPEC's tables and the Lua references), and the call as a whole is
-//! all-or-nothing, with the overall decision built from the per-key ones by the SPEC's rules
-//! (re-implemented here, independently of the module's own `combine`).
+//! `RATELIMIT.CHECKALL` against a real redis-server, checked against docs/algorithms.md's model
+//! (tests/common/model.rs): each key decides as CHECK would (the pure cores of
+//! `redis_ratelimit::algorithms`, whose arithmetic other tests hold to the worked examples and the
+//! Lua references), and the call as a whole is all-or-nothing, with the overall decision built
+//! from the per-key ones by the rules of docs/algorithms.md ("CHECKALL"), re-implemented in the
+//! model independently of the module's own `combine`.
 //!
 //! `RATELIMIT_CHECKALL_SEQUENCES` sets how many random sequences run (default 150);
 //! `RATELIMIT_CHECKALL_SEED` replays one sequence.
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{future_base_ms, wait_replica_sync, Server};
+use common::model::{checkall_reply, Model, Spec};
+use common::rng::{parse_seed, Rng};
+use common::{
+    assert_replica_matches, cmd_error, cmd_line, exists, future_base_ms, info_int, limiter_info,
+    master_and_replica, run_ok, show_cmd, snapshot, Server,
+};
 use redis::Value;
-use redis_ratelimit::algorithms::{self, Algorithm, Decision, Limiter, Params, Request, Write};
+use redis_ratelimit::algorithms::{Algorithm, Request};
 
 // ---------------------------------------------------------------------------------------------
-// The model
-
-/// One limit as given on the command line.
-#[derive(Clone, Copy, Debug)]
-struct Spec {
-    algorithm: Algorithm,
-    limit: u64,
-    period_ms: u64,
-    burst: Option<u64>,
-}
-
-impl Spec {
-    fn params(&self) -> Params {
-        Params::new(self.limit, self.period_ms, self.burst).expect("valid spec")
-    }
-
-    fn args(&self) -> Vec<String> {
-        let mut args = vec![
-            self.algorithm.name().to_string(),
-            self.limit.to_string(),
-            self.period_ms.to_string(),
-        ];
-        if let Some(burst) = self.burst {
-            args.extend(["BURST".to_string(), burst.to_string()]);
-        }
-        args
-    }
-
-    fn request(&self, cost: u64, at_ms: u64) -> Request {
-        Request {
-            algorithm: self.algorithm,
-            params: self.params(),
-            cost,
-            now_ms: at_ms,
-        }
-    }
-}
-
-/// The SPEC's model of the stored keys.
-#[derive(Default)]
-struct Model {
-    keys: HashMap<String, Option<Limiter>>,
-}
-
-impl Model {
-    fn check(&mut self, key: &str, request: &Request) -> Decision {
-        let stored = self.keys.entry(key.to_string()).or_default();
-        let (outcome, write) =
-            algorithms::check(stored.as_mut(), request, true).expect("same algorithm");
-        if let Write::Created(limiter) = write {
-            *stored = Some(limiter);
-        }
-        outcome.decision
-    }
-
-    /// CHECKALL: the limits decided in order on a copy of the keys, each seeing what the
-    /// admitted ones before it consumed (a key named twice counts twice, as two CHECKs in a row
-    /// would); the copy is kept only if every limit admits. Returns the per-limit decisions.
-    fn checkall(&mut self, keys: &[&str], requests: &[Request]) -> Vec<Decision> {
-        let mut trial = Model {
-            keys: self.keys.clone(),
-        };
-        let decisions: Vec<Decision> = keys
-            .iter()
-            .zip(requests)
-            .map(|(key, request)| trial.check(key, request))
-            .collect();
-        if decisions.iter().all(|decision| decision.allowed) {
-            *self = trial;
-        }
-        decisions
-    }
-}
-
-/// The SPEC's overall decision, as the six integers of the reply.
-fn overall(decisions: &[[i64; 6]]) -> [i64; 6] {
-    let allowed = decisions.iter().all(|d| d[0] == 1);
-    let least = decisions.iter().map(|d| d[2]).min().expect("a key");
-    let first_least = decisions.iter().find(|d| d[2] == least).expect("a key");
-    let retry = if decisions.iter().any(|d| d[3] == -1) {
-        -1
-    } else {
-        decisions.iter().map(|d| d[3]).max().expect("a key")
-    };
-    [
-        i64::from(allowed),
-        first_least[1],
-        least,
-        retry,
-        decisions.iter().map(|d| d[4]).max().expect("a key"),
-        decisions.iter().map(|d| d[5]).max().expect("a key"),
-    ]
-}
-
-/// A small deterministic generator (xorshift64*), so a failing sequence can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `low..=high`.
-    fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next() % (high - low + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.range(1, 100) <= percent
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.range(0, items.len() as u64 - 1) as usize]
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.range(0, i as u64) as usize;
-            items.swap(i, j);
-        }
-    }
-}
+// Random limits and costs
 
 fn random_spec(rng: &mut Rng, algorithm: Algorithm) -> Spec {
     let limit = rng.range(1, 5);
@@ -191,42 +68,6 @@ fn check_cmd(key: &str, spec: &Spec, cost: u64, at_ms: u64) -> redis::Cmd {
     cmd
 }
 
-/// What a key holds on the server, byte for byte: its DUMP payload and absolute expiry.
-type Snapshot = Vec<(Option<Vec<u8>>, i64)>;
-
-fn snapshot(con: &mut redis::Connection, keys: &[String]) -> Snapshot {
-    let mut pipe = redis::pipe();
-    for key in keys {
-        pipe.cmd("DUMP").arg(key).cmd("PEXPIRETIME").arg(key);
-    }
-    let flat: Vec<Value> = pipe.query(con).expect("DUMP/PEXPIRETIME");
-    flat.chunks(2)
-        .map(|pair| {
-            let dump: Option<Vec<u8>> = redis::from_redis_value(&pair[0]).expect("DUMP payload");
-            let expiry: i64 = redis::from_redis_value(&pair[1]).expect("PEXPIRETIME");
-            (dump, expiry)
-        })
-        .collect()
-}
-
-/// A command as text, for failure messages.
-fn show(cmd: &redis::Cmd) -> String {
-    cmd.args_iter()
-        .map(|arg| match arg {
-            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-            redis::Arg::Cursor => "<cursor>".to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn query_error(con: &mut redis::Connection, cmd: &redis::Cmd) -> String {
-    match cmd.query::<Value>(con) {
-        Ok(value) => panic!("{}: expected an error, got {value:?}", show(cmd)),
-        Err(error) => error.to_string(),
-    }
-}
-
 fn sequences() -> u64 {
     std::env::var("RATELIMIT_CHECKALL_SEQUENCES")
         .ok()
@@ -246,7 +87,7 @@ fn random_sequences_follow_the_model() {
     let mut con = server.client();
     let base = future_base_ms();
     let seeds: Vec<u64> = match std::env::var("RATELIMIT_CHECKALL_SEED") {
-        Ok(seed) => vec![seed.parse().expect("RATELIMIT_CHECKALL_SEED")],
+        Ok(seed) => vec![parse_seed(&seed).expect("RATELIMIT_CHECKALL_SEED")],
         Err(_) => (1..=sequences()).collect(),
     };
     let (mut admitted, mut refused, mut steps) = (0, 0, 0);
@@ -309,15 +150,9 @@ fn random_sequences_follow_the_model() {
             let cmd = checkall_cmd(&names, &chosen, cost, at);
             let reply: Vec<Vec<i64>> = cmd
                 .query(&mut con)
-                .unwrap_or_else(|e| panic!("{context}: {}: {e}", show(&cmd)));
-            let per_key: Vec<[i64; 6]> = model
-                .checkall(&names, &requests)
-                .iter()
-                .map(Decision::to_array)
-                .collect();
-            let mut expected = vec![overall(&per_key).to_vec()];
-            expected.extend(per_key.iter().map(|d| d.to_vec()));
-            assert_eq!(reply, expected, "{context}: {}", show(&cmd));
+                .unwrap_or_else(|e| panic!("{context}: {}: {e}", show_cmd(&cmd)));
+            let expected = checkall_reply(&model.checkall(&names, &requests));
+            assert_eq!(reply, expected, "{context}: {}", show_cmd(&cmd));
             if reply[0][0] == 1 {
                 admitted += 1;
             } else {
@@ -326,7 +161,7 @@ fn random_sequences_follow_the_model() {
                     snapshot(&mut con, &keys),
                     before,
                     "{context}: a rejected CHECKALL changed a key: {}",
-                    show(&cmd)
+                    show_cmd(&cmd)
                 );
             }
             if names.len() == 1 {
@@ -400,8 +235,9 @@ fn checkall_of_one_key_equals_check() {
     }
 }
 
-/// The SPEC's example: a per-second and a per-hour limit. A request the per-second limit refuses
-/// consumes nothing from the per-hour one; the reply shows which limit refused.
+/// A per-second and a per-hour limit, as in docs/commands.md ("RATELIMIT.CHECKALL"). A request
+/// the per-second limit refuses consumes nothing from the per-hour one; the reply shows which
+/// limit refused.
 #[test]
 fn all_or_nothing_with_per_key_views() {
     let server = Server::start();
@@ -527,127 +363,43 @@ fn errors_change_nothing() {
         .arg(&["x", "token-bucket", "3", "1s", "AT", &t])
         .query(&mut con)
         .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("str")
-        .arg("v")
-        .query(&mut con)
-        .unwrap();
+    run_ok(&mut con, "SET str v");
     let before = snapshot(&mut con, &keys);
-    let cases: &[(&[&str], &str)] = &[
-        (&["0", "x", "fixed-window", "1", "1s"], "numkeys"),
-        (&["x", "x", "fixed-window", "1", "1s"], "numkeys"),
-        (&["9", "x", "y", "fixed-window", "1"], "numkeys"),
+    let cases = [
+        ("0 x fixed-window 1 1s", "numkeys"),
+        ("x x fixed-window 1 1s", "numkeys"),
+        ("9 x y fixed-window 1", "numkeys"),
+        ("2 x y token-bucket 3 1s", "wrong number of arguments"),
         (
-            &["2", "x", "y", "token-bucket", "3", "1s"],
+            "2 x y token-bucket 3 1s COST 1 AT 5",
             "wrong number of arguments",
         ),
         (
-            &[
-                "2",
-                "x",
-                "y",
-                "token-bucket",
-                "3",
-                "1s",
-                "COST",
-                "1",
-                "AT",
-                "5",
-            ],
-            "wrong number of arguments",
-        ),
-        (
-            &[
-                "2",
-                "y",
-                "x",
-                "fixed-window",
-                "1",
-                "1s",
-                "BURST",
-                "2",
-                "token-bucket",
-                "3",
-                "1s",
-            ],
+            "2 y x fixed-window 1 1s BURST 2 token-bucket 3 1s",
             "BURST applies only",
         ),
+        ("2 y x gcra 1 1s token-bucket 3 1s", "unknown algorithm"),
+        ("2 y x fixed-window 1 1s token-bucket 3 1s COST -1", "COST"),
         (
-            &["2", "y", "x", "gcra", "1", "1s", "token-bucket", "3", "1s"],
-            "unknown algorithm",
-        ),
-        (
-            &[
-                "2",
-                "y",
-                "x",
-                "fixed-window",
-                "1",
-                "1s",
-                "token-bucket",
-                "3",
-                "1s",
-                "COST",
-                "-1",
-            ],
-            "COST",
-        ),
-        (
-            &[
-                "2",
-                "y",
-                "x",
-                "fixed-window",
-                "1",
-                "1s",
-                "token-bucket",
-                "3",
-                "1s",
-                "LIMIT",
-                "1",
-            ],
+            "2 y x fixed-window 1 1s token-bucket 3 1s LIMIT 1",
             "unknown option",
         ),
+        ("2 y str fixed-window 1 1s fixed-window 1 1s", "WRONGTYPE"),
         (
-            &[
-                "2",
-                "y",
-                "str",
-                "fixed-window",
-                "1",
-                "1s",
-                "fixed-window",
-                "1",
-                "1s",
-            ],
-            "WRONGTYPE",
-        ),
-        (
-            &[
-                "2",
-                "y",
-                "x",
-                "fixed-window",
-                "1",
-                "1s",
-                "sliding-log",
-                "3",
-                "1s",
-            ],
+            "2 y x fixed-window 1 1s sliding-log 3 1s",
             "holds a token-bucket limiter, not sliding-log",
         ),
     ];
     for (args, needle) in cases {
-        let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
-        cmd.arg(*args).arg("AT").arg(&t);
-        let error = query_error(&mut con, &cmd);
+        let cmd = cmd_line(&format!("RATELIMIT.CHECKALL {args} AT {t}"));
+        let error = cmd_error(&mut con, &cmd);
         assert!(
             error.contains(needle),
             "{args:?}: {error:?} lacks {needle:?}"
         );
         assert_eq!(snapshot(&mut con, &keys), before, "{args:?} changed a key");
     }
-    let error = query_error(&mut con, redis::cmd("RATELIMIT.CHECKALL").arg(1).arg("x"));
+    let error = cmd_error(&mut con, &cmd_line("RATELIMIT.CHECKALL 1 x"));
     assert!(error.contains("wrong number of arguments"), "{error}");
 }
 
@@ -656,25 +408,12 @@ fn errors_change_nothing() {
 fn keys_are_declared() {
     let server = Server::start();
     let mut con = server.client();
-    let keys: Vec<String> = redis::cmd("COMMAND")
-        .arg("GETKEYS")
-        .arg("RATELIMIT.CHECKALL")
-        .arg(3)
-        .arg(&["a", "b", "c"])
-        .arg(&[
-            "token-bucket",
-            "1",
-            "1s",
-            "fixed-window",
-            "2",
-            "1s",
-            "sliding-log",
-            "3",
-            "1m",
-        ])
-        .arg(&["COST", "2"])
-        .query(&mut con)
-        .expect("COMMAND GETKEYS");
+    let keys: Vec<String> = cmd_line(
+        "COMMAND GETKEYS RATELIMIT.CHECKALL 3 a b c \
+         token-bucket 1 1s fixed-window 2 1s sliding-log 3 1m COST 2",
+    )
+    .query(&mut con)
+    .expect("COMMAND GETKEYS");
     assert_eq!(keys, ["a", "b", "c"]);
     let info: Value = redis::cmd("COMMAND")
         .arg("INFO")
@@ -686,28 +425,12 @@ fn keys_are_declared() {
         assert!(text.contains(needle), "COMMAND INFO lacks {needle}: {text}");
     }
 
-    let _: () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "tenant1",
-            "on",
-            ">secret",
-            "~tenant1:*",
-            "+ratelimit.checkall",
-        ])
-        .query(&mut con)
-        .expect("ACL SETUSER");
-    let _: () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "reader",
-            "on",
-            ">secret",
-            "%R~*",
-            "+ratelimit.checkall",
-        ])
-        .query(&mut con)
-        .expect("ACL SETUSER");
+    for user in [
+        "ACL SETUSER tenant1 on >secret ~tenant1:* +ratelimit.checkall",
+        "ACL SETUSER reader on >secret %R~* +ratelimit.checkall",
+    ] {
+        let _: () = cmd_line(user).query(&mut con).expect("ACL SETUSER");
+    }
     let connect = |user: &str| {
         redis::Client::open(format!(
             "redis://{user}:secret@127.0.0.1:{}/",
@@ -730,26 +453,22 @@ fn keys_are_declared() {
         .expect("keys inside the pattern");
     assert_eq!(reply[0][0], 1);
     for (a, b) in [("tenant1:a", "tenant2:b"), ("other", "tenant1:b")] {
-        let error = query_error(&mut tenant, &checkall(a, b));
+        let error = cmd_error(&mut tenant, &checkall(a, b));
         assert!(error.contains("NOPERM"), "{a} {b}: {error}");
     }
     // Keys only readable: CHECKALL writes, so it is refused.
-    let error = query_error(&mut connect("reader"), &checkall("r1", "r2"));
+    let error = cmd_error(&mut connect("reader"), &checkall("r1", "r2"));
     assert!(error.contains("NOPERM"), "{error}");
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg(&["tenant2:b", "other", "r1", "r2"])
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(exists, 0);
+    for key in ["tenant2:b", "other", "r1", "r2"] {
+        assert!(!exists(&mut con, key), "{key}");
+    }
 }
 
 /// Replicas reproduce every key exactly (same digest, same absolute expiry); stats count one
 /// decision per key; `ratelimit.rejected` goes to the keys that refused, and only to them.
 #[test]
 fn replication_stats_and_notifications() {
-    let master = Server::start();
-    let replica = Server::start();
-    replica.replica_of(&master);
+    let (master, replica) = master_and_replica();
     let mut con = master.client();
     let base = future_base_ms();
     let mut rng = Rng::new(77);
@@ -783,22 +502,8 @@ fn replication_stats_and_notifications() {
         .add_command(checkall_cmd(&["r4", "r1"], &[specs[4], specs[1]], 1, at))
         .query(&mut con)
         .expect("MULTI");
-    wait_replica_sync(&master, &replica);
-    let mut replica_con = replica.client();
-    for key in &keys {
-        let digest = |con: &mut redis::Connection| -> Vec<String> {
-            redis::cmd("DEBUG")
-                .arg("DIGEST-VALUE")
-                .arg(key)
-                .query(con)
-                .expect("DEBUG DIGEST-VALUE")
-        };
-        let expiry = |con: &mut redis::Connection| -> i64 {
-            redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap()
-        };
-        assert_eq!(digest(&mut con), digest(&mut replica_con), "{key}");
-        assert_eq!(expiry(&mut con), expiry(&mut replica_con), "{key}");
-    }
+    // Every key the same on the replica: digest, expiry, RATELIMIT.INFO; and nothing else.
+    assert_replica_matches(&master, &replica, &keys);
 
     // Stats: a fresh server, one refused CHECKALL over three keys, one admitted over two.
     let server = Server::start();
@@ -879,45 +584,25 @@ fn a_key_named_twice_counts_twice() {
     let server = Server::start();
     let mut con = server.client();
     let t = future_base_ms();
-    let call = |con: &mut redis::Connection, args: &[&str], at: u64| -> Vec<Vec<i64>> {
-        redis::cmd("RATELIMIT.CHECKALL")
-            .arg(args)
-            .arg("AT")
-            .arg(at)
+    let call = |con: &mut redis::Connection, args: &str, at: u64| -> Vec<Vec<i64>> {
+        cmd_line(&format!("RATELIMIT.CHECKALL {args} AT {at}"))
             .query(con)
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .unwrap_or_else(|e| panic!("{args}: {e}"))
     };
-    let twice = [
-        "2",
-        "k",
-        "k",
-        "fixed-window",
-        "2",
-        "1s",
-        "fixed-window",
-        "2",
-        "1s",
-    ];
+    let twice = "2 k k fixed-window 2 1s fixed-window 2 1s";
     assert_eq!(
-        call(&mut con, &twice, t),
+        call(&mut con, twice, t),
         [
             [1, 2, 0, 0, 1000, 0],
             [1, 2, 1, 0, 1000, 0],
             [1, 2, 0, 0, 1000, 0]
         ]
     );
-    let info: Vec<Value> = redis::cmd("RATELIMIT.INFO")
-        .arg("k")
-        .query(&mut con)
-        .unwrap();
-    assert!(
-        info.windows(2)
-            .any(|pair| pair == [Value::SimpleString("count".into()), Value::Int(2)]),
-        "{info:?}"
-    );
+    let info = limiter_info(&mut con, "k").expect("k is stored");
+    assert_eq!(info_int(&info, "count"), 2, "{info:?}");
     // Full: both occurrences rejected.
     assert_eq!(
-        call(&mut con, &twice, t + 1),
+        call(&mut con, twice, t + 1),
         [
             [0, 2, 0, 999, 999, 0],
             [0, 2, 0, 999, 999, 0],
@@ -925,55 +610,25 @@ fn a_key_named_twice_counts_twice() {
         ]
     );
     // The first occurrence alone would pass, the second cannot: nothing is consumed.
-    let one_each = [
-        "2",
-        "c",
-        "c",
-        "fixed-window",
-        "1",
-        "1s",
-        "fixed-window",
-        "1",
-        "1s",
-    ];
     assert_eq!(
-        call(&mut con, &one_each, t),
+        call(&mut con, "2 c c fixed-window 1 1s fixed-window 1 1s", t),
         [
             [0, 1, 0, 1000, 1000, 0],
             [1, 1, 0, 0, 1000, 0],
             [0, 1, 0, 1000, 1000, 0]
         ]
     );
-    let exists: i64 = redis::cmd("EXISTS").arg("c").query(&mut con).unwrap();
-    assert_eq!(exists, 0);
+    assert!(!exists(&mut con, "c"));
     // Between other keys, and with other parameters: the same as the CHECKs in sequence.
-    let mixed = [
-        "3",
-        "a",
-        "b",
-        "a",
-        "token-bucket",
-        "2",
-        "1s",
-        "fixed-window",
-        "5",
-        "1s",
-        "token-bucket",
-        "4",
-        "2s",
-    ];
-    let reply = call(&mut con, &mixed, t);
+    let mixed = "3 a b a token-bucket 2 1s fixed-window 5 1s token-bucket 4 2s";
+    let reply = call(&mut con, mixed, t);
     let mut sequence = Vec::new();
-    for (key, spec) in [
-        ("a2", ["token-bucket", "2", "1s"]),
-        ("b2", ["fixed-window", "5", "1s"]),
-        ("a2", ["token-bucket", "4", "2s"]),
+    for check in [
+        "a2 token-bucket 2 1s",
+        "b2 fixed-window 5 1s",
+        "a2 token-bucket 4 2s",
     ] {
-        let one: Vec<i64> = redis::cmd("RATELIMIT.CHECK")
-            .arg(key)
-            .arg(&spec)
-            .arg("AT")
-            .arg(t)
+        let one: Vec<i64> = cmd_line(&format!("RATELIMIT.CHECK {check} AT {t}"))
             .query(&mut con)
             .unwrap();
         sequence.push(one);
@@ -983,26 +638,15 @@ fn a_key_named_twice_counts_twice() {
     assert_eq!(snapshot_of(&mut con, "a"), snapshot_of(&mut con, "a2"));
     assert_eq!(snapshot_of(&mut con, "b"), snapshot_of(&mut con, "b2"));
     // Two algorithms on one key: the second is refused as the second CHECK would be.
-    let error = query_error(
+    let error = cmd_error(
         &mut con,
-        redis::cmd("RATELIMIT.CHECKALL").arg(&[
-            "2",
-            "n",
-            "n",
-            "token-bucket",
-            "2",
-            "1s",
-            "fixed-window",
-            "2",
-            "1s",
-        ]),
+        &cmd_line("RATELIMIT.CHECKALL 2 n n token-bucket 2 1s fixed-window 2 1s"),
     );
     assert!(
         error.contains("holds a token-bucket limiter, not fixed-window"),
         "{error}"
     );
-    let exists: i64 = redis::cmd("EXISTS").arg("n").query(&mut con).unwrap();
-    assert_eq!(exists, 0);
+    assert!(!exists(&mut con, "n"));
 }
 
 /// An error inside a limit spec names the spec and its key; numkeys is named before the count of
@@ -1011,58 +655,24 @@ fn a_key_named_twice_counts_twice() {
 fn errors_name_the_spec() {
     let server = Server::start();
     let mut con = server.client();
-    let cases: [(&[&str], &str); 5] = [
+    let cases = [
         (
-            &[
-                "2",
-                "x",
-                "y",
-                "token-bucket",
-                "3",
-                "1s",
-                "fixed-window",
-                "1",
-                "1s",
-                "BURST",
-                "2",
-            ],
+            "2 x y token-bucket 3 1s fixed-window 1 1s BURST 2",
             "limit spec 2 (key 'y'): BURST applies only to token-bucket and leaky-bucket",
         ),
         (
-            &[
-                "2",
-                "x",
-                "y",
-                "fixed-window",
-                "1",
-                "1s",
-                "BURST",
-                "2",
-                "token-bucket",
-                "3",
-                "1s",
-            ],
+            "2 x y fixed-window 1 1s BURST 2 token-bucket 3 1s",
             "limit spec 1 (key 'x'): BURST applies only",
         ),
         (
-            &[
-                "2",
-                "x",
-                "y",
-                "token-bucket",
-                "3",
-                "1s",
-                "token-bucket",
-                "3",
-                "1y",
-            ],
+            "2 x y token-bucket 3 1s token-bucket 3 1y",
             "limit spec 2 (key 'y'): period must be",
         ),
-        (&["0", "k"], "numkeys must be"),
-        (&["0"], "numkeys must be"),
+        ("0 k", "numkeys must be"),
+        ("0", "numkeys must be"),
     ];
     for (args, needle) in cases {
-        let error = query_error(&mut con, redis::cmd("RATELIMIT.CHECKALL").arg(args));
+        let error = cmd_error(&mut con, &cmd_line(&format!("RATELIMIT.CHECKALL {args}")));
         assert!(
             error.contains(needle),
             "{args:?}: {error:?} lacks {needle:?}"

@@ -3,24 +3,25 @@
 //! over keys spread across all masters and CHECKALL over hash-tagged keys; keys in different
 //! slots get `CROSSSLOT`; a slot holding limiter keys is moved with `redis-cli --cluster reshard`
 //! and its keys arrive intact; then the master holding them is killed, its replica takes over,
-//! and every limit continues exactly where it was (each reply equals the SPEC's model).
+//! and every limit continues exactly where it was (each reply equals the model of
+//! docs/algorithms.md, tests/common/model.rs).
 //!
 //! Every server is a `common::Server`, killed on Drop (also on panic); every external command
 //! and every wait is bounded.
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{future_base_ms, Server};
+use common::model::{checkall_reply, Model, Spec};
+use common::{dbsize, future_base_ms, snapshot, wait_replica_sync, Server};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::Value;
-use redis_ratelimit::algorithms::{self, Algorithm, Decision, Limiter, Params, Request, Write};
+use redis_ratelimit::algorithms::{Algorithm, Request};
 
 /// How long the cluster may take to form, fail over or agree again.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -303,104 +304,6 @@ fn route(key: &str) -> RoutingInfo {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The model
-
-#[derive(Clone, Copy, Debug)]
-struct Spec {
-    algorithm: Algorithm,
-    limit: u64,
-    period_ms: u64,
-}
-
-impl Spec {
-    const fn new(algorithm: Algorithm, limit: u64, period_ms: u64) -> Spec {
-        Spec {
-            algorithm,
-            limit,
-            period_ms,
-        }
-    }
-
-    fn args(&self) -> [String; 3] {
-        [
-            self.algorithm.name().to_string(),
-            self.limit.to_string(),
-            self.period_ms.to_string(),
-        ]
-    }
-
-    fn request(&self, cost: u64, at_ms: u64) -> Request {
-        Request {
-            algorithm: self.algorithm,
-            params: Params::new(self.limit, self.period_ms, None).expect("valid spec"),
-            cost,
-            now_ms: at_ms,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Model {
-    keys: HashMap<String, Option<Limiter>>,
-}
-
-impl Model {
-    fn decide(&mut self, key: &str, request: &Request, commit: bool) -> Decision {
-        let stored = self.keys.entry(key.to_string()).or_default();
-        let mut copy = stored.clone();
-        let target = if commit { stored } else { &mut copy };
-        let (outcome, write) =
-            algorithms::check(target.as_mut(), request, commit).expect("same algorithm");
-        if let Write::Created(limiter) = write {
-            *target = Some(limiter);
-        }
-        outcome.decision
-    }
-
-    /// CHECK's reply.
-    fn check(&mut self, key: &str, spec: &Spec, at_ms: u64) -> Vec<i64> {
-        self.decide(key, &spec.request(1, at_ms), true)
-            .to_array()
-            .to_vec()
-    }
-
-    /// CHECKALL's reply: the overall decision, then each key's.
-    fn checkall(&mut self, keys: &[String], specs: &[Spec], at_ms: u64) -> Vec<Vec<i64>> {
-        let requests: Vec<Request> = specs.iter().map(|s| s.request(1, at_ms)).collect();
-        let mut decisions: Vec<Decision> = keys
-            .iter()
-            .zip(&requests)
-            .map(|(key, request)| self.decide(key, request, false))
-            .collect();
-        if decisions.iter().all(|d| d.allowed) {
-            decisions = keys
-                .iter()
-                .zip(&requests)
-                .map(|(key, request)| self.decide(key, request, true))
-                .collect();
-        }
-        let arrays: Vec<[i64; 6]> = decisions.iter().map(Decision::to_array).collect();
-        let least = arrays.iter().map(|d| d[2]).min().expect("a key");
-        let retry = if arrays.iter().any(|d| d[3] == -1) {
-            -1
-        } else {
-            arrays.iter().map(|d| d[3]).max().expect("a key")
-        };
-        let overall = vec![
-            i64::from(arrays.iter().all(|d| d[0] == 1)),
-            arrays.iter().find(|d| d[2] == least).expect("a key")[1],
-            least,
-            retry,
-            arrays.iter().map(|d| d[4]).max().expect("a key"),
-            arrays.iter().map(|d| d[5]).max().expect("a key"),
-        ];
-        std::iter::once(overall)
-            .chain(arrays.iter().map(|d| d.to_vec()))
-            .collect()
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // The workload: CHECK over many keys, CHECKALL over hash-tagged groups
 
 const SINGLE_SPECS: [Spec; 5] = [
@@ -435,7 +338,7 @@ fn checkall_cmd(keys: &[String], specs: &[Spec], at_ms: u64) -> redis::Cmd {
     let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
     cmd.arg(keys.len()).arg(keys);
     for spec in specs {
-        cmd.arg(&spec.args());
+        cmd.arg(spec.args());
     }
     cmd.arg("AT").arg(at_ms);
     cmd
@@ -462,16 +365,13 @@ fn round(
         let spec = SINGLE_SPECS[i % SINGLE_SPECS.len()];
         let reply: Vec<i64> = redis::cmd("RATELIMIT.CHECK")
             .arg(&key)
-            .arg(&spec.args())
+            .arg(spec.args())
             .arg("AT")
             .arg(at_ms)
             .query(con)
             .unwrap_or_else(|e| panic!("{phase}: CHECK {key}: {e}"));
-        assert_eq!(
-            reply,
-            model.check(&key, &spec, at_ms),
-            "{phase}: CHECK {key}"
-        );
+        let expected = model.check(&key, &spec.request(1, at_ms)).to_array();
+        assert_eq!(reply, expected, "{phase}: CHECK {key}");
         checks += usize::from(reply[0] == 1);
     }
     for (n, tag) in groups.iter().enumerate() {
@@ -484,11 +384,9 @@ fn round(
         }
         .map(as_rows)
         .unwrap_or_else(|e| panic!("{phase}: CHECKALL {keys:?}: {e}"));
-        assert_eq!(
-            reply,
-            model.checkall(&keys, &GROUP_SPECS, at_ms),
-            "{phase}: CHECKALL {keys:?}"
-        );
+        let requests: Vec<Request> = GROUP_SPECS.iter().map(|s| s.request(1, at_ms)).collect();
+        let expected = checkall_reply(&model.checkall(&keys, &requests));
+        assert_eq!(reply, expected, "{phase}: CHECKALL {keys:?}");
         checkalls += usize::from(reply[0][0] == 1);
     }
     (checks, checkalls)
@@ -500,16 +398,6 @@ fn tag_for_slot(target: u16) -> String {
         .map(|i| format!("moved{i}"))
         .find(|tag| slot(tag) == target)
         .expect("some tag hashes to every slot")
-}
-
-fn dump_and_expiry(server: &Server, key: &str) -> (Option<Vec<u8>>, i64) {
-    let mut con = server.client();
-    let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(&mut con).expect("DUMP");
-    let expiry: i64 = redis::cmd("PEXPIRETIME")
-        .arg(key)
-        .query(&mut con)
-        .expect("PEXPIRETIME");
-    (dump, expiry)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -545,9 +433,7 @@ fn cluster_routing_crossslot_resharding_and_failover() {
         .collect();
     assert_eq!(masters.len(), 3);
     for master in &masters {
-        let keys: i64 = redis::cmd("DBSIZE")
-            .query(&mut cluster.server(master.port).client())
-            .unwrap();
+        let keys = dbsize(&mut cluster.server(master.port).client());
         assert!(keys > 50, "master {} holds only {keys} keys", master.port);
     }
 
@@ -579,10 +465,7 @@ fn cluster_routing_crossslot_resharding_and_failover() {
         .clone();
     let moved_keys = group_keys(&moved_tag);
     let source = cluster.server(first_master.port);
-    let before: Vec<_> = moved_keys
-        .iter()
-        .map(|k| dump_and_expiry(source, k))
-        .collect();
+    let before = snapshot(&mut source.client(), &moved_keys);
     assert!(before.iter().all(|(dump, _)| dump.is_some()));
     let resharding = Instant::now();
     let output = run_bounded(
@@ -610,9 +493,10 @@ fn cluster_routing_crossslot_resharding_and_failover() {
         target.id,
         "reshard moved another slot:\n{output}"
     );
-    let arrived = cluster.server(target.port);
-    for (key, (dump, expiry)) in moved_keys.iter().zip(&before) {
-        let (dump_after, expiry_after) = dump_and_expiry(arrived, key);
+    let arrived = snapshot(&mut cluster.server(target.port).client(), &moved_keys);
+    for ((key, (dump, expiry)), (dump_after, expiry_after)) in
+        moved_keys.iter().zip(&before).zip(arrived)
+    {
         assert_eq!(&dump_after, dump, "{key}: state changed in transit");
         // MIGRATE carries the TTL relative: the expiry may only move later by the transit time.
         assert!(
@@ -639,12 +523,10 @@ fn cluster_routing_crossslot_resharding_and_failover() {
         .into_iter()
         .find(|n| n.master_id.as_deref() == Some(target.id.as_str()))
         .expect("the target master's replica");
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(5000)
-        .query(&mut cluster.server(target.port).client())
-        .expect("WAIT");
-    assert_eq!(acked, 1, "the replica did not acknowledge every write");
+    // Every write has reached the replica (equal replication offsets) before its master dies.
+    // (`WAIT` would not do here: on a new connection it waits for that connection's writes only,
+    // which are none.)
+    wait_replica_sync(cluster.server(target.port), cluster.server(replica.port));
     let failover = Instant::now();
     drop(con);
     cluster.server_mut(target.port).kill9();

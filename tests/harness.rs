@@ -205,3 +205,43 @@ fn future_base_is_an_aligned_day_ahead() {
     assert!(base >= now_ms() + 86_400_000);
     assert!(base <= now_ms() + 2 * 86_400_000);
 }
+
+#[test]
+fn a_server_that_refuses_to_start_gives_its_status_and_log() {
+    let failed = Server::builder()
+        .no_module()
+        .config(&[("no-such-directive", "1")])
+        .start_expecting_failure();
+    assert!(!failed.status.success(), "{}", failed.status);
+    assert!(failed.log.contains("no-such-directive"), "{}", failed.log);
+}
+
+#[test]
+fn a_config_file_is_read_first_and_read_again_on_restart() {
+    let mut server = Server::builder()
+        .no_module()
+        .config_file("maxmemory 10mb\nappendonly yes\n")
+        .start();
+    // The file is read; the harness defaults given after it win (appendonly no).
+    assert_eq!(server.info_field("memory", "maxmemory"), "10485760");
+    assert_eq!(server.info_field("persistence", "aof_enabled"), "0");
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "20mb"])
+        .query(&mut server.client())
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("REWRITE")
+        .query(&mut server.client())
+        .unwrap();
+    let text = std::fs::read_to_string(server.dir().join("redis.conf")).unwrap();
+    assert!(text.contains("maxmemory 20mb"), "{text}");
+    server.stop(false);
+    server.start_again();
+    assert_eq!(server.info_field("memory", "maxmemory"), "20971520");
+}
+
+#[test]
+fn crc64_is_crc64_jones() {
+    // The check value of CRC-64/Jones, the CRC of DUMP payloads (common::dump).
+    assert_eq!(common::dump::crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
+}

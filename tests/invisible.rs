@@ -11,21 +11,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{digest, info_int, limiter_info, master_and_replica, run, run_ok, Server};
 use redis::{Connection, Value};
-
-fn words(line: &str) -> Vec<&str> {
-    line.split_whitespace().collect()
-}
-
-fn run(con: &mut Connection, line: &str) -> redis::RedisResult<Value> {
-    let words = words(line);
-    redis::cmd(words[0]).arg(&words[1..]).query(con)
-}
-
-fn ok(con: &mut Connection, line: &str) -> Value {
-    run(con, line).unwrap_or_else(|e| panic!("{line}: {e}"))
-}
+use redis_ratelimit::algorithms::Algorithm;
 
 /// `allowed` of a six-integer CHECK reply (or of a CHECKALL's overall decision).
 fn allowed(reply: &Value) -> i64 {
@@ -102,11 +90,11 @@ fn signals(server: &Server, key: &str, line: &str) -> bool {
     let mut other = server.client();
     let mut tracker = Tracker::new(server);
     tracker.track(key);
-    ok(&mut watcher, &format!("WATCH {key}"));
+    run_ok(&mut watcher, &format!("WATCH {key}"));
     let _ = run(&mut other, line);
-    ok(&mut watcher, "MULTI");
-    ok(&mut watcher, "PING");
-    let aborted = ok(&mut watcher, "EXEC") == Value::Nil;
+    run_ok(&mut watcher, "MULTI");
+    run_ok(&mut watcher, "PING");
+    let aborted = run_ok(&mut watcher, "EXEC") == Value::Nil;
     let invalidated = tracker.invalidated();
     assert_eq!(
         aborted, invalidated,
@@ -115,28 +103,18 @@ fn signals(server: &Server, key: &str, line: &str) -> bool {
     aborted
 }
 
-/// Sets up a key holding each algorithm's limiter with no room left (limit 1, one consumed).
+/// Sets up a key holding each algorithm's limiter (the key is the algorithm's name) with no room
+/// left (limit 1, one consumed).
 fn exhausted(con: &mut Connection) {
-    for (key, algorithm) in [
-        ("tb", "token-bucket"),
-        ("lb", "leaky-bucket"),
-        ("fw", "fixed-window"),
-        ("sw", "sliding-window"),
-        ("sl", "sliding-log"),
-    ] {
-        let reply = ok(con, &format!("RATELIMIT.CHECK {key} {algorithm} 1 1h"));
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
+        let reply = run_ok(
+            con,
+            &format!("RATELIMIT.CHECK {algorithm} {algorithm} 1 1h"),
+        );
         assert_eq!(allowed(&reply), 1);
     }
-    ok(con, "SET str value");
+    run_ok(con, "SET str value");
 }
-
-const ALGORITHMS: [(&str, &str); 5] = [
-    ("tb", "token-bucket"),
-    ("lb", "leaky-bucket"),
-    ("fw", "fixed-window"),
-    ("sw", "sliding-window"),
-    ("sl", "sliding-log"),
-];
 
 #[test]
 fn calls_that_change_nothing_signal_nothing() {
@@ -144,7 +122,8 @@ fn calls_that_change_nothing_signal_nothing() {
     let mut con = server.client();
     exhausted(&mut con);
     let before = dirty(&mut con);
-    for (key, algorithm) in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
+        let key = algorithm;
         let other = if algorithm == "fixed-window" {
             "token-bucket"
         } else {
@@ -196,7 +175,7 @@ fn calls_that_change_nothing_signal_nothing() {
     ] {
         assert!(!signals(&server, "missing", line), "{line} signalled");
     }
-    assert_eq!(ok(&mut con, "EXISTS missing free"), Value::Int(0));
+    assert_eq!(run_ok(&mut con, "EXISTS missing free"), Value::Int(0));
     assert_eq!(dirty(&mut con), before, "a no-op call counted as a change");
 }
 
@@ -204,7 +183,8 @@ fn calls_that_change_nothing_signal_nothing() {
 fn calls_that_change_a_key_signal_it() {
     let server = Server::start();
     let mut con = server.client();
-    for (key, algorithm) in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
+        let key = algorithm;
         let check = format!("RATELIMIT.CHECK {key} {algorithm} 10 1h");
         // Created, then updated.
         assert!(signals(&server, key, &check), "{check} (create)");
@@ -217,21 +197,19 @@ fn calls_that_change_a_key_signal_it() {
         assert!(signals(&server, key, &twice), "{twice}");
         let reset = format!("RATELIMIT.RESET {key} {key} missing");
         assert!(signals(&server, key, &reset), "{reset}");
-        assert_eq!(ok(&mut con, &format!("EXISTS {key}")), Value::Int(0));
-        ok(&mut con, "DEL other");
+        assert_eq!(run_ok(&mut con, &format!("EXISTS {key}")), Value::Int(0));
+        run_ok(&mut con, "DEL other");
     }
 }
 
 #[test]
 fn writes_still_count_and_replicate() {
-    let master = Server::start();
-    let replica = Server::start();
-    replica.replica_of(&master);
+    let (master, replica) = master_and_replica();
     let mut con = master.client();
     let before = dirty(&mut con);
-    ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h");
-    ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h"); // rejected
-    ok(
+    run_ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h");
+    run_ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h"); // rejected
+    run_ok(
         &mut con,
         "RATELIMIT.CHECKALL 2 a a fixed-window 2 1h fixed-window 2 1h",
     );
@@ -239,16 +217,8 @@ fn writes_still_count_and_replicate() {
     common::wait_replica_sync(&master, &replica);
     let mut on_replica = replica.client();
     for key in ["k", "a"] {
-        let digest = |con: &mut Connection| ok(con, &format!("DEBUG DIGEST-VALUE {key}"));
-        assert_eq!(digest(&mut con), digest(&mut on_replica), "{key}");
+        assert_eq!(digest(&mut con, key), digest(&mut on_replica, key), "{key}");
     }
-    let info = ok(&mut on_replica, "RATELIMIT.INFO a");
-    let Value::Array(fields) = info else {
-        panic!("{info:?}")
-    };
-    let count = fields
-        .windows(2)
-        .find(|pair| pair[0] == Value::SimpleString("count".into()))
-        .map(|pair| pair[1].clone());
-    assert_eq!(count, Some(Value::Int(2)), "both occurrences replicated");
+    let info = limiter_info(&mut on_replica, "a").expect("a is on the replica");
+    assert_eq!(info_int(&info, "count"), 2, "both occurrences replicated");
 }

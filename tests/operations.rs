@@ -1,60 +1,25 @@
-//! Operations (SPEC "Operations"): module configs, `INFO ratelimit`, the `ratelimit.rejected`
-//! keyspace event and ACL key patterns, against real redis-servers.
+//! Operations (docs/operations.md): `INFO ratelimit`, the `ratelimit.rejected` keyspace event and
+//! ACL key patterns, against real redis-servers. The module's configuration is in
+//! tests/module_configs.rs.
 
 mod common;
 
-use std::fs;
-use std::io;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{module_path, now_ms, parse_info, wait_replica_sync, Server};
+use common::{
+    check, config_set, expect_error, parse_info, peek, run_ok, wait_replica_sync, Server,
+};
 use redis::{Connection, RedisResult, Value};
-
-const ALGORITHMS: [&str; 5] = [
-    "token-bucket",
-    "leaky-bucket",
-    "fixed-window",
-    "sliding-window",
-    "sliding-log",
-];
+use redis_ratelimit::algorithms::Algorithm;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn check(con: &mut Connection, key: &str, spec: &[&str]) -> RedisResult<Vec<i64>> {
-    redis::cmd("RATELIMIT.CHECK").arg(key).arg(spec).query(con)
-}
-
-fn peek(con: &mut Connection, key: &str, spec: &[&str]) -> RedisResult<Vec<i64>> {
-    redis::cmd("RATELIMIT.PEEK").arg(key).arg(spec).query(con)
-}
-
-fn config_get(con: &mut Connection, name: &str) -> String {
-    let pairs: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg(name)
-        .query(con)
-        .unwrap_or_else(|e| panic!("CONFIG GET {name}: {e}"));
-    assert_eq!(pairs.len(), 2, "CONFIG GET {name}: {pairs:?}");
-    pairs[1].clone()
-}
-
-fn config_set(con: &mut Connection, name: &str, value: &str) -> RedisResult<()> {
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg(name)
-        .arg(value)
-        .query(con)
-}
-
 /// `INFO ratelimit`'s counters as field -> number (without `server` and `apis`, which are text).
-fn stats(server: &Server) -> std::collections::HashMap<String, u64> {
+fn stats(server: &Server) -> HashMap<String, u64> {
     server
         .info("ratelimit")
         .into_iter()
@@ -72,10 +37,10 @@ fn field(algorithm: &str, name: &str) -> String {
     format!("ratelimit_{}_{name}", algorithm.replace('-', "_"))
 }
 
-/// Live limiter keys per algorithm, in [`ALGORITHMS`] order.
+/// Live limiter keys per algorithm, in [`Algorithm::ALL`] order.
 fn live_keys(server: &Server) -> [u64; 5] {
     let stats = stats(server);
-    ALGORITHMS.map(|a| stats[&field(a, "keys")])
+    Algorithm::ALL.map(|a| stats[&field(a.name(), "keys")])
 }
 
 /// Waits (up to 5 s) until the live-key counts equal `expected`.
@@ -91,538 +56,6 @@ fn wait_live_keys(server: &Server, expected: [u64; 5], what: &str) {
         }
         thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn dbsize(con: &mut Connection) -> u64 {
-    redis::cmd("DBSIZE").query(con).unwrap()
-}
-
-fn run_ok(con: &mut Connection, args: &[&str]) -> Value {
-    redis::cmd(args[0])
-        .arg(&args[1..])
-        .query(con)
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
-
-/// Asserts `result` is an error whose code is `code`, and returns its text.
-fn expect_error<T: std::fmt::Debug>(result: RedisResult<T>, code: &str, what: &str) -> String {
-    match result {
-        Ok(value) => panic!("{what}: expected a {code} error, got {value:?}"),
-        Err(e) => {
-            assert_eq!(e.code(), Some(code), "{what}: {e}");
-            e.to_string()
-        }
-    }
-}
-
-/// The redis-server binary the harness uses.
-fn server_binary() -> std::ffi::OsString {
-    std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into())
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "redis-ratelimit-ops-{tag}-{}-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::SeqCst),
-        now_ms()
-    ));
-    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-    dir
-}
-
-/// A redis-server started directly (not through the harness): listening on a unix socket in its
-/// own directory only (`port 0`), so it never competes for a TCP port. Killed on drop.
-struct Direct {
-    child: Option<Child>,
-    dir: PathBuf,
-}
-
-impl Direct {
-    fn socket(dir: &Path) -> PathBuf {
-        dir.join("redis.sock")
-    }
-
-    /// Spawns `redis-server <args...>` in `dir`, stdout and stderr into `dir/output.log`.
-    fn spawn(dir: &Path, args: &[std::ffi::OsString]) -> Direct {
-        let output = fs::File::create(dir.join("output.log")).expect("create output.log");
-        let mut command = Command::new(server_binary());
-        command
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(output.try_clone().expect("clone a file handle"))
-            .stderr(output);
-        // SAFETY: runs in the forked child before exec and only calls prctl(2), which is
-        // async-signal-safe. The server dies with this test's thread at the latest.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", server_binary()));
-        Direct {
-            child: Some(child),
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    fn output(&self) -> String {
-        fs::read_to_string(self.dir.join("output.log")).unwrap_or_default()
-    }
-
-    /// Waits up to `timeout` for the process to exit.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let child = self.child.as_mut()?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// A connection once the server answers PING on its socket (panics after 10 s or if it exits).
-    fn connect(&mut self) -> Connection {
-        let url = format!("redis+unix://{}", Self::socket(&self.dir).display());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.wait_exit(Duration::ZERO) {
-                panic!("redis-server exited ({status})\n{}", self.output());
-            }
-            if let Ok(mut con) = redis::Client::open(url.as_str()).and_then(|c| c.get_connection())
-            {
-                let _ = con.set_read_timeout(Some(Duration::from_secs(30)));
-                if redis::cmd("PING").query::<String>(&mut con).as_deref() == Ok("PONG") {
-                    return con;
-                }
-            }
-            if Instant::now() >= deadline {
-                panic!("redis-server did not answer within 10 s\n{}", self.output());
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Direct {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Removes a directory on drop (also when the test panics).
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("RATELIMIT_KEEP_TEST_DIRS").is_none() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-/// Starts redis-server with the module and `extra` arguments (after `--loadmodule <path>`), and
-/// asserts it refuses to start: exits non-zero within 10 s, its output containing each of
-/// `reasons`.
-fn assert_refuses_to_start(extra: &[&str], reasons: &[&str]) {
-    let dir = TempDir(temp_dir("refuse"));
-    let mut args: Vec<std::ffi::OsString> = vec![
-        "--port".into(),
-        "0".into(),
-        "--unixsocket".into(),
-        Direct::socket(&dir.0).into(),
-        "--dir".into(),
-        dir.0.clone().into(),
-        "--save".into(),
-        "".into(),
-        "--appendonly".into(),
-        "no".into(),
-        "--loadmodule".into(),
-        module_path().into(),
-    ];
-    args.extend(extra.iter().map(Into::into));
-    let started = Instant::now();
-    let mut server = Direct::spawn(&dir.0, &args);
-    let Some(status) = server.wait_exit(Duration::from_secs(10)) else {
-        server.kill();
-        panic!(
-            "redis-server with {extra:?} still runs after 10 s: it should refuse to start\n{}",
-            server.output()
-        );
-    };
-    let output = server.output();
-    assert!(
-        !status.success(),
-        "{extra:?}: exit status {status}\n{output}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{extra:?}: took {:?} to give up",
-        started.elapsed()
-    );
-    assert!(
-        output.contains("Can't load module"),
-        "{extra:?}: no 'Can't load module' line\n{output}"
-    );
-    for reason in reasons {
-        assert!(
-            output.contains(reason),
-            "{extra:?}: the log does not say {reason:?}\n{output}"
-        );
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Module configs
-// ---------------------------------------------------------------------------------------------
-
-#[test]
-fn max_log_limit_default_and_effect() {
-    let server = Server::start();
-    let mut con = server.client();
-    let all: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("ratelimit.*")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(all, ["ratelimit.max-log-limit", "100000"]);
-
-    assert_eq!(
-        check(&mut con, "log:a", &["sliding-log", "100000", "1s"]).unwrap()[0],
-        1
-    );
-    let message = expect_error(
-        check(&mut con, "log:b", &["sliding-log", "100001", "1s"]),
-        "ERR",
-        "limit above the default",
-    );
-    assert!(
-        message.contains("ratelimit.max-log-limit 100000"),
-        "{message}"
-    );
-    // The bound applies to the sliding log only.
-    assert_eq!(
-        check(&mut con, "tb", &["token-bucket", "100001", "1s"]).unwrap()[0],
-        1
-    );
-
-    config_set(&mut con, "ratelimit.max-log-limit", "50000").unwrap();
-    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "50000");
-    let message = expect_error(
-        peek(&mut con, "log:c", &["sliding-log", "50001", "1s"]),
-        "ERR",
-        "limit above the new bound",
-    );
-    assert!(
-        message.contains("exceeds ratelimit.max-log-limit 50000"),
-        "{message}"
-    );
-    assert_eq!(
-        check(&mut con, "log:c", &["sliding-log", "50000", "1s"]).unwrap()[0],
-        1
-    );
-    // Lowering the bound leaves stored keys alone; calls naming a larger limit are refused.
-    assert_eq!(dbsize(&mut con), 3);
-    expect_error(
-        check(&mut con, "log:a", &["sliding-log", "100000", "1s"]),
-        "ERR",
-        "stored key, limit above the new bound",
-    );
-
-    // The bounds themselves are accepted.
-    for value in ["1", "10000000"] {
-        config_set(&mut con, "ratelimit.max-log-limit", value).unwrap();
-        assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), value);
-    }
-    assert_eq!(
-        check(&mut con, "log:d", &["sliding-log", "10000000", "1s"]).unwrap()[0],
-        1
-    );
-}
-
-#[test]
-fn config_set_refuses_bad_values() {
-    let server = Server::start();
-    let mut con = server.client();
-    config_set(&mut con, "ratelimit.max-log-limit", "1234").unwrap();
-    for bad in [
-        "abc",
-        "0",
-        "-1",
-        "10000001",
-        "99999999999999999999",
-        "1.5",
-        "",
-        "12k",
-    ] {
-        let message = expect_error(
-            config_set(&mut con, "ratelimit.max-log-limit", bad),
-            "ERR",
-            &format!("CONFIG SET ratelimit.max-log-limit {bad:?}"),
-        );
-        assert!(
-            message.contains("ratelimit.max-log-limit"),
-            "{bad:?}: {message}"
-        );
-        assert_eq!(
-            config_get(&mut con, "ratelimit.max-log-limit"),
-            "1234",
-            "{bad:?} changed the value"
-        );
-    }
-    let message = expect_error(
-        config_set(&mut con, "ratelimit.max-log-limit", "0"),
-        "ERR",
-        "zero",
-    );
-    assert!(message.contains("between 1 and 10000000"), "{message}");
-    expect_error(
-        config_set(&mut con, "ratelimit.no-such-config", "1"),
-        "ERR",
-        "unknown config",
-    );
-}
-
-#[test]
-fn load_arguments_set_the_initial_value() {
-    for args in [
-        ["max-log-limit", "50000"],
-        ["ratelimit.max-log-limit", "50000"],
-        ["MAX-LOG-LIMIT", "50000"],
-    ] {
-        let server = Server::builder().module_args(&args).start();
-        let mut con = server.client();
-        assert_eq!(
-            config_get(&mut con, "ratelimit.max-log-limit"),
-            "50000",
-            "{args:?}"
-        );
-        expect_error(
-            check(&mut con, "log", &["sliding-log", "50001", "1s"]),
-            "ERR",
-            "above the load argument",
-        );
-        // Still settable at run time.
-        config_set(&mut con, "ratelimit.max-log-limit", "60000").unwrap();
-        assert_eq!(
-            check(&mut con, "log", &["sliding-log", "50001", "1s"]).unwrap()[0],
-            1
-        );
-    }
-}
-
-#[test]
-fn config_directive_sets_the_value_and_wins_over_load_arguments() {
-    let server = Server::builder()
-        .config(&[("ratelimit.max-log-limit", "70000")])
-        .start();
-    assert_eq!(
-        config_get(&mut server.client(), "ratelimit.max-log-limit"),
-        "70000"
-    );
-
-    let server = Server::builder()
-        .module_args(&["max-log-limit", "50000"])
-        .config(&[("ratelimit.max-log-limit", "70000")])
-        .start();
-    assert_eq!(
-        config_get(&mut server.client(), "ratelimit.max-log-limit"),
-        "70000"
-    );
-}
-
-#[test]
-fn bad_load_arguments_refuse_to_load() {
-    let refused = "the module is not loaded";
-    assert_refuses_to_start(
-        &["max-log-limit", "abc"],
-        &[
-            "load argument 'max-log-limit': 'abc' refused",
-            "from 1 to 10000000",
-            refused,
-        ],
-    );
-    assert_refuses_to_start(&["max-log-limit", "0"], &["'0' refused", refused]);
-    assert_refuses_to_start(
-        &["ratelimit.max-log-limit", "10000001"],
-        &["'10000001' refused", refused],
-    );
-    assert_refuses_to_start(&["max-log-limit", "-5"], &["'-5' refused", refused]);
-    assert_refuses_to_start(
-        &["max-log-limit"],
-        &["'max-log-limit' has no value", refused],
-    );
-    assert_refuses_to_start(
-        &["max-log-limt", "5"],
-        &["unknown load argument 'max-log-limt'", refused],
-    );
-    assert_refuses_to_start(
-        &["max-log-limit", "5", "max-log-limit", "6"],
-        &["given more than once", refused],
-    );
-}
-
-#[test]
-fn bad_config_directives_refuse_to_load() {
-    assert_refuses_to_start(
-        &["--ratelimit.max-log-limit", "abc"],
-        &[
-            "Issue during loading of configuration ratelimit.max-log-limit",
-            "couldn't be parsed into an integer",
-            "the module is not loaded",
-        ],
-    );
-    assert_refuses_to_start(
-        &["--ratelimit.max-log-limit", "0"],
-        &["between 1 and 10000000", "the module is not loaded"],
-    );
-    // A bad load argument is refused even when a directive would override it.
-    assert_refuses_to_start(
-        &["max-log-limit", "abc", "--ratelimit.max-log-limit", "5"],
-        &["'abc' refused"],
-    );
-}
-
-#[test]
-fn module_load_at_run_time_validates_too() {
-    let server = Server::builder()
-        .no_module()
-        .config(&[("enable-module-command", "yes")])
-        .start();
-    let mut con = server.client();
-    let path = module_path().to_string_lossy().into_owned();
-    let load = |con: &mut Connection, args: &[&str]| -> RedisResult<()> {
-        redis::cmd("MODULE").arg(args).query(con)
-    };
-    expect_error(
-        load(&mut con, &["LOAD", &path, "max-log-limit", "abc"]),
-        "ERR",
-        "MODULE LOAD with a bad argument",
-    );
-    expect_error(
-        load(
-            &mut con,
-            &["LOADEX", &path, "CONFIG", "ratelimit.max-log-limit", "0"],
-        ),
-        "ERR",
-        "MODULE LOADEX with a bad config",
-    );
-    let log = server.log();
-    assert!(log.contains("'abc' refused"), "{log}");
-    assert!(
-        log.contains("between 1 and 10000000"),
-        "no reason for the bad CONFIG in the log\n{log}"
-    );
-    load(
-        &mut con,
-        &[
-            "LOADEX",
-            &path,
-            "CONFIG",
-            "ratelimit.max-log-limit",
-            "7",
-            "ARGS",
-            "max-log-limit",
-            "9",
-        ],
-    )
-    .unwrap();
-    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "7");
-    assert_eq!(
-        check(&mut con, "k", &["sliding-log", "7", "1s"]).unwrap()[0],
-        1
-    );
-    // A second load is refused, and the log says why.
-    expect_error(
-        load(&mut con, &["LOAD", &path]),
-        "ERR",
-        "MODULE LOAD of a loaded module",
-    );
-    let log = server.log();
-    assert!(
-        log.contains("ratelimit: the module is already loaded"),
-        "no reason for the refused second load in the log\n{log}"
-    );
-    let modules = run_ok(&mut con, &["MODULE", "LIST"]);
-    let Value::Array(modules) = modules else {
-        panic!("{modules:?}")
-    };
-    assert_eq!(modules.len(), 1, "{modules:?}");
-    assert_eq!(
-        check(&mut con, "k", &["sliding-log", "7", "1s"]).unwrap()[0],
-        1
-    );
-}
-
-#[test]
-fn config_rewrite_keeps_the_value() {
-    let dir = TempDir(temp_dir("rewrite"));
-    let conf = dir.0.join("redis.conf");
-    fs::write(
-        &conf,
-        format!(
-            "port 0\nunixsocket {}\ndir {}\nsave \"\"\nappendonly no\n\
-             loadmodule {} max-log-limit 50000\n",
-            Direct::socket(&dir.0).display(),
-            dir.0.display(),
-            module_path().display()
-        ),
-    )
-    .unwrap();
-    let args = [conf.clone().into_os_string()];
-
-    let mut server = Direct::spawn(&dir.0, &args);
-    let mut con = server.connect();
-    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "50000");
-    config_set(&mut con, "ratelimit.max-log-limit", "1234").unwrap();
-    run_ok(&mut con, &["CONFIG", "REWRITE"]);
-    let text = fs::read_to_string(&conf).unwrap();
-    assert!(
-        text.lines().any(|l| l == "ratelimit.max-log-limit 1234"),
-        "CONFIG REWRITE wrote\n{text}"
-    );
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("loadmodule ") && l.ends_with(" max-log-limit 50000")),
-        "CONFIG REWRITE lost the load arguments\n{text}"
-    );
-    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut con);
-    assert!(
-        server.wait_exit(Duration::from_secs(10)).is_some(),
-        "SHUTDOWN did not stop the server\n{}",
-        server.output()
-    );
-
-    // Started again from the rewritten file: the directive wins over the load argument.
-    let mut server = Direct::spawn(&dir.0, &args);
-    let mut con = server.connect();
-    assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "1234");
-    expect_error(
-        check(&mut con, "log", &["sliding-log", "1235", "1s"]),
-        "ERR",
-        "above the rewritten value",
-    );
-    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut con);
-    server.wait_exit(Duration::from_secs(10));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -648,7 +81,7 @@ fn info_section_has_every_field() {
         fields["ratelimit_apis"].contains("SetCommandInfo"),
         "{text}"
     );
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
         for name in ["calls", "allowed", "rejected", "keys"] {
             assert_eq!(
                 fields.get(&field(algorithm, name)).map(String::as_str),
@@ -668,7 +101,7 @@ fn info_section_has_every_field() {
 fn info_counts_decisions_per_algorithm() {
     let server = Server::start();
     let mut con = server.client();
-    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+    for (i, algorithm) in Algorithm::ALL.map(Algorithm::name).iter().enumerate() {
         // Limit 2 per hour: i+2 calls, 2 allowed, i rejected (so each algorithm differs).
         let spec = [*algorithm, "2", "1h"];
         for _ in 0..i + 2 {
@@ -679,7 +112,7 @@ fn info_counts_decisions_per_algorithm() {
         check(&mut con, algorithm, &[*algorithm, "0", "1h"]).unwrap_err();
         check(&mut con, algorithm, &["no-such-algorithm", "2", "1h"]).unwrap_err();
     }
-    run_ok(&mut con, &["SET", "plain", "x"]);
+    run_ok(&mut con, "SET plain x");
     check(&mut con, "plain", &["token-bucket", "2", "1h"]).unwrap_err();
     // COST 0 asks without consuming, but it is a decision (allowed when it fits).
     check(
@@ -690,7 +123,7 @@ fn info_counts_decisions_per_algorithm() {
     .unwrap();
 
     let stats = stats(&server);
-    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+    for (i, algorithm) in Algorithm::ALL.map(Algorithm::name).iter().enumerate() {
         let zero = u64::from(*algorithm == "token-bucket");
         let i = i as u64;
         assert_eq!(
@@ -717,7 +150,7 @@ fn info_live_keys_follow_every_way_a_key_comes_and_goes() {
         );
     };
     // Three of each algorithm.
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
         for n in 0..3 {
             create(&mut con, &format!("{algorithm}:{n}"), algorithm);
         }
@@ -728,15 +161,15 @@ fn info_live_keys_follow_every_way_a_key_comes_and_goes() {
     wait_live_keys(&server, [3; 5], "after calls that store nothing");
 
     // COPY adds one; COPY REPLACE over a limiter of another algorithm swaps one for the other.
-    run_ok(&mut con, &["COPY", "token-bucket:0", "copy:1"]);
+    run_ok(&mut con, "COPY token-bucket:0 copy:1");
     wait_live_keys(&server, [4, 3, 3, 3, 3], "COPY");
-    run_ok(&mut con, &["COPY", "sliding-log:0", "copy:1", "REPLACE"]);
+    run_ok(&mut con, "COPY sliding-log:0 copy:1 REPLACE");
     wait_live_keys(&server, [3, 3, 3, 3, 4], "COPY REPLACE");
     // RENAME, MOVE and SWAPDB keep the values.
-    run_ok(&mut con, &["RENAME", "copy:1", "copy:2"]);
-    run_ok(&mut con, &["MOVE", "copy:2", "1"]);
-    run_ok(&mut con, &["SWAPDB", "0", "1"]);
-    run_ok(&mut con, &["SWAPDB", "0", "1"]);
+    run_ok(&mut con, "RENAME copy:1 copy:2");
+    run_ok(&mut con, "MOVE copy:2 1");
+    run_ok(&mut con, "SWAPDB 0 1");
+    run_ok(&mut con, "SWAPDB 0 1");
     wait_live_keys(&server, [3, 3, 3, 3, 4], "RENAME, MOVE, SWAPDB");
     // DUMP + RESTORE adds one.
     let dump: Vec<u8> = redis::cmd("DUMP")
@@ -752,28 +185,23 @@ fn info_live_keys_follow_every_way_a_key_comes_and_goes() {
     wait_live_keys(&server, [3, 4, 3, 3, 4], "RESTORE");
 
     // DEL, UNLINK, RATELIMIT.RESET, overwriting with SET.
-    run_ok(&mut con, &["DEL", "token-bucket:0"]);
-    run_ok(&mut con, &["UNLINK", "leaky-bucket:0"]);
+    run_ok(&mut con, "DEL token-bucket:0");
+    run_ok(&mut con, "UNLINK leaky-bucket:0");
     run_ok(
         &mut con,
-        &[
-            "RATELIMIT.RESET",
-            "fixed-window:0",
-            "sliding-window:0",
-            "missing",
-        ],
+        "RATELIMIT.RESET fixed-window:0 sliding-window:0 missing",
     );
-    run_ok(&mut con, &["SET", "sliding-log:0", "overwritten"]);
+    run_ok(&mut con, "SET sliding-log:0 overwritten");
     wait_live_keys(&server, [2, 3, 2, 2, 3], "DEL, UNLINK, RESET, SET");
 
     // DEBUG RELOAD (save, empty, load the RDB): no double counting.
-    run_ok(&mut con, &["DEBUG", "RELOAD"]);
+    run_ok(&mut con, "DEBUG RELOAD");
     wait_live_keys(&server, [2, 3, 2, 2, 3], "DEBUG RELOAD");
-    run_ok(&mut con, &["DEBUG", "RELOAD"]);
+    run_ok(&mut con, "DEBUG RELOAD");
     wait_live_keys(&server, [2, 3, 2, 2, 3], "a second DEBUG RELOAD");
 
     // Expiry: a 50 ms limiter is gone within the active expire cycle.
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
         check(
             &mut con,
             &format!("short:{algorithm}"),
@@ -784,19 +212,19 @@ fn info_live_keys_follow_every_way_a_key_comes_and_goes() {
     wait_live_keys(&server, [2, 3, 2, 2, 3], "expiry");
 
     // FLUSHDB of the other db, FLUSHALL, FLUSHALL ASYNC.
-    run_ok(&mut con, &["SELECT", "1"]);
-    run_ok(&mut con, &["FLUSHDB"]);
-    run_ok(&mut con, &["SELECT", "0"]);
+    run_ok(&mut con, "SELECT 1");
+    run_ok(&mut con, "FLUSHDB");
+    run_ok(&mut con, "SELECT 0");
     wait_live_keys(&server, [2, 3, 2, 2, 2], "FLUSHDB of db 1 (holds copy:2)");
-    run_ok(&mut con, &["FLUSHALL"]);
+    run_ok(&mut con, "FLUSHALL");
     wait_live_keys(&server, [0; 5], "FLUSHALL");
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
         for n in 0..50 {
             create(&mut con, &format!("{algorithm}:{n}"), algorithm);
         }
     }
     wait_live_keys(&server, [50; 5], "after creating again");
-    run_ok(&mut con, &["FLUSHALL", "ASYNC"]);
+    run_ok(&mut con, "FLUSHALL ASYNC");
     wait_live_keys(&server, [0; 5], "FLUSHALL ASYNC");
 }
 
@@ -829,7 +257,7 @@ fn info_counts_checkall_once_per_limit() {
 
 /// Calls that must not store anything (on keys `nothing:*`).
 fn create_nothing(con: &mut Connection) {
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
         let key = format!("nothing:{algorithm}");
         peek(con, &key, &[algorithm, "1", "1h"]).unwrap();
         check(con, &key, &[algorithm, "1", "1h", "COST", "0"]).unwrap();
@@ -846,7 +274,7 @@ fn create_nothing(con: &mut Connection) {
 fn info_live_keys_after_restart_and_on_a_replica() {
     let mut master = Server::start();
     let mut con = master.client();
-    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+    for (i, algorithm) in Algorithm::ALL.map(Algorithm::name).iter().enumerate() {
         for n in 0..=i {
             check(
                 &mut con,
@@ -871,7 +299,7 @@ fn info_live_keys_after_restart_and_on_a_replica() {
     );
     check(&mut con, "token-bucket:new", &["token-bucket", "5", "1h"]).unwrap();
     check(&mut con, "sliding-log:new", &["sliding-log", "5", "1h"]).unwrap();
-    run_ok(&mut con, &["RATELIMIT.RESET", "fixed-window:0"]);
+    run_ok(&mut con, "RATELIMIT.RESET fixed-window:0");
     wait_replica_sync(&master, &replica);
     let expected = [2, 2, 2, 4, 6];
     wait_live_keys(&master, expected, "master after more writes");
@@ -918,13 +346,13 @@ fn rejection_raises_a_module_keyspace_event() {
     subscribe(&mut sub, &["__keyspace@0__:*", "__keyevent@0__:*"]);
 
     // Allowed calls, PEEK and COST 0 raise nothing; the SET marks where the rejection follows.
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
         let key = format!("api:{algorithm}");
         let spec = [algorithm, "1", "1h"];
         assert_eq!(check(&mut con, &key, &spec).unwrap()[0], 1);
         assert_eq!(peek(&mut con, &key, &spec).unwrap()[0], 0);
         check(&mut con, &key, &[algorithm, "1", "1h", "COST", "0"]).unwrap();
-        run_ok(&mut con, &["SET", "marker", algorithm]);
+        run_ok(&mut con, &format!("SET marker {algorithm}"));
         assert_eq!(check(&mut con, &key, &spec).unwrap()[0], 0);
 
         let expected = [
@@ -955,7 +383,7 @@ fn rejection_raises_a_module_keyspace_event() {
             (0, 1, 0),
             "{reply:?}"
         );
-        run_ok(&mut con, &["SET", "marker", "end"]);
+        run_ok(&mut con, "SET marker end");
         let expected = [
             ("__keyspace@0__:api:token-bucket", "ratelimit.rejected"),
             ("__keyevent@0__:ratelimit.rejected", "api:token-bucket"),
@@ -987,7 +415,7 @@ fn no_event_unless_module_events_are_enabled() {
     let spec = ["token-bucket", "1", "1h"];
     check(&mut con, "api", &spec).unwrap();
     assert_eq!(check(&mut con, "api", &spec).unwrap()[0], 0);
-    run_ok(&mut con, &["SET", "marker", "1"]);
+    run_ok(&mut con, "SET marker 1");
     assert_eq!(
         next_message(&mut sub),
         ("__keyspace@0__:marker".into(), "set".into()),
@@ -1047,21 +475,9 @@ fn acl_key_patterns_restrict_every_command() {
     let mut admin = server.client();
     run_ok(
         &mut admin,
-        &[
-            "ACL",
-            "SETUSER",
-            "tenant1",
-            "on",
-            ">secret",
-            "resetkeys",
-            "~tenant1:*",
-            "-@all",
-            "+ratelimit.check",
-            "+ratelimit.checkall",
-            "+ratelimit.peek",
-            "+ratelimit.reset",
-            "+ratelimit.info",
-        ],
+        "ACL SETUSER tenant1 on >secret resetkeys ~tenant1:* -@all \
+         +ratelimit.check +ratelimit.checkall +ratelimit.peek +ratelimit.reset \
+         +ratelimit.info",
     );
     let spec = ["token-bucket", "10", "1h"];
     check(&mut admin, "tenant2:api", &spec).unwrap();
@@ -1162,16 +578,7 @@ fn acl_read_only_user_can_peek_and_info_but_not_check() {
     let mut admin = server.client();
     run_ok(
         &mut admin,
-        &[
-            "ACL",
-            "SETUSER",
-            "monitor",
-            "on",
-            ">secret",
-            "~*",
-            "+ratelimit.peek",
-            "+ratelimit.info",
-        ],
+        "ACL SETUSER monitor on >secret ~* +ratelimit.peek +ratelimit.info",
     );
     let spec = ["token-bucket", "10", "1h"];
     check(&mut admin, "api", &spec).unwrap();
@@ -1213,19 +620,8 @@ fn acl_read_only_user_can_peek_and_info_but_not_check() {
     );
     run_ok(
         &mut admin,
-        &[
-            "ACL",
-            "SETUSER",
-            "reader",
-            "on",
-            ">secret",
-            "%R~*",
-            "+ratelimit.peek",
-            "+ratelimit.info",
-            "+ratelimit.check",
-            "+ratelimit.checkall",
-            "+ratelimit.reset",
-        ],
+        "ACL SETUSER reader on >secret %R~* +ratelimit.peek +ratelimit.info \
+         +ratelimit.check +ratelimit.checkall +ratelimit.reset",
     );
     let mut reader = login(&server, "reader");
     assert_eq!(remaining(&mut reader, "api"), 9);

@@ -10,18 +10,14 @@ mod common;
 use std::collections::BTreeMap;
 use std::fs;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{future_base_ms, reply6, send, wait_replica_sync, Limit, Server};
+use common::{
+    dbsize, future_base_ms, info_fields, master_and_replica, reply6, send, wait_replica_sync,
+    Limit, Server,
+};
 use redis::{Cmd, Connection, Value};
-
-const ALGORITHMS: [&str; 5] = [
-    "token-bucket",
-    "leaky-bucket",
-    "fixed-window",
-    "sliding-window",
-    "sliding-log",
-];
+use redis_ratelimit::algorithms::Algorithm;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -83,26 +79,13 @@ fn state_of(con: &mut Connection, probe: &Probe, base: u64) -> KeyState {
         Value::Int(n) => n,
         ref other => panic!("PEXPIRETIME {key}: {other:?}"),
     };
-    let info = match &replies[2] {
-        Value::Nil => None,
-        Value::Array(items) => Some(
-            items
-                .chunks(2)
-                .map(|pair| {
-                    let name = match &pair[0] {
-                        Value::SimpleString(s) => s.clone(),
-                        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                        other => panic!("field name {other:?}"),
-                    };
-                    (name, pair[1].clone())
-                })
-                .filter(|(name, _)| {
-                    !(probe.clock && matches!(name.as_str(), "remaining" | "reset_after_ms"))
-                })
-                .collect(),
-        ),
-        other => panic!("RATELIMIT.INFO {key}: {other:?}"),
-    };
+    let info = info_fields(&replies[2]).map(|mut info| {
+        if probe.clock {
+            info.remove("remaining");
+            info.remove("reset_after_ms");
+        }
+        info
+    });
     KeyState {
         digest,
         expires_at_ms,
@@ -134,10 +117,6 @@ fn assert_same(before: &[(String, KeyState)], after: &[(String, KeyState)], what
     }
 }
 
-fn dbsize(server: &Server) -> i64 {
-    redis::cmd("DBSIZE").query(&mut server.client()).unwrap()
-}
-
 /// Writes a varied state: for every algorithm, a key used at several times and costs, one whose
 /// parameters change, one filled to the brim, and one written with the server's clock; for the
 /// sliding log also runs longer than 2048 entries at one ms and hundreds of distinct timestamps.
@@ -146,7 +125,7 @@ fn populate(server: &Server, base: u64, round: u64) -> Vec<Probe> {
     let mut con = server.client();
     let mut probes = Vec::new();
     let t = base + 10 * round;
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
         let main = Limit::new(algorithm, 10, "1000", Some(15));
         let key = format!("{algorithm}:used");
         run(
@@ -218,25 +197,11 @@ fn rewrite_aof(server: &Server) {
     let _: String = redis::cmd("BGREWRITEAOF")
         .query(&mut server.client())
         .expect("BGREWRITEAOF");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let info = server.info("persistence");
-        let idle = info.get("aof_rewrite_in_progress").map(String::as_str) == Some("0")
-            && info.get("aof_rewrite_scheduled").map(String::as_str) == Some("0");
-        if idle {
-            assert_eq!(
-                info.get("aof_last_bgrewrite_status").map(String::as_str),
-                Some("ok"),
-                "{info:?}"
-            );
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "AOF rewrite still running: {info:?}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    server.wait_persistence_idle(&["aof_rewrite_in_progress", "aof_rewrite_scheduled"]);
+    assert_eq!(
+        server.info_field("persistence", "aof_last_bgrewrite_status"),
+        "ok"
+    );
 }
 
 /// The AOF's base file (Redis 7's multi-part AOF under appendonlydir/).
@@ -254,15 +219,15 @@ fn aof_base(server: &Server) -> (String, Vec<u8>) {
 /// kill -9, start again from what reached the disk, and compare.
 fn crash_and_compare(server: &mut Server, probes: &[Probe], base: u64, what: &str) {
     let before = snapshot(server, probes, base);
-    let keys = dbsize(server);
+    let keys = dbsize(&mut server.client());
     server.kill9();
     server.start_again();
-    assert_eq!(dbsize(server), keys, "{what}: key count");
+    assert_eq!(dbsize(&mut server.client()), keys, "{what}: key count");
     assert_same(&before, &snapshot(server, probes, base), what);
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Crashes and reloads
+// Crashes and reloads
 
 fn kill9_restores_every_key_exactly(preamble: &str) {
     let mut server = Server::builder()
@@ -343,7 +308,7 @@ fn debug_reload_save_and_restart_restore_every_key_exactly() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. Failover
+// Failover
 
 /// The calls after a failover, the same on every server compared: costs and times that run each
 /// key dry and past its refills.
@@ -363,18 +328,16 @@ fn next_checks(probe: &Probe, base: u64) -> Vec<Cmd> {
 
 #[test]
 fn a_paused_then_promoted_replica_continues_every_limiter_exactly() {
-    let master = Server::start();
-    let replica = Server::start();
-    replica.replica_of(&master);
+    let (master, replica) = master_and_replica();
     let base = future_base_ms();
     let mut probes = populate(&master, base, 0);
 
     // A stream of writes to the master; the replica is frozen (SIGSTOP) for part of it, so it
     // catches up from its backlog once resumed.
     let mut con = master.client();
-    let stream: Vec<Limit> = ALGORITHMS
+    let stream: Vec<Limit> = Algorithm::ALL
         .iter()
-        .map(|a| Limit::new(a, 50, "1000", Some(80)))
+        .map(|a| Limit::new(a.name(), 50, "1000", Some(80)))
         .collect();
     for batch in 0..30u64 {
         if batch == 10 {

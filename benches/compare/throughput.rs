@@ -1,0 +1,209 @@
+//! The throughput phase: redis-benchmark runs of every case, round by round, with the in-server
+//! cost per call of each run.
+
+use std::process::Command;
+use std::time::Instant;
+
+use crate::model::*;
+use crate::parse::{parse_benchmark_csv, parse_cmdstat};
+use crate::{Bench, Case};
+
+impl Bench<'_> {
+    /// One redis-benchmark run of `requests` calls, with the in-server cost of the case's
+    /// command over exactly that run.
+    fn measure(
+        &mut self,
+        case: &Case,
+        pipeline: u32,
+        keyspace: Option<u64>,
+        requests: u64,
+        expect_allowed: bool,
+    ) -> Result<Sample, String> {
+        let decisions_before = match case.subject {
+            Subject::Native(a) => Some(self.module_decisions(a)?),
+            _ => None,
+        };
+        self.resetstat()?;
+        let mut command = if self.config.pin {
+            let mut taskset = Command::new("taskset");
+            taskset.args(["-c", "1", "redis-benchmark"]);
+            taskset
+        } else {
+            Command::new("redis-benchmark")
+        };
+        command
+            .args(["-h", "127.0.0.1", "-p", &self.port().to_string()])
+            .args(["-c", &self.config.clients.to_string()])
+            .args(["-P", &pipeline.to_string()])
+            .args(["-n", &requests.to_string()]);
+        if let Some(keys) = keyspace {
+            command.args(["-r", &keys.to_string()]);
+        }
+        command.arg("--csv").args(&case.command);
+        let started = Instant::now();
+        let output = command
+            .output()
+            .map_err(|e| format!("running redis-benchmark: {e} (install redis-tools)"))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if !output.status.success() {
+            return Err(format!(
+                "redis-benchmark {:?} failed ({}): {}{}",
+                case.command,
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim(),
+                stdout.trim()
+            ));
+        }
+        let line = parse_benchmark_csv(&stdout)?;
+        let cmdstat_name = case.subject.cmdstat();
+        let stats = parse_cmdstat(&self.info("commandstats")?, cmdstat_name)
+            .ok_or_else(|| format!("INFO commandstats has no cmdstat_{cmdstat_name}"))?;
+        if stats.failed_calls > 0 || stats.rejected_calls > 0 || stats.calls < requests {
+            return Err(format!(
+                "{}: {} calls for {requests} requests, {} failed, {} rejected by Redis",
+                case.subject.label(),
+                stats.calls,
+                stats.failed_calls,
+                stats.rejected_calls
+            ));
+        }
+        if let (Some(before), Subject::Native(a)) = (decisions_before, case.subject) {
+            let after = self.module_decisions(a)?;
+            let (allowed, rejected) = (after.0 - before.0, after.1 - before.1);
+            let wrong = if expect_allowed { rejected } else { allowed };
+            if wrong > 0 {
+                return Err(format!(
+                    "{}: {allowed} calls admitted and {rejected} rejected; expected all {}",
+                    case.subject.label(),
+                    if expect_allowed {
+                        "admitted"
+                    } else {
+                        "rejected"
+                    }
+                ));
+            }
+        }
+        Ok(Sample {
+            requests,
+            seconds,
+            rps: line.rps,
+            avg_ms: line.avg_ms,
+            p50_ms: line.p50_ms,
+            p99_ms: line.p99_ms,
+            usec_per_call: stats.usec_per_call,
+        })
+    }
+
+    /// Calibrates the length of each case with a short warm-up run, then measures every case
+    /// `reps` times, round by round (A B C ... A B C ...), starting each round one case later.
+    pub(crate) fn measure_round_robin(
+        &mut self,
+        name: &str,
+        cases: &[Case],
+        pipeline: u32,
+        keyspace: Option<u64>,
+        expect_allowed: bool,
+    ) -> Result<Vec<Vec<Sample>>, String> {
+        let per_batch = u64::from(self.config.clients) * u64::from(pipeline);
+        let warm_up = if pipeline > 1 { 8 * per_batch } else { 1_500 };
+        let mut requests = Vec::new();
+        for case in cases {
+            let sample = self.measure(case, pipeline, keyspace, warm_up, expect_allowed)?;
+            let n = (sample.rps * self.config.run_secs) as u64;
+            let n = n.clamp(warm_up, 20_000_000);
+            requests.push(n.div_ceil(per_batch) * per_batch);
+        }
+        let mut samples = vec![Vec::new(); cases.len()];
+        for rep in 0..self.config.reps {
+            let round = Instant::now();
+            for k in 0..cases.len() {
+                let i = (k + rep) % cases.len();
+                let sample =
+                    self.measure(&cases[i], pipeline, keyspace, requests[i], expect_allowed)?;
+                samples[i].push(sample);
+            }
+            eprintln!(
+                "bench:   {name}: round {}/{} in {:.1}s",
+                rep + 1,
+                self.config.reps,
+                round.elapsed().as_secs_f64()
+            );
+        }
+        Ok(samples)
+    }
+
+    /// Throughput, latency and cost per call: consuming calls over the random keyspace and
+    /// rejected calls on hot keys, at pipeline 16 and 1.
+    pub(crate) fn throughput_phase(&mut self) -> Result<Vec<CaseResult>, String> {
+        self.flushall()?;
+        let keys = self.config.keys;
+        let mut subjects = Vec::new();
+        for a in 0..ALGORITHMS.len() {
+            subjects.push(Subject::Native(a));
+            subjects.push(Subject::Lua(a));
+        }
+        let random: Vec<Case> = subjects
+            .iter()
+            .copied()
+            .chain([Subject::SetPxat, Subject::Incr, Subject::Ping])
+            .map(|s| self.consuming(s, "rl:"))
+            .collect();
+        let hot: Vec<Case> = subjects
+            .iter()
+            .copied()
+            .chain([Subject::Incr])
+            .map(|s| self.rejected(s))
+            .collect();
+        let filling = Instant::now();
+        for case in &random {
+            self.populate(case, keys)?;
+        }
+        for case in &hot {
+            self.exhaust(case)?;
+        }
+        eprintln!(
+            "bench:   filled {} keys in {:.1}s",
+            self.dbsize()?,
+            filling.elapsed().as_secs_f64()
+        );
+        // Lua scripts keep no statistics: check once that they admit / reject as meant.
+        for case in &random {
+            if let Subject::Lua(_) = case.subject {
+                let reply = self.call(&case.with_key(0))?;
+                if reply.allowed() != Some(1) {
+                    return Err(format!("{} did not admit: {reply:?}", case.subject.label()));
+                }
+            }
+        }
+        let mut results = Vec::new();
+        for group in [
+            Group::Random { pipeline: 16 },
+            Group::Hot { pipeline: 16 },
+            Group::Random { pipeline: 1 },
+            Group::Hot { pipeline: 1 },
+        ] {
+            let (cases, keyspace) = if group.is_random() {
+                (&random, Some(keys))
+            } else {
+                (&hot, None)
+            };
+            let samples = self.measure_round_robin(
+                &group.id(),
+                cases,
+                group.pipeline(),
+                keyspace,
+                group.is_random(),
+            )?;
+            for (case, samples) in cases.iter().zip(samples) {
+                results.push(CaseResult {
+                    group,
+                    subject: case.subject,
+                    command: case.command.clone(),
+                    samples,
+                });
+            }
+        }
+        Ok(results)
+    }
+}
