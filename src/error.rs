@@ -4,12 +4,12 @@ use crate::algorithms::ParamsError;
 
 pub const WRONG_TYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 pub const UNKNOWN_ALGORITHM: &str = "ERR unknown algorithm: expected token-bucket, leaky-bucket, \
-     fixed-window, sliding-window or sliding-log";
+     fixed-window, sliding-window, sliding-log or gcra";
 pub const LIMIT: &str = "ERR limit must be an integer from 1 to 1000000000000";
 pub const PERIOD: &str = "ERR period must be an integer from 1 ms to 3650 days, in ms or \
      with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)";
 pub const BURST: &str = "ERR BURST must be an integer from 1 to 1000000000000";
-pub const BURST_ON_WINDOW: &str = "ERR BURST applies only to token-bucket and leaky-bucket";
+pub const BURST_ON_WINDOW: &str = "ERR BURST applies only to token-bucket, leaky-bucket and gcra";
 pub const COST: &str = "ERR COST must be an integer from 0 to 1000000000000";
 pub const AT: &str = "ERR AT must be a time in ms since the Unix epoch, below 2^53";
 pub const NUMKEYS: &str = "ERR numkeys must be an integer from 1 to the number of keys given";

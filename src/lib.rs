@@ -61,6 +61,26 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    // The dialects, unless the server (GCRA in a future Redis) or another module (redis-cell's
+    // CL.THROTTLE) has the name already: theirs stays, and the log says which is in use.
+    for command in commands::dialects::COMMANDS {
+        let name = command.name.to_string_lossy();
+        match commands::registry::command_exists(ctx.ctx, command.name) {
+            Some(false) => {
+                if let Err(why) = commands::registry::register(ctx.ctx, command) {
+                    ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
+                    return Status::Err;
+                }
+                ctx.log_notice(&format!("ratelimit: {name} is the module's"));
+            }
+            Some(true) => ctx.log_notice(&format!(
+                "ratelimit: the server already has {name}; that one stays in use"
+            )),
+            None => ctx.log_warning(&format!(
+                "ratelimit: cannot tell whether the server has {name}; not registered"
+            )),
+        }
+    }
     ctx.log_notice(&format!(
         "ratelimit: loaded on {}; optional APIs in use: {}; ACL category @ratelimit: {}",
         server.release,
@@ -81,7 +101,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
 /// `INFO ratelimit`: calls, allowed, rejected and live keys per algorithm.
 unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
     /// Field names per algorithm (Redis prefixes them with `ratelimit_`).
-    const FIELDS: [[&CStr; 4]; 5] = [
+    const FIELDS: [[&CStr; 4]; 6] = [
         [
             c"token_bucket_calls",
             c"token_bucket_allowed",
@@ -111,6 +131,12 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
             c"sliding_log_allowed",
             c"sliding_log_rejected",
             c"sliding_log_keys",
+        ],
+        [
+            c"gcra_calls",
+            c"gcra_allowed",
+            c"gcra_rejected",
+            c"gcra_keys",
         ],
     ];
     let _ = std::panic::catch_unwind(|| {

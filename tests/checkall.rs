@@ -378,7 +378,10 @@ fn errors_change_nothing() {
             "2 y x fixed-window 1 1s BURST 2 token-bucket 3 1s",
             "BURST applies only",
         ),
-        ("2 y x gcra 1 1s token-bucket 3 1s", "unknown algorithm"),
+        (
+            "2 y x leaky-window 1 1s token-bucket 3 1s",
+            "unknown algorithm",
+        ),
         ("2 y x fixed-window 1 1s token-bucket 3 1s COST -1", "COST"),
         (
             "2 y x fixed-window 1 1s token-bucket 3 1s LIMIT 1",
@@ -658,7 +661,7 @@ fn errors_name_the_spec() {
     let cases = [
         (
             "2 x y token-bucket 3 1s fixed-window 1 1s BURST 2",
-            "limit spec 2 (key 'y'): BURST applies only to token-bucket and leaky-bucket",
+            "limit spec 2 (key 'y'): BURST applies only to token-bucket, leaky-bucket and gcra",
         ),
         (
             "2 x y fixed-window 1 1s BURST 2 token-bucket 3 1s",

@@ -177,7 +177,7 @@ fn bad_arguments_are_named_and_create_nothing() {
             "RATELIMIT.CHECK k token-bucket 10",
             "wrong number of arguments",
         ),
-        ("RATELIMIT.CHECK k gcra 10 1s", "unknown algorithm"),
+        ("RATELIMIT.CHECK k leaky-window 10 1s", "unknown algorithm"),
         ("RATELIMIT.CHECK k token-bucket 0 1s", "limit"),
         ("RATELIMIT.CHECK k token-bucket -1 1s", "limit"),
         ("RATELIMIT.CHECK k token-bucket 1.5 1s", "limit"),

@@ -108,6 +108,7 @@ fn hostile_check_args(rng: &mut Rng) -> Vec<Vec<u8>> {
                 "sliding-log",
                 "Token-Bucket",
                 "gcra",
+                "leaky-window",
                 "token_bucket",
             ],
         ),
@@ -525,8 +526,8 @@ fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
             body(head(1, 7, 1000, 9, base), tokens(9001)),
         ),
         (
-            "unknown algorithm 5",
-            body(head(5, 7, 1000, 9, base), tokens(7000)),
+            "unknown algorithm 6",
+            body(head(6, 7, 1000, 9, base), tokens(7000)),
         ),
         (
             "unknown algorithm 255",

@@ -185,7 +185,7 @@ fn noeviction_maxmemory_answers_oom_to_checks_and_nothing_breaks() {
     );
     assert_eq!(
         dbsize(&mut con),
-        6,
+        keys.len() as i64 + 1,
         "the limiters and the ballast, nothing new"
     );
     for (key, before) in keys.iter().zip(&digests) {
@@ -209,7 +209,7 @@ fn noeviction_maxmemory_answers_oom_to_checks_and_nothing_breaks() {
         "{new_key:?}"
     );
     let removed = int(&mut con, redis::cmd("RATELIMIT.RESET").arg(&keys));
-    assert_eq!(removed, 5);
+    assert_eq!(removed, keys.len() as i64);
 }
 
 #[test]

@@ -9,6 +9,7 @@
 //! Products such as `C·P` reach 10^12 · 3.15·10^11 and are computed in `u128`.
 
 pub mod fixed_window;
+pub mod gcra;
 pub mod leaky_bucket;
 pub mod sliding_log;
 pub mod sliding_window;
@@ -34,16 +35,18 @@ pub enum Algorithm {
     FixedWindow = 2,
     SlidingWindow = 3,
     SlidingLog = 4,
+    Gcra = 5,
 }
 
 impl Algorithm {
     /// All algorithms, indexed by their discriminant.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
+        Algorithm::Gcra,
     ];
 
     /// The name used on the command line and in replies.
@@ -54,6 +57,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed-window",
             Algorithm::SlidingWindow => "sliding-window",
             Algorithm::SlidingLog => "sliding-log",
+            Algorithm::Gcra => "gcra",
         }
     }
 
@@ -74,9 +78,12 @@ impl Algorithm {
         self as usize
     }
 
-    /// Buckets take a `BURST` capacity; windows and the log do not.
+    /// Buckets and GCRA take a `BURST` capacity; windows and the log do not.
     pub fn is_bucket(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
+        )
     }
 }
 
@@ -195,6 +202,8 @@ pub enum State {
     },
     /// The exact multiset of admitted timestamps.
     SlidingLog(SlidingLog),
+    /// How far the theoretical arrival time is ahead of `last`, in scaled units, `0 ..= C·P`.
+    Gcra { ahead_scaled: u128 },
 }
 
 /// A stored limiter: its parameters, the time of its last consuming call and its state at that time.
@@ -215,6 +224,7 @@ impl Limiter {
             State::FixedWindow { .. } => Algorithm::FixedWindow,
             State::SlidingWindow { .. } => Algorithm::SlidingWindow,
             State::SlidingLog(_) => Algorithm::SlidingLog,
+            State::Gcra { .. } => Algorithm::Gcra,
         }
     }
 
@@ -236,6 +246,7 @@ impl Limiter {
                 previous,
             } => sliding_window::reset_after(p, *window_start_ms, *current, *previous, t),
             State::SlidingLog(log) => log.reset_after(p, t),
+            State::Gcra { ahead_scaled } => to_u64(ceil_div(*ahead_scaled, u128::from(p.limit))),
         }
     }
 
@@ -305,6 +316,7 @@ pub fn check(
         Algorithm::FixedWindow => drive::<fixed_window::FixedWindow>(stored, request, commit),
         Algorithm::SlidingWindow => drive::<sliding_window::SlidingWindow>(stored, request, commit),
         Algorithm::SlidingLog => sliding_log::check(stored, request, commit),
+        Algorithm::Gcra => drive::<gcra::Gcra>(stored, request, commit),
     };
     Ok(result)
 }

@@ -37,6 +37,14 @@ fn own_fields(limiter: &Limiter) -> Vec<(&'static CStr, u64)> {
     let period = u128::from(limiter.params.period_ms);
     match &limiter.state {
         State::TokenBucket { tokens_scaled } => vec![(c"tokens", to_u64(tokens_scaled / period))],
+        // The theoretical arrival time, in ms since the epoch (rounded up).
+        State::Gcra { ahead_scaled } => vec![(
+            c"tat",
+            limiter.last_ms.saturating_add(to_u64(ceil_div(
+                *ahead_scaled,
+                u128::from(limiter.params.limit),
+            ))),
+        )],
         State::LeakyBucket { level_scaled } => {
             vec![(c"level", to_u64(ceil_div(*level_scaled, period)))]
         }

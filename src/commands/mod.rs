@@ -9,6 +9,7 @@
 pub(crate) mod apply;
 pub(crate) mod check;
 pub(crate) mod checkall;
+pub mod dialects;
 pub(crate) mod info;
 pub mod parse;
 pub(crate) mod registry;

@@ -356,7 +356,7 @@ mod tests {
             b"s",
             b"sliding",
             b"sliding-bucket",
-            b"gcra",
+            b"gcr",
             b"\xff",
         ] {
             assert_eq!(Algorithm::parse(bad), None, "{bad:?}");
@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn every_bad_argument_is_named() {
-        assert_eq!(parse("gcra 10 1s"), Err(ArgError::UnknownAlgorithm));
+        assert_eq!(parse("gcra-bucket 10 1s"), Err(ArgError::UnknownAlgorithm));
         assert_eq!(parse("fixed-window 0 1s"), Err(ArgError::Limit));
         assert_eq!(parse("fixed-window 1000000000001 1s"), Err(ArgError::Limit));
         assert_eq!(parse("fixed-window 10 0"), Err(ArgError::Period));
@@ -535,7 +535,7 @@ mod tests {
             Err(ArgError::Burst)
         );
         assert_eq!(
-            parse_all("2 a b gcra 1 1s fixed-window 1 1s"),
+            parse_all("2 a b gcr 1 1s fixed-window 1 1s"),
             Err(ArgError::UnknownAlgorithm)
         );
         assert_eq!(
@@ -569,11 +569,11 @@ mod tests {
         };
         assert_eq!(
             message("2 a b token-bucket 1 1s fixed-window 1 1s BURST 2"),
-            "ERR limit spec 2 (key 'b'): BURST applies only to token-bucket and leaky-bucket"
+            "ERR limit spec 2 (key 'b'): BURST applies only to token-bucket, leaky-bucket and gcra"
         );
         assert_eq!(
             message("2 a b fixed-window 1 1s BURST 2 token-bucket 1 1s"),
-            "ERR limit spec 1 (key 'a'): BURST applies only to token-bucket and leaky-bucket"
+            "ERR limit spec 1 (key 'a'): BURST applies only to token-bucket, leaky-bucket and gcra"
         );
         assert!(
             message("3 a b c fixed-window 1 1s fixed-window 0 1s fixed-window 1 1s")

@@ -132,6 +132,12 @@ impl Arg {
         self.multiple = true;
         self
     }
+
+    /// May be left out.
+    pub(crate) const fn optional(mut self) -> Arg {
+        self.optional = true;
+        self
+    }
 }
 
 /// The arguments of a limit spec after the key: `algorithm limit period [BURST capacity]`.
@@ -235,6 +241,42 @@ fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resul
         ));
     }
     Ok(())
+}
+
+/// Whether the server already has a command of this name (its own, or another module's), as
+/// `COMMAND INFO` tells: from OnLoad, before registering a command another may own. `None` when
+/// it cannot tell.
+pub(crate) fn command_exists(ctx: *mut raw::RedisModuleCtx, name: &CStr) -> Option<bool> {
+    if !(has!(RedisModule_Call)
+        && has!(RedisModule_CallReplyType)
+        && has!(RedisModule_CallReplyArrayElement)
+        && has!(RedisModule_FreeCallReply))
+    {
+        return None;
+    }
+    // SAFETY: the OnLoad context; "cc" takes two NUL-terminated strings. The reply is freed below.
+    let reply = unsafe {
+        rm!(RedisModule_Call)(
+            ctx,
+            c"COMMAND".as_ptr(),
+            c"cc".as_ptr(),
+            c"INFO".as_ptr(),
+            name.as_ptr(),
+        )
+    };
+    if reply.is_null() {
+        return None;
+    }
+    // SAFETY: a live reply: its first element (`COMMAND INFO` of one name answers one), whose type
+    // is read before the reply is freed, once.
+    let exists = unsafe {
+        let element = rm!(RedisModule_CallReplyArrayElement)(reply, 0);
+        let exists = !element.is_null()
+            && rm!(RedisModule_CallReplyType)(element) as isize == raw::REDISMODULE_REPLY_ARRAY;
+        rm!(RedisModule_FreeCallReply)(reply);
+        exists
+    };
+    Some(exists)
 }
 
 /// The layout version of the command-info structs this module passes.

@@ -94,9 +94,9 @@ pub fn encode(limiter: &Limiter, out: &mut impl Sink) {
         out.put(&value.to_le_bytes());
     }
     match &limiter.state {
-        State::TokenBucket { tokens_scaled: v } | State::LeakyBucket { level_scaled: v } => {
-            out.put(&v.to_le_bytes())
-        }
+        State::TokenBucket { tokens_scaled: v }
+        | State::LeakyBucket { level_scaled: v }
+        | State::Gcra { ahead_scaled: v } => out.put(&v.to_le_bytes()),
         State::FixedWindow {
             window_start_ms,
             count,
@@ -186,6 +186,11 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
             let level_scaled = reader.u128()?;
             require(level_scaled <= params.capacity_scaled())?;
             State::LeakyBucket { level_scaled }
+        }
+        Algorithm::Gcra => {
+            let ahead_scaled = reader.u128()?;
+            require(ahead_scaled <= params.capacity_scaled())?;
+            State::Gcra { ahead_scaled }
         }
         Algorithm::FixedWindow => {
             let window_start_ms = reader.u64()?;

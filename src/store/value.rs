@@ -100,7 +100,9 @@ fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
         & put(&mut bits, LIMIT_AT, AMOUNT_BITS, params.limit.into())
         & put(&mut bits, PERIOD_AT, PERIOD_BITS, params.period_ms.into());
     fits &= match &limiter.state {
-        State::TokenBucket { tokens_scaled: v } | State::LeakyBucket { level_scaled: v } => {
+        State::TokenBucket { tokens_scaled: v }
+        | State::LeakyBucket { level_scaled: v }
+        | State::Gcra { ahead_scaled: v } => {
             put(&mut bits, FIRST_AT, AMOUNT_BITS, params.capacity.into())
                 & put(&mut bits, SECOND_AT, SCALED_BITS, *v)
         }
@@ -151,6 +153,12 @@ fn unpack(words: &[u64; 4]) -> Limiter {
             params.capacity = field(FIRST_AT, AMOUNT_BITS);
             State::LeakyBucket {
                 level_scaled: get(&bits, SECOND_AT, SCALED_BITS),
+            }
+        }
+        Some(Algorithm::Gcra) => {
+            params.capacity = field(FIRST_AT, AMOUNT_BITS);
+            State::Gcra {
+                ahead_scaled: get(&bits, SECOND_AT, SCALED_BITS),
             }
         }
         Some(Algorithm::FixedWindow) => State::FixedWindow {

@@ -246,7 +246,7 @@ pub fn compare_state(
                 expect("count", get("count"), lua_get("curr"));
                 expect("previous", get("previous"), lua_get("prev"));
             }
-            Algorithm::SlidingLog => unreachable!(),
+            Algorithm::SlidingLog | Algorithm::Gcra => unreachable!("no hash state"),
         }
     }
     expect("limit", get("limit"), limit);

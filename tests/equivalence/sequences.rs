@@ -18,6 +18,10 @@ pub trait LuaReference {
     fn bound(self, p: u64) -> u64;
 }
 
+/// `gcra` has no reference script: it is proven equal to the token bucket and to redis-cell
+/// (tests/dialects.rs), and its own timelines are in src/algorithms/gcra.rs.
+const NO_GCRA_REFERENCE: &str = "gcra has no Lua reference script";
+
 impl LuaReference for Algorithm {
     fn script_file(self) -> &'static str {
         match self {
@@ -26,6 +30,7 @@ impl LuaReference for Algorithm {
             Algorithm::FixedWindow => "lua-reference/fixed_window.lua",
             Algorithm::SlidingWindow => "lua-reference/sliding_window.lua",
             Algorithm::SlidingLog => "lua-reference/sliding_log.lua",
+            Algorithm::Gcra => NO_GCRA_REFERENCE,
         }
     }
 
@@ -36,6 +41,7 @@ impl LuaReference for Algorithm {
             Algorithm::FixedWindow => include_str!("../../lua-reference/fixed_window.lua"),
             Algorithm::SlidingWindow => include_str!("../../lua-reference/sliding_window.lua"),
             Algorithm::SlidingLog => include_str!("../../lua-reference/sliding_log.lua"),
+            Algorithm::Gcra => panic!("{NO_GCRA_REFERENCE}"),
         }
     }
 

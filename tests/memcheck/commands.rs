@@ -158,7 +158,7 @@ fn every_argument_error_once_and_errors_create_nothing() {
             " k",
             " k token-bucket",
             " k token-bucket 3",
-            " k gcra 3 1h",
+            " k leaky-window 3 1h",
             " k sliding 3 1h",
             " k token-bucket 0 1h",
             " k token-bucket 1000000000001 1h",
@@ -214,7 +214,7 @@ fn every_argument_error_once_and_errors_create_nothing() {
         "RATELIMIT.CHECKALL 2 k l token-bucket 3 1h BURST 2 BURST 3 token-bucket 3 1h",
         "RATELIMIT.CHECKALL 2 k l token-bucket 3 1h BURST token-bucket 3 1h",
         "RATELIMIT.CHECKALL 2 k l token-bucket 0 1h token-bucket 3 1h",
-        "RATELIMIT.CHECKALL 2 k l token-bucket 3 1h gcra 3 1h",
+        "RATELIMIT.CHECKALL 2 k l token-bucket 3 1h leaky-window 3 1h",
         "RATELIMIT.CHECKALL 2 k l token-bucket 3 1h token-bucket 3 1h FOO 1",
         "RATELIMIT.CHECKALL 2 k l token-bucket 3 1h sliding-log 100001 1h",
         "RATELIMIT.CHECKALL 2 k str token-bucket 3 1h token-bucket 3 1h",
@@ -312,7 +312,7 @@ fn resp3_replies() {
         run(&mut con, "RATELIMIT.INFO missing"),
         Value::Nil
     ));
-    run_error(&mut con, "RATELIMIT.CHECK r3:x gcra 1 1h");
+    run_error(&mut con, "RATELIMIT.CHECK r3:x leaky-window 1 1h");
     run_error(
         &mut con,
         "RATELIMIT.CHECK r3:token-bucket fixed-window 1 1h",
