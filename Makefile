@@ -14,10 +14,10 @@ DATA_DIR := target/redis-data
 # libclang-dev for the bindgen step of the redis-module crate.
 APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
-# The bounded fuzz run `make test` ends with (fuzz/run.sh: every target, 20 s each); `make test FUZZ_RUN=` skips it.
-FUZZ_RUN := bash fuzz/run.sh
+# How long `make fuzz` runs each target, in seconds.
+FUZZ_SECONDS ?= 20
 
-.PHONY: help deps build run test lint fmt clean bench profile memcheck
+.PHONY: help deps build run test fuzz lint fmt clean bench profile memcheck test-matrix
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -44,9 +44,15 @@ run: build ## Start redis-server in the foreground with redis.conf and the modul
 	redis-server redis.conf --port $(PORT)
 
 test: export RATELIMIT_MODULE := $(MODULE)
-test: build ## Run every test (unit, integration) against the built module
+test: build ## Run every test (unit, property, integration) against the built module
 	cargo test --release
-	$(FUZZ_RUN)
+
+fuzz: ## Fuzz the argument parsers and the codec for FUZZ_SECONDS each (installs cargo-fuzz once)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh
+
+test-matrix: export RATELIMIT_MODULE := $(MODULE)
+test-matrix: build ## The integration suites once per server found (Redis 7.0-8.0, Valkey 8); a table
+	bash tests/matrix.sh
 
 bench: export RATELIMIT_MODULE := $(MODULE)
 bench: build ## Native commands vs Lua scripts on one server (BENCH_QUICK=1: ~1 min); see target/bench/
@@ -70,9 +76,10 @@ functions: ## Load the Redis Functions library (no module needed) into a running
 functions-bench: ## Functions library vs Lua scripts (and the module, if loaded) on a running server (PORT=6379)
 	bash lua-reference/functions/bench.sh $(PORT)
 
-lint: deps ## Check formatting and run clippy with warnings as errors
+lint: deps ## Check formatting, clippy and rustdoc, with warnings as errors
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items
 
 fmt: ## Format the code
 	cargo fmt

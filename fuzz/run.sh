@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bounded fuzz run, the last step of `make test` (Makefile: FUZZ_RUN).
+# Bounded fuzz run: `make fuzz` (and CI, after `make test`).
 #
 # Builds the fuzz targets with cargo-fuzz (installed with `cargo install cargo-fuzz --locked` when
 # missing: a few minutes, once per machine) and runs each for FUZZ_SECONDS (default 20) from the

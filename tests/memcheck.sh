@@ -37,7 +37,7 @@ if [ "${MEMCHECK_ONLY_CHECK:-0}" != 1 ]; then
     [ -f "$module" ] || { echo "memcheck: no module at $module (make build)" >&2; exit 1; }
     # The wrapper is split on whitespace by the harness: the log path must not contain any.
     case "$out" in *[[:space:]]*) echo "memcheck: MEMCHECK_DIR must not contain spaces: $out" >&2; exit 1 ;; esac
-    server=$(command -v "${REDIS_SERVER:-redis-server}")
+    server=$(command -v "${RATELIMIT_SERVER:-${REDIS_SERVER:-redis-server}}")
     # valgrind must replace the allocator redis-server really uses. Debian's redis-server 7.0.15
     # links jemalloc dynamically (ldd: libjemalloc.so.2), hence `somalloc=libjemalloc.so*`. A
     # server with an unprefixed allocator linked statically needs `somalloc=NONE` (malloc is in
@@ -50,7 +50,7 @@ if [ "${MEMCHECK_ONLY_CHECK:-0}" != 1 ]; then
         synonyms='--soname-synonyms=somalloc=NONE'
     elif nm -D "$server" 2>/dev/null | grep -qE ' T je_malloc$'; then
         echo "memcheck: $server has a prefixed static jemalloc valgrind cannot replace;" \
-            "use a redis-server built with MALLOC=libc (REDIS_SERVER=...)" >&2
+            "use a redis-server built with MALLOC=libc (RATELIMIT_SERVER=...)" >&2
         exit 1
     else
         synonyms=''
@@ -68,7 +68,7 @@ if [ "${MEMCHECK_ONLY_CHECK:-0}" != 1 ]; then
     start=$(date +%s)
     suite_status=0
     # shellcheck disable=SC2086
-    RATELIMIT_MODULE=$module RATELIMIT_SERVER_WRAPPER=$wrapper REDIS_SERVER=$server \
+    RATELIMIT_MODULE=$module RATELIMIT_SERVER_WRAPPER=$wrapper RATELIMIT_SERVER=$server \
         cargo test --release --test memcheck -- ${MEMCHECK_TEST_ARGS:-} || suite_status=$?
     echo "memcheck: the suite took $(( $(date +%s) - start )) s under valgrind (exit status $suite_status)"
 else

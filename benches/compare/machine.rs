@@ -17,7 +17,8 @@ pub fn machine_before() -> model::Machine {
                 .map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into());
-    let redis_version = command_output("redis-server", &["--version"])
+    let server = crate::common::server_binary();
+    let redis_version = command_output(&server.to_string_lossy(), &["--version"])
         .map(|v| {
             let field = |name: &str| {
                 v.split_whitespace()

@@ -51,8 +51,12 @@ impl LaunchError {
     }
 }
 
-fn server_binary() -> OsString {
-    std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into())
+/// The server binary: `$RATELIMIT_SERVER` (e.g. `valkey-server`, or a path), else the older name
+/// `$REDIS_SERVER`, else `redis-server` from PATH.
+pub fn server_binary() -> OsString {
+    std::env::var_os("RATELIMIT_SERVER")
+        .or_else(|| std::env::var_os("REDIS_SERVER"))
+        .unwrap_or_else(|| "redis-server".into())
 }
 
 /// Spawn redis-server on `port` and wait until it answers PING.
@@ -84,7 +88,7 @@ pub(crate) fn launch(args: &ServerArgs, port: u16, dir: &Path) -> Result<Child, 
         .stderr(stdio_err);
     let mut child = spawn_child(command).map_err(|e| {
         LaunchError::Failed(format!(
-            "cannot run {:?} {:?}: {e} (install it with `make deps`, or set REDIS_SERVER)",
+            "cannot run {:?} {:?}: {e} (install it with `make deps`, or set RATELIMIT_SERVER)",
             wrapper,
             server_binary()
         ))

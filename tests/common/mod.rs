@@ -21,9 +21,10 @@
 //!     .start_expecting_failure();
 //! ```
 //!
-//! Environment: `RATELIMIT_MODULE` (the module to load; `make test` sets it), `REDIS_SERVER` (the
-//! server binary, default `redis-server` from PATH), `RATELIMIT_KEEP_TEST_DIRS=1` (keep the
-//! temporary directories for inspection).
+//! Environment: `RATELIMIT_MODULE` (the module to load; `make test` sets it), `RATELIMIT_SERVER`
+//! (the server binary, e.g. `valkey-server` or a path; `REDIS_SERVER` is its older name; default
+//! `redis-server` from PATH; `make test-matrix` runs the suites once per server),
+//! `RATELIMIT_KEEP_TEST_DIRS=1` (keep the temporary directories for inspection).
 //!
 //! Running the servers under a tool (`make memcheck`, tests/memcheck.sh):
 //! `RATELIMIT_SERVER_WRAPPER` is a command prefix, split on whitespace, put in front of the server
@@ -51,6 +52,7 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use calls::*;
+pub use launch::server_binary;
 pub use server::{
     master_and_replica, module_path, ready_timeout, scaled, server_wrapper, wait_replica_sync,
     FailedStart, Server, ServerBuilder, CLIENT_TIMEOUT, READY_TIMEOUT, SYNC_TIMEOUT,

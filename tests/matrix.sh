@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# `make test-matrix`: the integration suites once per server found on this machine, then a table of
+# server, version and tests passed / failed / skipped.
+#
+# Servers: the system `redis-server`; Valkey 8 (`valkey-server`, installed from Debian's
+# bookworm-backports suite when missing, on the mirror the machine's apt sources already use); and
+# each `redis-server` under ../shared/servers/*/ when that folder exists (Redis 7.2, 7.4, 8.0).
+# A test that needs something a server lacks prints `skipped: <server>: <what>` and passes; those
+# lines are the "skipped" column.
+#
+# Environment: RATELIMIT_MODULE (set by make), MATRIX_SERVERS (a space-separated list of server
+# binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log_dir=target/matrix
+mkdir -p "$log_dir"
+rm -f "$log_dir"/*.log
+
+apt_get() {
+    if [ "$(id -u)" = 0 ]; then
+        env DEBIAN_FRONTEND=noninteractive apt-get "$@"
+    else
+        sudo env DEBIAN_FRONTEND=noninteractive apt-get "$@"
+    fi
+}
+
+# Valkey from bookworm-backports, on the Debian mirror the machine's apt sources name.
+install_valkey() {
+    [ "${MATRIX_NO_INSTALL:-0}" = 1 ] && return 1
+    command -v apt-get >/dev/null 2>&1 || return 1
+    if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        local mirror
+        mirror=$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null)
+        [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $3 ~ /^bookworm/ { print $2; exit }' \
+            /etc/apt/sources.list 2>/dev/null)
+        [ -n "$mirror" ] || { echo "matrix: no Debian mirror in the apt sources" >&2; return 1; }
+        printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+            "$mirror" | (if [ "$(id -u)" = 0 ]; then tee /etc/apt/sources.list.d/bookworm-backports.sources; \
+                         else sudo tee /etc/apt/sources.list.d/bookworm-backports.sources; fi) >/dev/null
+    fi
+    apt_get update -qq && apt_get install -y -qq -t bookworm-backports valkey-server valkey-tools >/dev/null
+    # The package starts a service on port 6379: the tests never need it.
+    if command -v systemctl >/dev/null 2>&1; then
+        systemctl stop valkey-server >/dev/null 2>&1 || true
+        systemctl disable valkey-server >/dev/null 2>&1 || true
+    fi
+    command -v valkey-server >/dev/null 2>&1
+}
+
+servers=()
+if [ -n "${MATRIX_SERVERS:-}" ]; then
+    read -r -a servers <<<"$MATRIX_SERVERS"
+else
+    command -v redis-server >/dev/null 2>&1 && servers+=("$(command -v redis-server)")
+    if ! command -v valkey-server >/dev/null 2>&1; then
+        echo "matrix: installing valkey-server from bookworm-backports"
+        install_valkey || echo "matrix: valkey-server could not be installed; Valkey is not tested" >&2
+    fi
+    command -v valkey-server >/dev/null 2>&1 && servers+=("$(command -v valkey-server)")
+    for server in ../shared/servers/*/redis-server; do
+        [ -x "$server" ] && servers+=("$(realpath "$server")")
+    done
+    [ -d ../shared/servers ] || echo "matrix: ../shared/servers is absent: only the local servers are tested"
+fi
+[ ${#servers[@]} -gt 0 ] || { echo "matrix: no server found" >&2; exit 1; }
+
+# Compile the test binaries once, outside the per-server runs.
+cargo test --release --tests --no-run --quiet || exit 1
+
+rows=()
+failed_servers=0
+for server in "${servers[@]}"; do
+    version=$("$server" --version | grep -o 'v=[^ ]*' | cut -c3-)
+    name=redis
+    cli=redis-cli
+    case $(basename "$server") in
+        valkey*)
+            name=valkey
+            cli=$(dirname "$server")/valkey-cli
+            [ -x "$cli" ] || cli=valkey-cli
+            ;;
+    esac
+    label="$name $version"
+    log="$log_dir/${name}-${version}.log"
+    echo "matrix: $label ($server)"
+    start=$(date +%s)
+    RATELIMIT_SERVER=$server REDIS_CLI=$cli \
+        cargo test --release --tests --quiet -- --nocapture >"$log" 2>&1
+    status=$?
+    seconds=$(( $(date +%s) - start ))
+    passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{ s += $4 } END { print s + 0 }')
+    failures=$(grep -Eo '[0-9]+ failed' "$log" | awk '{ s += $1 } END { print s + 0 }')
+    # (--quiet prints progress dots on the same line as a test's own output)
+    skipped=$(grep -o 'skipped: .*' "$log" | wc -l)
+    if [ $status -ne 0 ] && [ "$failures" = 0 ]; then
+        failures=1 # a test binary that did not finish
+    fi
+    [ $status -eq 0 ] || failed_servers=$((failed_servers + 1))
+    rows+=("$(printf '| %-16s | %-45s | %6s | %6s | %7s | %4ss |' "$label" "$server" "$passed" "$failures" "$skipped" "$seconds")")
+    if [ $status -ne 0 ]; then
+        echo "matrix: $label FAILED; the failing tests:" >&2
+        grep -E '^(test .* FAILED|---- .* stdout ----|thread .* panicked)' "$log" | head -20 >&2
+        echo "matrix: whole output in $log" >&2
+    fi
+done
+
+echo
+printf '| %-16s | %-45s | %6s | %6s | %7s | %5s |\n' server binary passed failed skipped time
+printf '|%s|%s|%s|%s|%s|%s|\n' ------------------ ----------------------------------------------- -------- -------- --------- -------
+printf '%s\n' "${rows[@]}"
+echo
+echo "skips (server: what the server lacks):"
+grep -ho 'skipped: .*' "$log_dir"/*.log | sort | uniq -c | sed 's/^/  /'
+if [ $failed_servers -ne 0 ]; then
+    echo "matrix: $failed_servers server(s) failed" >&2
+    exit 1
+fi
