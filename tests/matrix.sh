@@ -82,6 +82,12 @@ for server in "${servers[@]}"; do
             ;;
     esac
     label="$name $version"
+    # A preview reports its own version number (8.0-m01 says 7.9.224): name its folder too.
+    folder=$(basename "$(dirname "$server")")
+    case $folder in
+        "$name-$version" | bin | sbin) ;;
+        *) label="$label ($folder)" ;;
+    esac
     log="$log_dir/${name}-${version}.log"
     echo "matrix: $label ($server)"
     start=$(date +%s)
