@@ -70,6 +70,9 @@ cargo test --release --tests --no-run --quiet || exit 1
 
 rows=()
 failed_servers=0
+total_passed=0
+total_failed=0
+total_skipped=0
 for server in "${servers[@]}"; do
     version=$("$server" --version | grep -o 'v=[^ ]*' | cut -c3-)
     name=redis
@@ -103,6 +106,9 @@ for server in "${servers[@]}"; do
         failures=1 # a test binary that did not finish
     fi
     [ $status -eq 0 ] || failed_servers=$((failed_servers + 1))
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failures))
+    total_skipped=$((total_skipped + skipped))
     rows+=("$(printf '| %-16s | %-45s | %6s | %6s | %7s | %4ss |' "$label" "$server" "$passed" "$failures" "$skipped" "$seconds")")
     if [ $status -ne 0 ]; then
         echo "matrix: $label FAILED; the failing tests:" >&2
@@ -118,6 +124,8 @@ printf '%s\n' "${rows[@]}"
 echo
 echo "skips (server: what the server lacks):"
 grep -ho 'skipped: .*' "$log_dir"/*.log | sort | uniq -c | sed 's/^/  /'
+echo
+echo "matrix: $total_passed passed, $total_failed failed, $total_skipped skipped"
 if [ $failed_servers -ne 0 ]; then
     echo "matrix: $failed_servers server(s) failed" >&2
     exit 1
