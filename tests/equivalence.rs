@@ -346,7 +346,7 @@ fn sliding_log_equals_lua_reference() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The seed's script
+// The usual ZSET script (lua-reference/seed_sliding_log.lua)
 
 /// `EVALSHA seed 1 key limit current_time window`: 1 allowed, 0 rejected.
 fn seed_call(sha: &str, key: &str, limit: u64, at: u64, window: u64) -> redis::Cmd {
@@ -368,7 +368,7 @@ fn native_log_call(key: &str, limit: u64, at: u64, window: u64) -> redis::Cmd {
     cmd
 }
 
-/// With cost 1 and distinct, increasing timestamps the seed's script and the native sliding log
+/// With cost 1 and distinct, increasing timestamps the ZSET script and the native sliding log
 /// take the same decision on every call. (The window stays fixed per key: the seed has no rule for
 /// a changed window, it just keeps what it has not trimmed yet; the limit may change.)
 #[test]
@@ -448,7 +448,7 @@ fn seed_script_agrees_with_native_sliding_log_on_distinct_timestamps() {
     );
 }
 
-/// Requests in the same millisecond: the seed's `ZADD key t t` collapses them into one member, so
+/// Requests in the same millisecond: the ZSET script's `ZADD key t t` collapses them into one member, so
 /// it admits all of them; the native sliding log (and sliding_log.lua) counts each one.
 #[test]
 fn seed_script_undercounts_requests_in_the_same_millisecond() {
@@ -486,7 +486,7 @@ fn seed_script_undercounts_requests_in_the_same_millisecond() {
     // The seed admits all 10 requests of the burst against a limit of 3...
     assert_eq!(
         seed_admitted, burst,
-        "the seed's script admitted {seed_admitted} of {burst}"
+        "the ZSET script admitted {seed_admitted} of {burst}"
     );
     // ...and remembers only one of them.
     let members: i64 = redis::cmd("ZCARD").arg("seed").query(&mut con).unwrap();
