@@ -1,5 +1,5 @@
 //! Under memcheck: CHECK, PEEK and INFO on every algorithm with every option, every argument
-//! error once, RESP3 replies, CHECKALL and RESET.
+//! error once, RESP3 replies, CHECKALL, RESET, CL.THROTTLE and GCRA.
 
 use redis::Value;
 use redis_ratelimit::algorithms::Algorithm;
@@ -468,5 +468,54 @@ fn reset_with_repeated_and_missing_keys() {
     let reply = eval(&mut con, "EVAL", script, &["c", "d"], &[]);
     assert!(!is_error(&reply), "{reply:?}");
     assert!(!exists(&mut con, "c"));
+    assert_alive(&server);
+}
+
+#[test]
+fn cl_throttle_and_gcra() {
+    let server = Server::start();
+    let mut con = server.client();
+    run_ok(&mut con, "SET str v");
+    for line in [
+        "CL.THROTTLE t 4 10 1",
+        "CL.THROTTLE t 4 10 1 3",
+        "CL.THROTTLE t 4 10 1 0",
+        "CL.THROTTLE t 4 10 1 9",
+        "CL.THROTTLE t 0 1 315360000",
+        "GCRA g 4 10 1",
+        "GCRA g 4 10 0.5 TOKENS 2",
+        "GCRA g 9 1 1e-6",
+        "RATELIMIT.CHECK t gcra 10 1s BURST 5",
+        "RATELIMIT.INFO g",
+    ] {
+        let reply = run(&mut con, line);
+        assert!(!is_error(&reply), "{line}: {reply:?}");
+    }
+    for line in [
+        "CL.THROTTLE t",
+        "CL.THROTTLE t -1 1 1",
+        "CL.THROTTLE t 1 0 1",
+        "CL.THROTTLE t 1 1 0",
+        "CL.THROTTLE t 1 1 1 1 1",
+        "CL.THROTTLE str 1 1 1",
+        "GCRA g 1 1",
+        "GCRA g x 1 1",
+        "GCRA g 1 1 nan",
+        "GCRA g 1 1 1 TOKENS",
+        "GCRA g 1 1 1 TOKENS 0",
+        "GCRA g 1 1 999999999999",
+        "GCRA str 1 1 1",
+        "RATELIMIT.CHECK t token-bucket 10 1s",
+    ] {
+        run_error(&mut con, line);
+    }
+    run_ok(&mut con, "DEBUG RELOAD");
+    assert_eq!(
+        int(
+            &mut con,
+            redis::cmd("RATELIMIT.RESET").arg(&["t", "g", "t"])
+        ),
+        2
+    );
     assert_alive(&server);
 }
