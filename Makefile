@@ -55,7 +55,7 @@ test-matrix: build ## The integration suites once per server found (Redis 7.0-8.
 	bash tests/matrix.sh
 
 bench: export RATELIMIT_MODULE := $(MODULE)
-bench: build ## Native commands vs Lua scripts on one server (BENCH_QUICK=1: ~1 min); see target/bench/
+bench: build ## Module vs Lua scripts, Functions library, SET PXAT, INCR, redis-cell (BENCH_QUICK=1: ~75 s); see target/bench/
 	cargo bench --bench compare
 
 profile: export RATELIMIT_MODULE := $(MODULE)

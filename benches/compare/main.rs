@@ -1,13 +1,18 @@
-//! `make bench`: the native commands against their Lua reference scripts, on one redis-server.
+//! `make bench`: the native commands against the Functions library, the Lua reference scripts
+//! and redis-cell.
 //!
 //! Starts its own redis-server with the module (the integration tests' harness), loads the
-//! `lua-reference/` scripts and measures, interleaving the cases of each comparison round by round
-//! so that a machine whose load drifts skews every case alike:
+//! `lua-reference/` scripts and the Functions library (`lua-reference/functions/ratelimit.lua`)
+//! into it and, when `../shared/peers/libredis_cell.so` exists, starts a second redis-server with
+//! redis-cell alone (both register `CL.THROTTLE`). Then it measures, interleaving the cases of each
+//! comparison round by round so that a machine whose load drifts skews every case alike:
 //! - throughput and latency with `redis-benchmark` (50 clients, pipeline 16 and 1): consuming
-//!   CHECKs over a random keyspace, rejected CHECKs on one exhausted hot key, each algorithm's
-//!   native command against its Lua script, with `SET k v PXAT t`, `INCR` and `PING` as floors;
+//!   calls over a random keyspace, rejected calls on one exhausted hot key; each algorithm's
+//!   `RATELIMIT.CHECK` against `FCALL ratelimit_check` and its Lua script, `gcra` with the
+//!   module's `CL.THROTTLE` and redis-cell's, with `SET k v PXAT t`, `INCR` and `PING` as floors;
 //! - the in-server cost per call (`INFO commandstats`, usec_per_call) of every run;
-//! - memory per key (`used_memory` delta over many keys, and `MEMORY USAGE`);
+//! - memory per key (`used_memory` delta over many keys, and `MEMORY USAGE`): module, library,
+//!   Lua scripts, `SET k v PXAT t`, and a `CL.THROTTLE` key of ours and of redis-cell;
 //! - the cost per call as the keyspace grows, and as the sliding log's limit grows.
 //!
 //! Writes `target/bench/results.md` (also printed), `results.json` and `throughput.svg`.
@@ -42,6 +47,9 @@ use std::time::Instant;
 use common::Server;
 use machine::{command_output, load_average, machine_before};
 use model::*;
+
+/// redis-cell, compiled, beside the repository (see its README there).
+const REDIS_CELL: &str = "../shared/peers/libredis_cell.so";
 
 /// The gap between the entries of the logs whose memory is measured.
 const LOG_GAP_MS: u64 = 1000;
@@ -169,13 +177,34 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
         ..Results::default()
     };
     let server = Server::start();
+    let cell_path = Path::new(env!("CARGO_MANIFEST_DIR")).join(REDIS_CELL);
+    let cell_server = if cell_path.is_file() {
+        let path = cell_path.canonicalize().unwrap_or(cell_path.clone());
+        let cell = Server::builder()
+            .no_module()
+            .config(&[("loadmodule", &path.to_string_lossy())])
+            .start();
+        eprintln!(
+            "bench: redis-cell ({}) on a second redis-server, port {}",
+            path.display(),
+            cell.port()
+        );
+        results.redis_cell = Some(format!("redis-cell ({REDIS_CELL})"));
+        Some(cell)
+    } else {
+        eprintln!("bench: {REDIS_CELL} is absent: redis-cell is not measured (skipped)");
+        None
+    };
     if config.pin {
-        // Every thread of the server (its background threads included) on CPU 0.
-        let pid = server.pid().map(|pid| pid.to_string()).unwrap_or_default();
-        if command_output("taskset", &["-a", "-p", "-c", "0", &pid]).is_none() {
-            return Err(format!(
-                "taskset could not pin redis-server {pid}; try BENCH_PIN=0"
-            ));
+        // Every thread of the servers (their background threads included) on CPU 0: they take
+        // turns, one measured at a time.
+        for s in std::iter::once(&server).chain(cell_server.as_ref()) {
+            let pid = s.pid().map(|pid| pid.to_string()).unwrap_or_default();
+            if command_output("taskset", &["-a", "-p", "-c", "0", &pid]).is_none() {
+                return Err(format!(
+                    "taskset could not pin redis-server {pid}; try BENCH_PIN=0"
+                ));
+            }
         }
     }
     results.pinned = config.pin;
@@ -186,7 +215,7 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
         if config.quick { "quick" } else { "full" },
         config.reps
     );
-    let mut bench = Bench::new(&server, config.clone())?;
+    let mut bench = Bench::new(&server, cell_server.as_ref(), config.clone())?;
 
     let phase = Instant::now();
     results.memory = bench.memory_phase()?;
@@ -232,6 +261,7 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
         ));
     }
     drop(bench);
+    drop(cell_server);
     drop(server);
     results.machine.load_after = load_average();
     results.total_seconds = started.elapsed().as_secs_f64();
@@ -295,11 +325,14 @@ impl Case {
     }
 }
 
-/// The measuring side of a run: one server, a connection to it, the scripts loaded; its phases
-/// are in setup.rs (the server, the cases, filling keys), throughput.rs, memory.rs and scaling.rs.
+/// The measuring side of a run: our server, a connection to it, the scripts and the library
+/// loaded, and redis-cell's server when there is one; its phases are in setup.rs (the servers, the
+/// cases, filling keys), throughput.rs, memory.rs and scaling.rs.
 struct Bench<'a> {
     server: &'a Server,
     con: redis::Connection,
+    /// redis-cell's server and a connection to it.
+    cell: Option<(&'a Server, redis::Connection)>,
     config: Config,
     /// Lua file stem -> SHA1.
     shas: HashMap<String, String>,

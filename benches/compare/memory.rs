@@ -7,11 +7,55 @@ use crate::common::now_ms;
 use crate::model::*;
 use crate::{resp, Bench, LOG_GAP_MS};
 
+/// One kind of key whose memory is measured.
+struct Kind {
+    id: String,
+    label: String,
+    /// The server the keys are written to.
+    side: Side,
+    keys: u64,
+    /// Calls made per key (entries of a log).
+    calls_per_key: u64,
+    /// See [`Bench::memory_of`].
+    marginal_from: Option<u64>,
+    /// What the first field of every reply must be (see [`Bench::pipeline_on`]).
+    expect_first: Option<i64>,
+}
+
+impl Kind {
+    fn keys(id: &str, label: &str, side: Side, config: &crate::Config, first: i64) -> Kind {
+        Kind {
+            id: id.into(),
+            label: label.into(),
+            side,
+            keys: config.memory_keys,
+            calls_per_key: 1,
+            marginal_from: Some(config.memory_marginal_from),
+            expect_first: Some(first),
+        }
+    }
+
+    /// Logs of 100 entries, on our server.
+    fn log(id: &str, label: &str, config: &crate::Config) -> Kind {
+        Kind {
+            id: id.into(),
+            label: label.into(),
+            side: Side::Ours,
+            keys: config.log_memory_keys,
+            calls_per_key: LOG_ENTRIES,
+            marginal_from: None,
+            expect_first: Some(1),
+        }
+    }
+}
+
+/// Entries per key of the logs whose memory is measured.
+const LOG_ENTRIES: u64 = 100;
+
 impl Bench<'_> {
     /// `used_memory` delta per key over many keys in the same state, and `MEMORY USAGE` of one.
     pub(crate) fn memory_phase(&mut self) -> Result<Vec<MemoryResult>, String> {
-        let keys = self.config.memory_keys;
-        let marginal_from = Some(self.config.memory_marginal_from);
+        let config = self.config.clone();
         let mut results = Vec::new();
         // Every kind uses the same key names ("rl:" and 12 digits, 15 bytes), one kind at a time
         // on an empty server.
@@ -25,17 +69,10 @@ impl Bench<'_> {
                 FAR_FUTURE_MS.into(),
             ]
         };
-        results.push(self.memory_of(
-            "set-pxat",
-            "SET k v PXAT t",
-            keys,
-            1,
-            marginal_from,
-            None,
-            set_case,
-        )?);
+        let kind = |id: &str, label: &str| Kind::keys(id, label, Side::Ours, &config, 1);
+        results.push(self.memory_of(kind("set-pxat", "SET k v PXAT t"), set_case)?);
         for (a, &(name, stem, _)) in ALGORITHMS.iter().enumerate() {
-            if a == 4 {
+            if a == SLIDING_LOG {
                 continue; // the log is measured with 100 entries below
             }
             let native = move |i: u64| {
@@ -48,13 +85,29 @@ impl Bench<'_> {
                 ]
             };
             results.push(self.memory_of(
-                &format!("{name}/native"),
-                &format!("{name} native"),
-                keys,
-                1,
-                marginal_from,
-                Some(true),
+                kind(&format!("{name}/native"), &format!("{name} native")),
                 native,
+            )?);
+            if a >= SCRIPTED {
+                continue;
+            }
+            let library = move |i: u64| {
+                vec![
+                    "FCALL".to_string(),
+                    "ratelimit_check".into(),
+                    "1".into(),
+                    key(i),
+                    name.to_string(),
+                    CONSUME_LIMIT.into(),
+                    CONSUME_PERIOD_MS.into(),
+                ]
+            };
+            results.push(self.memory_of(
+                kind(
+                    &format!("{name}/library"),
+                    &format!("{name} library (string)"),
+                ),
+                library,
             )?);
             let sha = self.sha(stem);
             let lua = move |i: u64| {
@@ -71,55 +124,95 @@ impl Bench<'_> {
                 ]
             };
             results.push(self.memory_of(
-                &format!("{name}/lua"),
-                &format!("{name} Lua (HASH)"),
-                keys,
-                1,
-                marginal_from,
-                Some(true),
+                kind(&format!("{name}/lua"), &format!("{name} Lua (HASH)")),
                 lua,
+            )?);
+        }
+        // CL.THROTTLE keys: ours (a gcra limiter) and redis-cell's (a string), on its server.
+        let throttle = move |i: u64| {
+            let mut command = vec!["CL.THROTTLE".to_string(), key(i)];
+            command.extend(THROTTLE_ARGS.iter().map(|a| a.to_string()));
+            command
+        };
+        results.push(self.memory_of(
+            Kind::keys(
+                &Subject::Throttle.id(),
+                &Subject::Throttle.label(),
+                Side::Ours,
+                &config,
+                0,
+            ),
+            throttle,
+        )?);
+        if self.has_cell() {
+            results.push(self.memory_of(
+                Kind::keys(
+                    &Subject::Cell.id(),
+                    &Subject::Cell.label(),
+                    Side::Cell,
+                    &config,
+                    0,
+                ),
+                throttle,
             )?);
         }
         // Logs of 100 entries a second apart (a record of 2 bytes in the native log), an hour
         // ahead of the server's clock, 1-day window.
-        let log_keys = self.config.log_memory_keys;
-        let entries = 100;
+        let log_keys = config.log_memory_keys;
         let base = now_ms() + 3_600_000;
         let at = move |c: u64| base + c / log_keys * LOG_GAP_MS;
-        let produce = |shape: fn(u64, u64) -> Vec<String>| move |c: u64| shape(c % log_keys, at(c));
+        let log_key = move |c: u64| format!("rl:{:012}", c % log_keys);
         results.push(self.memory_of(
-            "sliding-log/native-100",
-            "sliding-log native, 100 entries",
-            log_keys,
-            entries,
-            None,
-            Some(true),
-            produce(|i, at| {
+            Kind::log(
+                "sliding-log/native-100",
+                "sliding-log native, 100 entries",
+                &config,
+            ),
+            move |c: u64| {
                 vec![
                     "RATELIMIT.CHECK".to_string(),
-                    format!("rl:{i:012}"),
+                    log_key(c),
                     "sliding-log".into(),
                     "1000".into(),
                     "86400000".into(),
                     "AT".into(),
-                    at.to_string(),
+                    at(c).to_string(),
                 ]
-            }),
+            },
+        )?);
+        results.push(self.memory_of(
+            Kind::log(
+                "sliding-log/library-100",
+                "sliding-log library (string), 100 entries",
+                &config,
+            ),
+            move |c: u64| {
+                vec![
+                    "FCALL".to_string(),
+                    "ratelimit_check".into(),
+                    "1".into(),
+                    log_key(c),
+                    "sliding-log".into(),
+                    "1000".into(),
+                    "86400000".into(),
+                    "AT".into(),
+                    at(c).to_string(),
+                ]
+            },
         )?);
         let seed = self.sha("seed_sliding_log");
         results.push(self.memory_of(
-            "sliding-log/seed-zset-100",
-            "seed ZSET log (seed_sliding_log.lua), 100 entries",
-            log_keys,
-            entries,
-            None,
-            Some(true),
+            Kind::log(
+                "sliding-log/seed-zset-100",
+                "seed ZSET log (seed_sliding_log.lua), 100 entries",
+                &config,
+            ),
             move |c: u64| {
                 vec![
                     "EVALSHA".to_string(),
                     seed.clone(),
                     "1".into(),
-                    format!("rl:{:012}", c % log_keys),
+                    log_key(c),
                     "1000".into(),
                     at(c).to_string(),
                     "86400000".into(),
@@ -128,18 +221,17 @@ impl Bench<'_> {
         )?);
         let lua_log = self.sha("sliding_log");
         results.push(self.memory_of(
-            "sliding-log/lua-zset-100",
-            "sliding_log.lua ZSET, 100 entries",
-            log_keys,
-            entries,
-            None,
-            Some(true),
+            Kind::log(
+                "sliding-log/lua-zset-100",
+                "sliding_log.lua ZSET, 100 entries",
+                &config,
+            ),
             move |c: u64| {
                 vec![
                     "EVALSHA".to_string(),
                     lua_log.clone(),
                     "1".into(),
-                    format!("rl:{:012}", c % log_keys),
+                    log_key(c),
                     "1000".into(),
                     "86400000".into(),
                     "1000".into(),
@@ -151,27 +243,27 @@ impl Bench<'_> {
         Ok(results)
     }
 
-    /// Fills `keys` keys with `calls_per_key` calls each (`produce(c)` the c-th call) on an empty
-    /// server and measures the `used_memory` delta per key. With `marginal_from`, the keys are
-    /// filled in two steps, `used_memory` read between them, and the second step's delta per key
-    /// is the marginal cost of a key: both counts lie between the same powers of two, so the hash
-    /// tables of the keyspace and of the expiries keep their size and only the keys count.
-    #[allow(clippy::too_many_arguments)]
-    fn memory_of<F>(
-        &mut self,
-        id: &str,
-        label: &str,
-        keys: u64,
-        calls_per_key: u64,
-        marginal_from: Option<u64>,
-        expect_allowed: Option<bool>,
-        produce: F,
-    ) -> Result<MemoryResult, String>
+    /// Fills `kind.keys` keys with `kind.calls_per_key` calls each (`produce(c)` the c-th call)
+    /// on an empty server and measures the `used_memory` delta per key. With `marginal_from`, the
+    /// keys are filled in two steps, `used_memory` read between them, and the second step's delta
+    /// per key is the marginal cost of a key: both counts lie between the same powers of two, so
+    /// the hash tables of the keyspace and of the expiries keep their size and only the keys
+    /// count.
+    fn memory_of<F>(&mut self, kind: Kind, produce: F) -> Result<MemoryResult, String>
     where
         F: Fn(u64) -> Vec<String> + Send + Sync + 'static,
     {
+        let Kind {
+            id,
+            label,
+            side,
+            keys,
+            calls_per_key,
+            marginal_from,
+            expect_first,
+        } = kind;
         self.flushall()?;
-        let before = self.settled_used_memory()?;
+        let before = self.settled_used_memory(side)?;
         let first = produce(0);
         let produce = Arc::new(produce);
         let split = marginal_from.filter(|&k| k < keys && calls_per_key == 1);
@@ -180,19 +272,20 @@ impl Bench<'_> {
         for stop in split.into_iter().chain([keys]) {
             let produce = Arc::clone(&produce);
             let from = done * calls_per_key;
-            self.pipeline(
+            self.pipeline_on(
+                side,
                 (stop - done) * calls_per_key,
-                expect_allowed,
+                expect_first,
                 move |c, buf| resp::encode(buf, &produce(from + c)),
             )
             .map_err(|e| format!("memory of {label}: {e}"))?;
             if stop < keys {
-                middle = Some(self.settled_used_memory()?);
+                middle = Some(self.settled_used_memory(side)?);
             }
             done = stop;
         }
-        let after = self.settled_used_memory()?;
-        let live = self.dbsize()?;
+        let after = self.settled_used_memory(side)?;
+        let live = self.dbsize_on(side)?;
         if live != keys {
             return Err(format!(
                 "memory of {label}: {live} keys live after filling {keys}"
@@ -204,7 +297,8 @@ impl Bench<'_> {
             .cloned()
             .unwrap_or_default();
         let memory_usage: Option<i64> = self
-            .query(
+            .query_on(
+                side,
                 redis::cmd("MEMORY")
                     .arg("USAGE")
                     .arg(&key_arg)
@@ -221,8 +315,8 @@ impl Bench<'_> {
             marginal.map_or(String::new(), |(_, m)| format!(", {m:.1} B marginal"))
         );
         Ok(MemoryResult {
-            id: id.to_string(),
-            label: label.to_string(),
+            id,
+            label,
             keys,
             calls_per_key,
             bytes_per_key,

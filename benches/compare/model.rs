@@ -3,30 +3,62 @@
 
 use crate::parse::Summary;
 
-/// `(name on the command line, Lua reference file stem, short key tag)`.
-pub const ALGORITHMS: [(&str, &str, &str); 5] = [
+/// `(name on the command line, Lua reference file stem, short key tag)`. The first [`SCRIPTED`]
+/// have a Lua reference script and a function in the Functions library; `gcra` is the module's
+/// alone (the algorithm behind `CL.THROTTLE`).
+pub const ALGORITHMS: [(&str, &str, &str); 6] = [
     ("token-bucket", "token_bucket", "tb"),
     ("leaky-bucket", "leaky_bucket", "lb"),
     ("fixed-window", "fixed_window", "fw"),
     ("sliding-window", "sliding_window", "sw"),
     ("sliding-log", "sliding_log", "sl"),
+    ("gcra", "", "gc"),
 ];
+
+/// The algorithms with a Lua reference script and a library function: `ALGORITHMS[..SCRIPTED]`.
+pub const SCRIPTED: usize = 5;
+/// Index of the sliding log (measured with 100 entries per key in the memory phase).
+pub const SLIDING_LOG: usize = 4;
+/// Index of `gcra` in [`ALGORITHMS`].
+pub const GCRA: usize = 5;
 
 /// Limit and period of the consuming cases: so high and so long that every call is admitted and
 /// no key refills, drains, slides or expires during the run, so that each call reads and
 /// rewrites a live key (burst = limit for the buckets).
 pub const CONSUME_LIMIT: &str = "100000";
 pub const CONSUME_PERIOD_MS: &str = "60000000000";
+/// The same limit in `CL.THROTTLE`'s terms: `max_burst` 100000, 100000 per 60,000,000 s (an
+/// emission interval of 600 s, so that a key lives at least 10 minutes after a call and stays
+/// live through the run, where 100000 per 3600 s would let it expire 36 ms after a call).
+pub const THROTTLE_ARGS: [&str; 4] = ["100000", "100000", "60000000", "1"];
+/// The rejected `CL.THROTTLE`: `max_burst` 0 (a capacity of 1), 1 per 60,000,000 s.
+pub const THROTTLE_REJECT_ARGS: [&str; 4] = ["0", "1", "60000000", "1"];
 /// Limit of the rejected cases: one hot key with limit 1 and the same period, exhausted first.
 pub const REJECT_LIMIT: &str = "1";
 /// `SET ... PXAT` expiry: 2100-01-01.
 pub const FAR_FUTURE_MS: &str = "4102444800000";
 
+/// Which server a case runs on: ours (the module and the library loaded), or a second one with
+/// redis-cell alone (both register `CL.THROTTLE`, so they cannot share a server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    Ours,
+    Cell,
+}
+
 /// What a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Subject {
+    /// `RATELIMIT.CHECK`, any of the six algorithms.
     Native(usize),
+    /// `FCALL ratelimit_check` of the Functions library (`lua-reference/functions/ratelimit.lua`).
+    Library(usize),
+    /// `EVALSHA` of the Lua reference script.
     Lua(usize),
+    /// The module's `CL.THROTTLE`.
+    Throttle,
+    /// redis-cell's `CL.THROTTLE`, on its own server.
+    Cell,
     SetPxat,
     Incr,
     Ping,
@@ -36,7 +68,10 @@ impl Subject {
     pub fn id(self) -> String {
         match self {
             Subject::Native(a) => format!("{}/native", ALGORITHMS[a].0),
+            Subject::Library(a) => format!("{}/library", ALGORITHMS[a].0),
             Subject::Lua(a) => format!("{}/lua", ALGORITHMS[a].0),
+            Subject::Throttle => "cl-throttle/ours".into(),
+            Subject::Cell => "cl-throttle/redis-cell".into(),
             Subject::SetPxat => "set-pxat".into(),
             Subject::Incr => "incr".into(),
             Subject::Ping => "ping".into(),
@@ -46,7 +81,10 @@ impl Subject {
     pub fn label(self) -> String {
         match self {
             Subject::Native(a) => format!("{} native", ALGORITHMS[a].0),
+            Subject::Library(a) => format!("{} library", ALGORITHMS[a].0),
             Subject::Lua(a) => format!("{} Lua", ALGORITHMS[a].0),
+            Subject::Throttle => "CL.THROTTLE (ours)".into(),
+            Subject::Cell => "CL.THROTTLE (redis-cell)".into(),
             Subject::SetPxat => "SET k v PXAT t".into(),
             Subject::Incr => "INCR".into(),
             Subject::Ping => "PING".into(),
@@ -57,19 +95,76 @@ impl Subject {
     pub fn cmdstat(self) -> &'static str {
         match self {
             Subject::Native(_) => "ratelimit.check",
+            Subject::Library(_) => "fcall",
             Subject::Lua(_) => "evalsha",
+            Subject::Throttle | Subject::Cell => "cl.throttle",
             Subject::SetPxat => "set",
             Subject::Incr => "incr",
             Subject::Ping => "ping",
         }
     }
 
+    /// The algorithm it computes (`CL.THROTTLE`'s is `gcra`).
     pub fn algorithm(self) -> Option<usize> {
         match self {
-            Subject::Native(a) | Subject::Lua(a) => Some(a),
+            Subject::Native(a) | Subject::Library(a) | Subject::Lua(a) => Some(a),
+            Subject::Throttle | Subject::Cell => Some(GCRA),
             _ => None,
         }
     }
+
+    /// Whether it is a rate limiter (its reply says whether the call was admitted).
+    pub fn is_limiter(self) -> bool {
+        self.algorithm().is_some()
+    }
+
+    /// The first field of its reply when a call is admitted: `allowed` 1 for the module's and
+    /// the scripts' six integers, `limited` 0 for `CL.THROTTLE`.
+    pub fn admitted_first(self) -> i64 {
+        match self {
+            Subject::Throttle | Subject::Cell => 0,
+            _ => 1,
+        }
+    }
+
+    /// What the first field of a reply must be (`Some`) when every call is meant to be admitted,
+    /// or rejected; `None` for commands that are not limiters.
+    pub fn expect_first(self, admitted: bool) -> Option<i64> {
+        self.is_limiter().then(|| {
+            if admitted {
+                self.admitted_first()
+            } else {
+                1 - self.admitted_first()
+            }
+        })
+    }
+
+    /// Whether the module's `INFO ratelimit` counts its decisions.
+    pub fn counted_by_module(self) -> bool {
+        matches!(self, Subject::Native(_) | Subject::Throttle)
+    }
+
+    pub fn side(self) -> Side {
+        match self {
+            Subject::Cell => Side::Cell,
+            _ => Side::Ours,
+        }
+    }
+}
+
+/// The rate limiters of the throughput phase, in table order: per scripted algorithm the module,
+/// the library and the Lua script; then `gcra`, our `CL.THROTTLE` and redis-cell's (when its
+/// server runs).
+pub fn limiter_subjects(with_cell: bool) -> Vec<Subject> {
+    let mut subjects = Vec::new();
+    for a in 0..SCRIPTED {
+        subjects.extend([Subject::Native(a), Subject::Library(a), Subject::Lua(a)]);
+    }
+    subjects.extend([Subject::Native(GCRA), Subject::Throttle]);
+    if with_cell {
+        subjects.push(Subject::Cell);
+    }
+    subjects
 }
 
 /// A workload shape: which keys, which pipeline depth, admitted or rejected calls.
@@ -200,6 +295,8 @@ pub struct Results {
     pub run_seconds_target: f64,
     /// redis-server ran on CPU 0 and redis-benchmark on CPU 1 (`taskset`).
     pub pinned: bool,
+    /// The redis-cell measured on a second server (`None`: ../shared/peers/ is absent).
+    pub redis_cell: Option<String>,
     pub total_seconds: f64,
     pub cases: Vec<CaseResult>,
     pub memory: Vec<MemoryResult>,
@@ -217,5 +314,11 @@ impl Results {
 
     pub fn memory(&self, id: &str) -> Option<&MemoryResult> {
         self.memory.iter().find(|m| m.id == id)
+    }
+
+    /// What one more key of a kind costs: the marginal bytes when measured, else the average.
+    pub fn bytes_per_key(&self, id: &str) -> Option<f64> {
+        self.memory(id)
+            .map(|m| m.marginal.map_or(m.bytes_per_key, |(_, b)| b))
     }
 }

@@ -1,4 +1,4 @@
-//! The run's results as Markdown (with the targets' pass/fail), JSON and an SVG bar chart.
+//! The run's results as Markdown (tables of the comparisons), JSON and an SVG bar chart.
 
 use std::fmt::Write as _;
 
@@ -12,20 +12,6 @@ const P1: Group = Group::Random { pipeline: 1 };
 const HOT16: Group = Group::Hot { pipeline: 16 };
 const HOT1: Group = Group::Hot { pipeline: 1 };
 
-/// Algorithms whose memory per key has the 130-byte target.
-const SMALL_STATE: [usize; 4] = [0, 1, 2, 3];
-const MEMORY_LIMIT_BYTES: f64 = 130.0;
-
-/// One target of issue 4, evaluated.
-#[derive(Clone, Debug)]
-pub struct Target {
-    pub name: String,
-    pub measured: String,
-    pub threshold: String,
-    /// `None` when this run did not measure it.
-    pub pass: Option<bool>,
-}
-
 fn ratio(a: Option<Summary>, b: Option<Summary>) -> Option<f64> {
     let (a, b) = (a?, b?);
     (b.median > 0.0).then(|| a.median / b.median)
@@ -37,6 +23,11 @@ fn rps(results: &Results, group: Group, subject: Subject) -> Option<Summary> {
 
 fn usec(results: &Results, group: Group, subject: Subject) -> Option<Summary> {
     results.case(group, subject)?.usec()
+}
+
+/// Throughput of `a` over `b`'s, medians, in one workload.
+fn speedup(results: &Results, group: Group, a: Subject, b: Subject) -> Option<f64> {
+    ratio(rps(results, group, a), rps(results, group, b))
 }
 
 fn x(value: Option<f64>) -> String {
@@ -71,149 +62,163 @@ fn median(s: Option<Summary>, decimals: usize) -> String {
     s.map_or("n/a".into(), |s| format!("{:.d$}", s.median, d = decimals))
 }
 
-fn verdict(pass: Option<bool>) -> &'static str {
-    match pass {
-        Some(true) => "PASS",
-        Some(false) => "**FAIL**",
-        None => "n/a",
-    }
+fn bytes(b: Option<f64>) -> String {
+    b.map_or("n/a".into(), |b| format!("{b:.0} B"))
 }
 
-/// Every target of the issue, from what the run measured.
-pub fn targets(results: &Results) -> Vec<Target> {
-    let mut targets = Vec::new();
-    let mut push = |name: String, value: Option<f64>, threshold: String, pass: fn(f64) -> bool| {
-        targets.push(Target {
-            name,
-            measured: x(value),
-            threshold,
-            pass: value.map(pass),
+/// One comparison the run measured: what over what, and by how much.
+#[derive(Clone, Debug)]
+pub struct Ratio {
+    pub id: String,
+    pub description: String,
+    pub value: Option<f64>,
+}
+
+/// Every ratio the report states, from what the run measured (the JSON lists them all).
+pub fn ratios(results: &Results) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    let mut push = |id: String, description: String, value: Option<f64>| {
+        out.push(Ratio {
+            id,
+            description,
+            value,
         });
     };
-    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate() {
-        let native = rps(results, P16, Subject::Native(a));
+    for (group, what) in [
+        (P16, "consuming calls over random keys, pipeline 16"),
+        (HOT16, "rejected calls on a hot key, pipeline 16"),
+    ] {
+        let g = group.id();
+        for (a, &(name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+            let (native, library, lua) = (Subject::Native(a), Subject::Library(a), Subject::Lua(a));
+            push(
+                format!("{name}/module-over-library/{g}"),
+                format!("{name}: RATELIMIT.CHECK throughput / FCALL ratelimit_check's, {what}"),
+                speedup(results, group, native, library),
+            );
+            push(
+                format!("{name}/library-over-lua/{g}"),
+                format!("{name}: FCALL ratelimit_check throughput / its Lua script's, {what}"),
+                speedup(results, group, library, lua),
+            );
+            push(
+                format!("{name}/module-over-lua/{g}"),
+                format!("{name}: RATELIMIT.CHECK throughput / its Lua script's, {what}"),
+                speedup(results, group, native, lua),
+            );
+        }
         push(
-            format!("{name}: consuming CHECK, P16, random keys / SET PXAT"),
-            ratio(native, rps(results, P16, Subject::SetPxat)),
-            ">= 1.00x".into(),
-            |r| r >= 1.0,
+            format!("cl-throttle/ours-over-redis-cell/{g}"),
+            format!("CL.THROTTLE throughput, ours / redis-cell's, {what}"),
+            speedup(results, group, Subject::Throttle, Subject::Cell),
         );
         push(
-            format!("{name}: consuming CHECK, P16, random keys / its Lua script"),
-            ratio(native, rps(results, P16, Subject::Lua(a))),
-            ">= 4.00x".into(),
-            |r| r >= 4.0,
+            format!("gcra/check-over-redis-cell/{g}"),
+            format!("RATELIMIT.CHECK gcra throughput / redis-cell's CL.THROTTLE, {what}"),
+            speedup(results, group, Subject::Native(GCRA), Subject::Cell),
+        );
+    }
+    for subject in limiter_subjects(true) {
+        if !matches!(subject, Subject::Native(_) | Subject::Throttle) {
+            continue;
+        }
+        let label = subject.label();
+        push(
+            format!("{}/over-set-pxat/{}", subject.id(), P16.id()),
+            format!("{label}: consuming throughput / SET PXAT's, random keys, pipeline 16"),
+            speedup(results, P16, subject, Subject::SetPxat),
         );
         push(
-            format!("{name}: rejected CHECK, P16, hot key / INCR (hot key)"),
+            format!("{}/usec-over-set-pxat/{}", subject.id(), P16.id()),
+            format!("{label}: usec_per_call of a consuming call / SET PXAT's"),
             ratio(
-                rps(results, HOT16, Subject::Native(a)),
-                rps(results, HOT16, Subject::Incr),
-            ),
-            ">= 0.80x".into(),
-            |r| r >= 0.8,
-        );
-        push(
-            format!("{name}: usec_per_call of a consuming CHECK / SET PXAT's"),
-            ratio(
-                usec(results, P16, Subject::Native(a)),
+                usec(results, P16, subject),
                 usec(results, P16, Subject::SetPxat),
             ),
-            "<= 1.10x".into(),
-            |r| r <= 1.1,
+        );
+        push(
+            format!("{}/over-incr/{}", subject.id(), HOT16.id()),
+            format!("{label}: rejected throughput on a hot key / INCR's on a hot key, pipeline 16"),
+            speedup(results, HOT16, subject, Subject::Incr),
         );
     }
-    for a in SMALL_STATE {
-        let name = ALGORITHMS[a].0;
-        let memory = results.memory(&format!("{name}/native"));
-        // What one more key costs (key, value, TTL); the average with the hash tables' slots
-        // is shown beside it.
-        let bytes = memory.map(|m| m.marginal.map_or(m.bytes_per_key, |(_, b)| b));
-        targets.push(Target {
-            name: format!("{name}: memory per key (used_memory delta per added key)"),
-            measured: memory.map_or("n/a".into(), |m| match m.marginal {
-                Some((_, b)) => format!("{b:.0} B ({:.0} B with hash tables)", m.bytes_per_key),
-                None => format!("{:.0} B", m.bytes_per_key),
-            }),
-            threshold: format!("<= {MEMORY_LIMIT_BYTES:.0} B"),
-            pass: bytes.map(|b| b <= MEMORY_LIMIT_BYTES),
-        });
-    }
-    let log = results
-        .memory("sliding-log/native-100")
-        .map(|m| m.bytes_per_key);
-    let zset = results
-        .memory("sliding-log/seed-zset-100")
-        .map(|m| m.bytes_per_key);
-    let log_ratio = log.zip(zset).map(|(l, z)| l / z);
-    targets.push(Target {
-        name: "sliding-log, 100 entries per key: memory / seed ZSET log's".into(),
-        measured: match (log, zset, log_ratio) {
-            (Some(l), Some(z), Some(r)) => format!("{l:.0} B / {z:.0} B = {r:.2}x"),
-            _ => "n/a".into(),
-        },
-        threshold: "<= 0.25x".into(),
-        pass: log_ratio.map(|r| r <= 0.25),
-    });
-    let set_scaling = results
-        .scaling
-        .iter()
-        .find(|s| s.subject == Subject::SetPxat);
-    for scaling in &results.scaling {
-        let Subject::Native(a) = scaling.subject else {
-            continue;
+    let memory_ratio = |a: &str, b: &str| {
+        results
+            .bytes_per_key(a)
+            .zip(results.bytes_per_key(b))
+            .map(|(a, b)| a / b)
+    };
+    push(
+        "memory/cl-throttle/ours-over-redis-cell".into(),
+        "bytes per CL.THROTTLE key, ours / redis-cell's".into(),
+        memory_ratio("cl-throttle/ours", "cl-throttle/redis-cell"),
+    );
+    for (a, &(name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+        let (native, library) = if a == SLIDING_LOG {
+            (
+                "sliding-log/native-100".to_string(),
+                "sliding-log/library-100".to_string(),
+            )
+        } else {
+            (format!("{name}/native"), format!("{name}/library"))
         };
+        push(
+            format!("memory/{name}/module-over-library"),
+            format!("bytes per {name} key, module / library"),
+            memory_ratio(&native, &library),
+        );
+    }
+    for log in ["native", "library"] {
+        push(
+            format!("memory/sliding-log/{log}-over-seed-zset"),
+            format!("bytes per 100-entry sliding log, {log} / the seed ZSET script's"),
+            memory_ratio(
+                &format!("sliding-log/{log}-100"),
+                "sliding-log/seed-zset-100",
+            ),
+        );
+    }
+    for scaling in &results.scaling {
         let (Some(first), Some(last)) = (scaling.points.first(), scaling.points.last()) else {
             continue;
         };
-        let g = growth(scaling);
-        // SET PXAT's own growth between the same keyspace sizes.
-        let at = |keys: u64| {
-            set_scaling
-                .and_then(|s| s.points.iter().find(|p| p.0 == keys))
-                .and_then(|p| p.1)
-        };
-        let set_growth = ratio(at(last.0), at(first.0));
-        let allowed = set_growth.map_or(1.25, |s| (s * 1.1).max(1.25));
-        targets.push(Target {
-            name: format!(
+        push(
+            format!("{}/usec-growth", scaling.subject.id()),
+            format!(
                 "{}: usec_per_call with {} keys / with {} keys",
-                ALGORITHMS[a].0,
+                scaling.subject.label(),
                 count(last.0),
                 count(first.0)
             ),
-            measured: x(g),
-            threshold: format!(
-                "<= {allowed:.2}x (1.25x, or SET PXAT's own growth {} + 10%)",
-                x(set_growth)
-            ),
-            pass: g.map(|g| g <= allowed),
-        });
+            growth(scaling),
+        );
     }
-    let first = results.log_scaling.first();
-    let last = results.log_scaling.last();
-    if let (Some(first), Some(last)) = (first, last) {
-        for (what, get) in [
-            (
-                "consuming",
-                (|r: &LogScalingResult| r.native_consume) as fn(&LogScalingResult) -> _,
-            ),
-            ("rejected", |r: &LogScalingResult| r.native_reject),
-        ] {
-            let value = ratio(get(last), get(first));
-            targets.push(Target {
-                name: format!(
-                    "sliding-log: usec_per_call of a {what} CHECK at limit {} / at limit {}",
+    if let (Some(first), Some(last)) = (results.log_scaling.first(), results.log_scaling.last()) {
+        for (what, get) in log_columns() {
+            push(
+                format!("sliding-log/usec-growth/{}", what.replace(' ', "-")),
+                format!(
+                    "sliding-log, {what}: usec_per_call at limit {} / at limit {}",
                     count(last.limit),
                     count(first.limit)
                 ),
-                measured: x(value),
-                threshold: "<= 2.00x".into(),
-                pass: value.map(|v| v <= 2.0),
-            });
+                ratio(get(last), get(first)),
+            );
         }
     }
-    targets
+    out
+}
+
+type LogColumn = (&'static str, fn(&LogScalingResult) -> Option<Summary>);
+
+/// The sliding-log scaling table's columns.
+fn log_columns() -> [LogColumn; 4] {
+    [
+        ("native consuming", |r| r.native_consume),
+        ("native rejected", |r| r.native_reject),
+        ("Lua consuming", |r| r.lua_consume),
+        ("Lua rejected", |r| r.lua_reject),
+    ]
 }
 
 /// usec_per_call at the largest keyspace over that at the smallest.
@@ -271,17 +276,38 @@ pub fn markdown(results: &Results) -> String {
         "Cells: median [min..max] of the repetitions; ratios compare medians. \
          Consuming calls: limit {CONSUME_LIMIT} per {CONSUME_PERIOD_MS} ms, so every call is \
          admitted and updates a live key. Rejected calls: one hot key, limit {REJECT_LIMIT}, \
-         exhausted first. Lua: `EVALSHA` of `lua-reference/<algorithm>.lua` with the server's \
-         clock (empty `now_ms`).\n"
+         exhausted first. Module: `RATELIMIT.CHECK`. Library: `FCALL ratelimit_check` of \
+         `lua-reference/functions/ratelimit.lua`. Lua: `EVALSHA` of \
+         `lua-reference/<algorithm>.lua` with the server's clock (empty `now_ms`). \
+         `CL.THROTTLE key {}` (consuming) and `CL.THROTTLE key {}` (rejected).  ",
+        THROTTLE_ARGS.join(" "),
+        THROTTLE_REJECT_ARGS.join(" ")
     );
+    match &results.redis_cell {
+        Some(cell) => {
+            let _ = writeln!(
+                md,
+                "{cell} ran on a second redis-server (the same binary and settings{}), in the \
+                 same interleaved rounds: it registers `CL.THROTTLE` as the module does, so the \
+                 two cannot share a server.\n",
+                if results.pinned { ", on CPU 0 too" } else { "" }
+            );
+        }
+        None => md.push_str(
+            "redis-cell was not measured: `../shared/peers/libredis_cell.so` is absent.\n\n",
+        ),
+    }
+
+    comparisons_markdown(&mut md, results);
 
     let _ = writeln!(
         md,
-        "#### Consuming CHECK over {} random keys (kreq/s; usec_per_call from INFO commandstats)\n",
+        "#### Every command, consuming calls over {} random keys (kreq/s; usec_per_call from \
+         INFO commandstats)\n",
         count(results.keyspace)
     );
     md.push_str(
-        "| command | P16 kreq/s | native/Lua | native/INCR | native/SET PXAT | P16 usec/call | \
+        "| command | P16 kreq/s | vs its Lua script | vs INCR | vs SET PXAT | P16 usec/call | \
          usec vs SET PXAT | P1 kreq/s | P1 p50 / p99 ms |\n",
     );
     md.push_str("|---|---|---|---|---|---|---|---|---|\n");
@@ -290,24 +316,22 @@ pub fn markdown(results: &Results) -> String {
         let Some(case) = results.case(P16, subject) else {
             continue;
         };
-        let (vs_lua, vs_incr, vs_set, vs_set_usec) = match subject {
-            Subject::Native(a) => (
-                x(ratio(case.rps(), rps(results, P16, Subject::Lua(a)))),
-                x(ratio(case.rps(), rps(results, P16, Subject::Incr))),
-                x(ratio(case.rps(), rps(results, P16, Subject::SetPxat))),
+        let vs = |other: Subject| x(ratio(case.rps(), rps(results, P16, other)));
+        let vs_lua = match subject {
+            Subject::Native(a) | Subject::Library(a) if a < SCRIPTED => vs(Subject::Lua(a)),
+            _ => String::new(),
+        };
+        let (vs_incr, vs_set, vs_set_usec) = match subject {
+            Subject::Incr | Subject::Ping => (
+                String::new(),
+                String::new(),
                 x(ratio(case.usec(), set_usec)),
             ),
-            Subject::Lua(_) | Subject::Incr | Subject::Ping => (
-                String::new(),
-                String::new(),
-                String::new(),
+            Subject::SetPxat => (vs(Subject::Incr), String::new(), String::new()),
+            _ => (
+                vs(Subject::Incr),
+                vs(Subject::SetPxat),
                 x(ratio(case.usec(), set_usec)),
-            ),
-            Subject::SetPxat => (
-                String::new(),
-                x(ratio(case.rps(), rps(results, P16, Subject::Incr))),
-                String::new(),
-                String::new(),
             ),
         };
         let p1 = results.case(P1, subject);
@@ -324,10 +348,11 @@ pub fn markdown(results: &Results) -> String {
     }
 
     md.push_str(
-        "\n#### Rejected CHECK on one hot key over its limit (no write, no replication)\n\n",
+        "\n#### Every command, rejected calls on one hot key over its limit (no write, no \
+         replication)\n\n",
     );
     md.push_str(
-        "| command | P16 kreq/s | native/Lua | native/INCR | P16 usec/call | P1 kreq/s | \
+        "| command | P16 kreq/s | vs its Lua script | vs INCR | P16 usec/call | P1 kreq/s | \
          P1 p50 / p99 ms |\n",
     );
     md.push_str("|---|---|---|---|---|---|---|\n");
@@ -335,12 +360,15 @@ pub fn markdown(results: &Results) -> String {
         let Some(case) = results.case(HOT16, subject) else {
             continue;
         };
-        let (vs_lua, vs_incr) = match subject {
-            Subject::Native(a) => (
-                x(ratio(case.rps(), rps(results, HOT16, Subject::Lua(a)))),
-                x(ratio(case.rps(), rps(results, HOT16, Subject::Incr))),
-            ),
-            _ => (String::new(), String::new()),
+        let vs = |other: Subject| x(ratio(case.rps(), rps(results, HOT16, other)));
+        let vs_lua = match subject {
+            Subject::Native(a) | Subject::Library(a) if a < SCRIPTED => vs(Subject::Lua(a)),
+            _ => String::new(),
+        };
+        let vs_incr = if subject.is_limiter() {
+            vs(Subject::Incr)
+        } else {
+            String::new()
         };
         let p1 = results.case(HOT1, subject);
         let _ = writeln!(
@@ -394,6 +422,25 @@ pub fn markdown(results: &Results) -> String {
                 m.memory_usage.map_or("n/a".into(), |b| format!("{b} B"))
             );
         }
+        let zset = results.bytes_per_key("sliding-log/seed-zset-100");
+        let logs: Vec<String> = [("native", "the module's"), ("library", "the library's")]
+            .iter()
+            .filter_map(|(id, whose)| {
+                let b = results.bytes_per_key(&format!("sliding-log/{id}-100"))?;
+                Some(format!(
+                    "{whose} {b:.0} B ({} the seed ZSET script's)",
+                    x(zset.map(|z| b / z))
+                ))
+            })
+            .collect();
+        if !logs.is_empty() {
+            let _ = writeln!(
+                md,
+                "\nA sliding log of 100 entries: {}; the seed ZSET script's {}.",
+                logs.join(", "),
+                bytes(zset)
+            );
+        }
     }
 
     if !results.scaling.is_empty() {
@@ -433,51 +480,161 @@ pub fn markdown(results: &Results) -> String {
             "\n#### Sliding log: cost per call as its limit grows (usec_per_call; one key holding \
              `limit` entries at distinct ms; consuming calls slide the window by 1 ms)\n\n",
         );
-        md.push_str(
-            "| limit | native consuming | native rejected | Lua consuming | Lua rejected | note |\n",
-        );
-        md.push_str("|---|---|---|---|---|---|\n");
+        md.push_str("| limit |");
+        for (what, _) in log_columns() {
+            let _ = write!(md, " {what} |");
+        }
+        md.push_str(" note |\n|---|---|---|---|---|---|\n");
         for r in &results.log_scaling {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} |",
-                count(r.limit),
-                plain(r.native_consume, 2),
-                plain(r.native_reject, 2),
-                plain(r.lua_consume, 2),
-                plain(r.lua_reject, 2),
-                r.note.as_deref().unwrap_or("")
-            );
+            let _ = write!(md, "| {} |", count(r.limit));
+            for (_, get) in log_columns() {
+                let _ = write!(md, " {} |", plain(get(r), 2));
+            }
+            let _ = writeln!(md, " {} |", r.note.as_deref().unwrap_or(""));
+        }
+        if let (Some(first), Some(last)) = (results.log_scaling.first(), results.log_scaling.last())
+        {
+            let _ = write!(md, "| {} / {} |", count(last.limit), count(first.limit));
+            for (_, get) in log_columns() {
+                let _ = write!(md, " {} |", x(ratio(get(last), get(first))));
+            }
+            md.push_str(" |\n");
         }
     }
 
-    let targets = targets(results);
-    let passed = targets.iter().filter(|t| t.pass == Some(true)).count();
-    let _ = writeln!(md, "\n#### Targets ({passed} of {} pass)\n", targets.len());
-    md.push_str("| target | measured | threshold | result |\n|---|---|---|---|\n");
-    for t in &targets {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} |",
-            t.name,
-            t.measured,
-            t.threshold,
-            verdict(t.pass)
-        );
-    }
     for note in &results.notes {
         let _ = writeln!(md, "\nNote: {note}");
     }
     md
 }
 
-/// Rows in table order: each algorithm native then Lua, then the floors.
-fn table_subjects(random: bool) -> Vec<Subject> {
-    let mut subjects = Vec::new();
-    for a in 0..ALGORITHMS.len() {
-        subjects.push(Subject::Native(a));
-        subjects.push(Subject::Lua(a));
+/// The two comparisons of the report's head: the module against the library and the Lua
+/// scripts, and `CL.THROTTLE` against redis-cell's.
+fn comparisons_markdown(md: &mut String, results: &Results) {
+    let _ = writeln!(
+        md,
+        "#### Module, Functions library and Lua scripts (kreq/s at pipeline 16)\n\n\
+         Consuming calls over {} random keys, and rejected calls on one hot key.\n",
+        count(results.keyspace)
+    );
+    md.push_str(
+        "| algorithm | calls | module kreq/s | library kreq/s | Lua script kreq/s | \
+         module / library | library / Lua | usec/call: module / library / Lua |\n",
+    );
+    md.push_str("|---|---|---|---|---|---|---|---|\n");
+    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+        let (native, library, lua) = (Subject::Native(a), Subject::Library(a), Subject::Lua(a));
+        for (group, calls) in [(P16, "consuming"), (HOT16, "rejected")] {
+            let k = |subject| median(rps(results, group, subject).map(thousands), 1);
+            let u = |subject| median(usec(results, group, subject), 1);
+            let _ = writeln!(
+                md,
+                "| {name} | {calls} | {} | {} | {} | {} | {} | {} / {} / {} |",
+                k(native),
+                k(library),
+                k(lua),
+                x(speedup(results, group, native, library)),
+                x(speedup(results, group, library, lua)),
+                u(native),
+                u(library),
+                u(lua),
+            );
+        }
     }
+    let memory_row = |label: &str, native: &str, library: &str, lua: Option<&str>| {
+        let (n, l) = (
+            results.bytes_per_key(native),
+            results.bytes_per_key(library),
+        );
+        let z = lua.and_then(|id| results.bytes_per_key(id));
+        format!(
+            "| {label} | {} | {} | {} | {} |\n",
+            bytes(n),
+            bytes(l),
+            bytes(z),
+            x(n.zip(l).map(|(n, l)| n / l))
+        )
+    };
+    md.push_str(
+        "\nMemory per added key (see the memory table below):\n\n\
+         | key | module | library | Lua script | module / library |\n|---|---|---|---|---|\n",
+    );
+    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+        md.push_str(&if a == SLIDING_LOG {
+            memory_row(
+                "sliding-log, 100 entries",
+                "sliding-log/native-100",
+                "sliding-log/library-100",
+                Some("sliding-log/lua-zset-100"),
+            )
+        } else {
+            let lua = format!("{name}/lua");
+            memory_row(
+                name,
+                &format!("{name}/native"),
+                &format!("{name}/library"),
+                Some(&lua),
+            )
+        });
+    }
+
+    md.push_str("\n#### `CL.THROTTLE`: the module against redis-cell (pipeline 16)\n\n");
+    if results.redis_cell.is_none() {
+        md.push_str("redis-cell not measured (`../shared/peers/` absent).\n\n");
+    }
+    let cell_bytes = results.bytes_per_key(&Subject::Cell.id());
+    md.push_str(
+        "| command | consuming kreq/s | vs redis-cell | usec/call | rejected (hot key) kreq/s | \
+         vs redis-cell | bytes per added key | vs redis-cell |\n",
+    );
+    md.push_str("|---|---|---|---|---|---|---|---|\n");
+    for subject in [Subject::Throttle, Subject::Native(GCRA), Subject::Cell] {
+        let (vs, vs_hot) = if subject == Subject::Cell {
+            (String::new(), String::new())
+        } else {
+            (
+                x(speedup(results, P16, subject, Subject::Cell)),
+                x(speedup(results, HOT16, subject, Subject::Cell)),
+            )
+        };
+        let memory_id = match subject {
+            Subject::Native(a) => format!("{}/native", ALGORITHMS[a].0),
+            other => other.id(),
+        };
+        let b = results.bytes_per_key(&memory_id);
+        let vs_bytes = match (subject, b, cell_bytes) {
+            (Subject::Cell, _, _) => String::new(),
+            (_, Some(b), Some(c)) => format!("{:+.0} B", b - c),
+            _ => "n/a".into(),
+        };
+        let label = match subject {
+            Subject::Native(GCRA) => "RATELIMIT.CHECK ... gcra".to_string(),
+            other => other.label(),
+        };
+        let _ = writeln!(
+            md,
+            "| {label} | {} | {vs} | {} | {} | {vs_hot} | {} | {vs_bytes} |",
+            kilo(rps(results, P16, subject)),
+            plain(usec(results, P16, subject), 2),
+            kilo(rps(results, HOT16, subject)),
+            bytes(b),
+        );
+    }
+    md.push('\n');
+}
+
+fn thousands(s: Summary) -> Summary {
+    Summary {
+        median: s.median / 1e3,
+        min: s.min / 1e3,
+        max: s.max / 1e3,
+    }
+}
+
+/// Rows in table order: the limiters (each scripted algorithm's module, library and Lua script,
+/// then `gcra` and the two `CL.THROTTLE`s), then the floors.
+fn table_subjects(random: bool) -> Vec<Subject> {
+    let mut subjects = limiter_subjects(true);
     if random {
         subjects.extend([Subject::SetPxat, Subject::Incr, Subject::Ping]);
     } else {
@@ -567,14 +724,13 @@ pub fn json(results: &Results) -> String {
             })
         })
         .collect();
-    let targets: Vec<Value> = targets(results)
+    let ratios: Vec<Value> = ratios(results)
         .iter()
-        .map(|t| {
+        .map(|r| {
             json!({
-                "target": t.name,
-                "measured": t.measured,
-                "threshold": t.threshold,
-                "pass": t.pass,
+                "id": r.id,
+                "description": r.description,
+                "value": r.value,
             })
         })
         .collect();
@@ -595,14 +751,17 @@ pub fn json(results: &Results) -> String {
         "keyspace": results.keyspace,
         "run_seconds_target": results.run_seconds_target,
         "pinned": results.pinned,
+        "redis_cell": results.redis_cell,
         "total_seconds": results.total_seconds,
         "consume_args": { "limit": CONSUME_LIMIT, "period_ms": CONSUME_PERIOD_MS },
         "reject_args": { "limit": REJECT_LIMIT, "period_ms": CONSUME_PERIOD_MS },
+        "throttle_args": THROTTLE_ARGS,
+        "throttle_reject_args": THROTTLE_REJECT_ARGS,
         "cases": cases,
         "memory": memory,
         "scaling": scaling,
         "sliding_log_scaling": log_scaling,
-        "targets": targets,
+        "ratios": ratios,
         "notes": results.notes,
     });
     serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
@@ -614,7 +773,10 @@ pub fn json(results: &Results) -> String {
 type BarGroup = (String, Vec<(&'static str, Option<Summary>)>);
 
 const NATIVE_COLOR: &str = "#2b6cb0";
+const THROTTLE_COLOR: &str = "#63b3ed";
+const LIBRARY_COLOR: &str = "#38a169";
 const LUA_COLOR: &str = "#dd6b20";
+const CELL_COLOR: &str = "#805ad5";
 const FLOOR_COLOR: &str = "#718096";
 
 /// A round axis maximum at or above `v`, and its tick step.
@@ -720,7 +882,7 @@ fn panel(svg: &mut String, top: f64, title: &str, groups: &[BarGroup]) {
 
 pub fn svg(results: &Results) -> String {
     let mut svg = String::new();
-    let (width, height) = (980, 640);
+    let (width, height) = (980, 660);
     let _ = writeln!(
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
@@ -741,32 +903,46 @@ pub fn svg(results: &Results) -> String {
         escape(m.date_utc.split_whitespace().next().unwrap_or("?"))
     );
     let legend = [
-        (NATIVE_COLOR, "native RATELIMIT.CHECK"),
+        (NATIVE_COLOR, "module: RATELIMIT.CHECK"),
+        (LIBRARY_COLOR, "Functions library (FCALL)"),
         (LUA_COLOR, "Lua reference script (EVALSHA)"),
+        (THROTTLE_COLOR, "module: CL.THROTTLE"),
+        (CELL_COLOR, "redis-cell: CL.THROTTLE"),
         (FLOOR_COLOR, "built-in floors"),
     ];
     for (i, (color, label)) in legend.iter().enumerate() {
-        let lx = 70 + i * 260;
+        let (lx, ly) = (70 + (i % 3) * 290, 30 + (i / 3) * 18);
         let _ = writeln!(
             svg,
-            r#"<rect x="{lx}" y="30" width="12" height="12" fill="{color}"/><text x="{}" y="40" font-size="12">{label}</text>"#,
-            lx + 18
+            r#"<rect x="{lx}" y="{ly}" width="12" height="12" fill="{color}"/><text x="{}" y="{}" font-size="12">{label}</text>"#,
+            lx + 18,
+            ly + 10
         );
     }
     let groups = |group: Group, floors: &[Subject]| -> Vec<BarGroup> {
         let mut groups: Vec<BarGroup> = ALGORITHMS
             .iter()
             .enumerate()
+            .take(SCRIPTED)
             .map(|(a, (name, _, _))| {
                 (
                     name.to_string(),
                     vec![
                         (NATIVE_COLOR, rps(results, group, Subject::Native(a))),
+                        (LIBRARY_COLOR, rps(results, group, Subject::Library(a))),
                         (LUA_COLOR, rps(results, group, Subject::Lua(a))),
                     ],
                 )
             })
             .collect();
+        let mut gcra = vec![
+            (NATIVE_COLOR, rps(results, group, Subject::Native(GCRA))),
+            (THROTTLE_COLOR, rps(results, group, Subject::Throttle)),
+        ];
+        if results.case(group, Subject::Cell).is_some() {
+            gcra.push((CELL_COLOR, rps(results, group, Subject::Cell)));
+        }
+        groups.push(("gcra".to_string(), gcra));
         for &floor in floors {
             let label = match floor {
                 Subject::SetPxat => "SET PXAT".to_string(),
@@ -778,17 +954,17 @@ pub fn svg(results: &Results) -> String {
     };
     panel(
         &mut svg,
-        50.0,
+        70.0,
         &format!(
-            "Consuming CHECK, {} random keys, pipeline 16",
+            "Consuming calls, {} random keys, pipeline 16",
             count(results.keyspace)
         ),
         &groups(P16, &[Subject::SetPxat, Subject::Incr, Subject::Ping]),
     );
     panel(
         &mut svg,
-        340.0,
-        "Rejected CHECK, one hot key over its limit, pipeline 16",
+        360.0,
+        "Rejected calls, one hot key over its limit, pipeline 16",
         &groups(HOT16, &[Subject::Incr]),
     );
     svg.push_str("</svg>\n");

@@ -91,7 +91,7 @@ impl Bench<'_> {
                     let chunk = (limit - done).min(10_000);
                     let sha = lua_sha.clone();
                     let from = done;
-                    self.pipeline(chunk, Some(true), move |i, buf| {
+                    self.pipeline(chunk, Some(1), move |i, buf| {
                         resp::encode(buf, &log_call(kind, &sha, limit, limit, base + from + i))
                     })?;
                     done += chunk;
@@ -123,7 +123,7 @@ impl Bench<'_> {
                     let started = Instant::now();
                     // Consuming: each call one ms later, one entry leaves and one enters.
                     self.resetstat()?;
-                    self.pipeline(calls, Some(true), move |i, buf| {
+                    self.pipeline(calls, Some(1), move |i, buf| {
                         resp::encode(buf, &log_call(kind, &sha, limit, limit, from + i))
                     })?;
                     samples[li][2 * kind].push(self.log_usec(kind)?);
@@ -132,7 +132,7 @@ impl Bench<'_> {
                     let sha = lua_sha.clone();
                     let last = from + calls - 1;
                     self.resetstat()?;
-                    self.pipeline(calls, Some(false), move |_, buf| {
+                    self.pipeline(calls, Some(0), move |_, buf| {
                         resp::encode(buf, &log_call(kind, &sha, limit, limit, last))
                     })?;
                     samples[li][2 * kind + 1].push(self.log_usec(kind)?);

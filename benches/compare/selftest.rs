@@ -4,6 +4,8 @@
 
 use std::io::BufReader;
 
+use serde_json::json;
+
 use crate::model::*;
 use crate::parse::{parse_benchmark_csv, parse_cmdstat, parse_info, Summary};
 use crate::report;
@@ -91,13 +93,19 @@ pub fn run() {
     let md = report::markdown(&results);
     for needle in [
         "| token-bucket native | 150.0 [140.0..160.0] | 5.00x |",
-        "#### Targets",
+        "| token-bucket library | 60.0 [50.0..70.0] | 2.00x |",
+        "| token-bucket | consuming | 150.0 | 60.0 | 30.0 | 2.50x | 2.00x | 4.0 / 10.0 / 25.0 |",
+        "| CL.THROTTLE (ours) | 180.0 [170.0..190.0] | 1.50x |",
+        "| CL.THROTTLE (redis-cell) | 120.0 [110.0..130.0] |",
+        "| token-bucket | 120 B | 150 B | 200 B | 0.80x |",
         "| SET k v PXAT t |",
-        "sliding-log, 100 entries per key",
-        "PASS",
-        "**FAIL**",
+        "the module's 900 B (0.45x the seed ZSET script's)",
+        "| 100k / 10 | 1.33x |",
     ] {
         assert!(md.contains(needle), "Markdown lacks {needle:?}:\n{md}");
+    }
+    for absent in ["Target", "PASS", "FAIL", "threshold"] {
+        assert!(!md.contains(absent), "Markdown speaks of {absent:?}:\n{md}");
     }
     let json: serde_json::Value =
         serde_json::from_str(&report::json(&results)).expect("the JSON report parses");
@@ -106,7 +114,25 @@ pub fn run() {
         Some(results.cases.len())
     );
     assert_eq!(json["cases"][0]["rps"]["median"], 150000.0);
-    assert!(json["targets"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(json.get("targets").is_none());
+    let ratio = |id: &str| {
+        json["ratios"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["id"] == id))
+            .map(|r| r["value"].clone())
+    };
+    assert_eq!(
+        ratio("cl-throttle/ours-over-redis-cell/random-p16"),
+        Some(json!(1.5))
+    );
+    assert_eq!(
+        ratio("token-bucket/library-over-lua/random-p16"),
+        Some(json!(2.0))
+    );
+    assert_eq!(
+        ratio("memory/cl-throttle/ours-over-redis-cell"),
+        Some(json!(0.8))
+    );
     let svg = report::svg(&results);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(
@@ -115,8 +141,26 @@ pub fn run() {
         "unbalanced SVG text elements"
     );
     assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+    assert!(svg.contains(CELL_BAR), "no redis-cell bar:\n{svg}");
+    // Without redis-cell (no ../shared/peers/): its rows and bars are left out, the rest stays.
+    let mut alone = synthetic();
+    alone.redis_cell = None;
+    alone.cases.retain(|c| c.subject != Subject::Cell);
+    alone.memory.retain(|m| m.id != Subject::Cell.id());
+    let md = report::markdown(&alone);
+    assert!(md.contains("redis-cell was not measured"), "{md}");
+    assert!(
+        md.contains("| CL.THROTTLE (ours) | 180.0 [170.0..190.0] | n/a |"),
+        "{md}"
+    );
+    assert!(!md.contains("| CL.THROTTLE (redis-cell) | 120.0"), "{md}");
+    let svg = report::svg(&alone);
+    assert!(!svg.contains(CELL_BAR) && !svg.contains("NaN"), "{svg}");
     println!("bench self-test: parsers and report writers OK (run `make bench` to benchmark)");
 }
+
+/// The color of redis-cell's bars in the chart.
+const CELL_BAR: &str = "fill=\"#805ad5\"/>\n";
 
 fn sample(rps: f64, usec: f64) -> Sample {
     Sample {
@@ -141,10 +185,14 @@ fn synthetic() -> Results {
     ];
     for group in groups {
         let mut subjects = Vec::new();
-        for a in 0..ALGORITHMS.len() {
+        for a in 0..SCRIPTED {
             subjects.push((Subject::Native(a), 150e3, 4.0));
+            subjects.push((Subject::Library(a), 60e3, 10.0));
             subjects.push((Subject::Lua(a), 30e3, 25.0));
         }
+        subjects.push((Subject::Native(GCRA), 170e3, 3.5));
+        subjects.push((Subject::Throttle, 180e3, 3.0));
+        subjects.push((Subject::Cell, 120e3, 5.0));
         subjects.push((Subject::SetPxat, 140e3, 3.5));
         subjects.push((Subject::Incr, 200e3, 1.0));
         subjects.push((Subject::Ping, 250e3, 0.2));
@@ -188,13 +236,20 @@ fn synthetic() -> Results {
         keyspace: 100_000,
         run_seconds_target: 0.5,
         pinned: true,
+        redis_cell: Some("redis-cell (test)".into()),
         total_seconds: 60.0,
         cases,
         memory: vec![
             memory("set-pxat", 90.0),
             memory("token-bucket/native", 120.0),
+            memory("token-bucket/library", 150.0),
+            memory("token-bucket/lua", 200.0),
             memory("leaky-bucket/native", 140.0),
+            memory("gcra/native", 96.0),
+            memory("cl-throttle/ours", 96.0),
+            memory("cl-throttle/redis-cell", 120.0),
             memory("sliding-log/native-100", 900.0),
+            memory("sliding-log/library-100", 1000.0),
             memory("sliding-log/seed-zset-100", 2000.0),
         ],
         scaling: vec![
@@ -217,11 +272,13 @@ fn synthetic() -> Results {
             LogScalingResult {
                 limit: 10,
                 native_consume: Some(flat(3.0)),
+                lua_consume: Some(flat(30.0)),
                 ..LogScalingResult::default()
             },
             LogScalingResult {
                 limit: 100_000,
                 native_consume: Some(flat(4.0)),
+                lua_consume: Some(flat(33.0)),
                 note: Some("synthetic".into()),
                 ..LogScalingResult::default()
             },

@@ -12,11 +12,17 @@ use crate::parse::parse_info;
 use crate::{lua_dir, resp, Bench, Case, Config};
 
 impl<'a> Bench<'a> {
-    pub(crate) fn new(server: &'a Server, config: Config) -> Result<Bench<'a>, String> {
+    /// Loads the Lua reference scripts and the Functions library into `server`; `cell` is the
+    /// second server, with redis-cell, when there is one.
+    pub(crate) fn new(
+        server: &'a Server,
+        cell: Option<&'a Server>,
+        config: Config,
+    ) -> Result<Bench<'a>, String> {
         let mut con = server.client();
         let mut shas = HashMap::new();
         let dir = lua_dir();
-        let mut stems: Vec<&str> = ALGORITHMS.iter().map(|a| a.1).collect();
+        let mut stems: Vec<&str> = ALGORITHMS[..SCRIPTED].iter().map(|a| a.1).collect();
         stems.push("seed_sliding_log");
         for stem in stems {
             let path = dir.join(format!("{stem}.lua"));
@@ -29,17 +35,35 @@ impl<'a> Bench<'a> {
                 .map_err(|e| format!("SCRIPT LOAD {}: {e}", path.display()))?;
             shas.insert(stem.to_string(), sha);
         }
+        let library = dir.join("functions").join("ratelimit.lua");
+        let body = fs::read_to_string(&library)
+            .map_err(|e| format!("reading {}: {e}", library.display()))?;
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(body)
+            .query(&mut con)
+            .map_err(|e| format!("FUNCTION LOAD {}: {e}", library.display()))?;
         Ok(Bench {
             server,
             con,
+            cell: cell.map(|s| (s, s.client())),
             config,
             shas,
             notes: Vec::new(),
         })
     }
 
-    pub(crate) fn port(&self) -> u16 {
-        self.server.port()
+    pub(crate) fn has_cell(&self) -> bool {
+        self.cell.is_some()
+    }
+
+    /// The port of the server a side runs on (ours when there is no redis-cell server).
+    pub(crate) fn port_of(&self, side: Side) -> u16 {
+        match (side, &self.cell) {
+            (Side::Cell, Some((server, _))) => server.port(),
+            _ => self.server.port(),
+        }
     }
 
     pub(crate) fn sha(&self, stem: &str) -> String {
@@ -50,26 +74,51 @@ impl<'a> Bench<'a> {
         &mut self,
         cmd: &mut redis::Cmd,
     ) -> Result<T, String> {
-        cmd.query(&mut self.con).map_err(|e| format!("{e}"))
+        self.query_on(Side::Ours, cmd)
+    }
+
+    pub(crate) fn query_on<T: redis::FromRedisValue>(
+        &mut self,
+        side: Side,
+        cmd: &mut redis::Cmd,
+    ) -> Result<T, String> {
+        let con = match (side, &mut self.cell) {
+            (Side::Cell, Some((_, con))) => con,
+            (Side::Cell, None) => return Err("no redis-cell server".into()),
+            (Side::Ours, _) => &mut self.con,
+        };
+        cmd.query(con).map_err(|e| format!("{e}"))
     }
 
     pub(crate) fn info(&mut self, section: &str) -> Result<String, String> {
-        self.query(redis::cmd("INFO").arg(section))
+        self.info_on(Side::Ours, section)
+    }
+
+    pub(crate) fn info_on(&mut self, side: Side, section: &str) -> Result<String, String> {
+        self.query_on(side, redis::cmd("INFO").arg(section))
     }
 
     pub(crate) fn resetstat(&mut self) -> Result<(), String> {
-        self.query(redis::cmd("CONFIG").arg("RESETSTAT"))
+        self.resetstat_on(Side::Ours)
     }
 
+    pub(crate) fn resetstat_on(&mut self, side: Side) -> Result<(), String> {
+        self.query_on(side, redis::cmd("CONFIG").arg("RESETSTAT"))
+    }
+
+    /// Empties our server (and redis-cell's, when there is one).
     pub(crate) fn flushall(&mut self) -> Result<(), String> {
         self.query::<()>(redis::cmd("FLUSHALL").arg("SYNC"))?;
+        if self.has_cell() {
+            self.query_on::<()>(Side::Cell, redis::cmd("FLUSHALL").arg("SYNC"))?;
+        }
         // Let serverCron settle (client buffers, incremental rehashing) before measuring.
         thread::sleep(Duration::from_millis(200));
         Ok(())
     }
 
-    fn used_memory(&mut self) -> Result<u64, String> {
-        let info = parse_info(&self.info("memory")?);
+    fn used_memory(&mut self, side: Side) -> Result<u64, String> {
+        let info = parse_info(&self.info_on(side, "memory")?);
         info.get("used_memory")
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| "INFO memory has no used_memory".to_string())
@@ -78,21 +127,25 @@ impl<'a> Bench<'a> {
     /// `used_memory` once serverCron has finished the incremental rehashing that a fill may
     /// have started (until then the old keyspace and expiry tables are still allocated):
     /// `DEBUG HTSTATS 0` lists a "rehashing target" table while one is in progress.
-    pub(crate) fn settled_used_memory(&mut self) -> Result<u64, String> {
+    pub(crate) fn settled_used_memory(&mut self, side: Side) -> Result<u64, String> {
         for _ in 0..50 {
             thread::sleep(Duration::from_millis(100));
-            let stats: String = self.query(redis::cmd("DEBUG").arg("HTSTATS").arg(0))?;
+            let stats: String = self.query_on(side, redis::cmd("DEBUG").arg("HTSTATS").arg(0))?;
             if !stats.contains("rehashing") {
-                return self.used_memory();
+                return self.used_memory(side);
             }
         }
         self.notes
             .push("the keyspace was still rehashing 5 s after a fill".into());
-        self.used_memory()
+        self.used_memory(side)
     }
 
     pub(crate) fn dbsize(&mut self) -> Result<u64, String> {
-        self.query(&mut redis::cmd("DBSIZE"))
+        self.dbsize_on(Side::Ours)
+    }
+
+    pub(crate) fn dbsize_on(&mut self, side: Side) -> Result<u64, String> {
+        self.query_on(side, &mut redis::cmd("DBSIZE"))
     }
 
     /// `ratelimit_<alg>_allowed` and `_rejected` of `INFO ratelimit`.
@@ -108,37 +161,52 @@ impl<'a> Bench<'a> {
     }
 
     /// Sends `count` commands, `produce(i, buf)` appending the i-th in RESP, pipelined on a
-    /// fresh connection; fails on any error reply or on any CHECK-shaped reply whose `allowed` is
-    /// not `expect_allowed`.
+    /// fresh connection to our server; see [`pipeline_on`](Self::pipeline_on).
     pub(crate) fn pipeline<F>(
         &self,
         count: u64,
-        expect_allowed: Option<bool>,
+        expect_first: Option<i64>,
         produce: F,
     ) -> Result<(), String>
     where
         F: Fn(u64, &mut Vec<u8>) + Send + 'static,
     {
-        let outcome = resp::pipeline(self.port(), count, produce)
+        self.pipeline_on(Side::Ours, count, expect_first, produce)
+    }
+
+    /// Sends `count` commands, `produce(i, buf)` appending the i-th in RESP, pipelined on a
+    /// fresh connection to a side's server; fails on any error reply, and on any array reply
+    /// whose first integer (CHECK's `allowed`, CL.THROTTLE's `limited`) is 0 or 1 but not
+    /// `expect_first`.
+    pub(crate) fn pipeline_on<F>(
+        &self,
+        side: Side,
+        count: u64,
+        expect_first: Option<i64>,
+        produce: F,
+    ) -> Result<(), String>
+    where
+        F: Fn(u64, &mut Vec<u8>) + Send + 'static,
+    {
+        let outcome = resp::pipeline(self.port_of(side), count, produce)
             .map_err(|e| format!("pipelined calls: {e}"))?;
         if let Some(error) = outcome.first_error {
             return Err(format!("pipelined calls answered an error: {error}"));
         }
-        match expect_allowed {
-            Some(true) if outcome.rejected > 0 => Err(format!(
-                "{} of {count} calls meant to be admitted were rejected",
-                outcome.rejected
+        let (ones, zeros) = (outcome.allowed, outcome.rejected);
+        match expect_first {
+            Some(1) if zeros > 0 => Err(format!(
+                "{zeros} of {count} replies began with 0, where 1 was expected"
             )),
-            Some(false) if outcome.allowed > 0 => Err(format!(
-                "{} of {count} calls meant to be rejected were admitted",
-                outcome.allowed
+            Some(0) if ones > 0 => Err(format!(
+                "{ones} of {count} replies began with 1, where 0 was expected"
             )),
             _ => Ok(()),
         }
     }
 
-    pub(crate) fn call(&self, args: &[String]) -> Result<resp::Reply, String> {
-        match resp::call(self.port(), args) {
+    pub(crate) fn call_on(&self, side: Side, args: &[String]) -> Result<resp::Reply, String> {
+        match resp::call(self.port_of(side), args) {
             Ok(resp::Reply::Error(e)) => Err(format!("{args:?}: {e}")),
             Ok(reply) => Ok(reply),
             Err(e) => Err(format!("{args:?}: {e}")),
@@ -155,6 +223,15 @@ impl<'a> Bench<'a> {
                 CONSUME_LIMIT.into(),
                 CONSUME_PERIOD_MS.into(),
             ],
+            Subject::Library(a) => vec![
+                "FCALL".into(),
+                "ratelimit_check".into(),
+                "1".into(),
+                key(ALGORITHMS[a].2, "f"),
+                ALGORITHMS[a].0.into(),
+                CONSUME_LIMIT.into(),
+                CONSUME_PERIOD_MS.into(),
+            ],
             Subject::Lua(a) => vec![
                 "EVALSHA".into(),
                 self.sha(ALGORITHMS[a].1),
@@ -166,6 +243,11 @@ impl<'a> Bench<'a> {
                 "1".into(),
                 String::new(),
             ],
+            Subject::Throttle | Subject::Cell => {
+                let mut command = vec!["CL.THROTTLE".into(), format!("{prefix}cl:__rand_int__")];
+                command.extend(THROTTLE_ARGS.iter().map(|a| a.to_string()));
+                command
+            }
             Subject::SetPxat => vec![
                 "SET".into(),
                 format!("{prefix}set:__rand_int__"),
@@ -188,6 +270,15 @@ impl<'a> Bench<'a> {
                 REJECT_LIMIT.into(),
                 CONSUME_PERIOD_MS.into(),
             ],
+            Subject::Library(a) => vec![
+                "FCALL".into(),
+                "ratelimit_check".into(),
+                "1".into(),
+                format!("hot:{}:f", ALGORITHMS[a].2),
+                ALGORITHMS[a].0.into(),
+                REJECT_LIMIT.into(),
+                CONSUME_PERIOD_MS.into(),
+            ],
             Subject::Lua(a) => vec![
                 "EVALSHA".into(),
                 self.sha(ALGORITHMS[a].1),
@@ -199,6 +290,11 @@ impl<'a> Bench<'a> {
                 "1".into(),
                 String::new(),
             ],
+            Subject::Throttle | Subject::Cell => {
+                let mut command = vec!["CL.THROTTLE".into(), "hot:cl".into()];
+                command.extend(THROTTLE_REJECT_ARGS.iter().map(|a| a.to_string()));
+                command
+            }
             Subject::Incr => vec!["INCR".into(), "hot:incr".into()],
             Subject::Ping => vec!["PING".into()],
             Subject::SetPxat => vec![
@@ -218,19 +314,20 @@ impl<'a> Bench<'a> {
         if !case.command.iter().any(|a| a.contains("__rand_int__")) {
             return Ok(());
         }
-        let expect = case.subject.algorithm().map(|_| true);
-        self.pipeline(keys, expect, case.encoder())
+        let side = case.subject.side();
+        self.pipeline_on(side, keys, case.subject.expect_first(true), case.encoder())
             .map_err(|e| format!("populating {}: {e}", case.subject.label()))
     }
 
     /// Exhausts a hot key (its first call is admitted), then checks that the next is rejected.
     pub(crate) fn exhaust(&self, case: &Case) -> Result<(), String> {
-        if case.subject.algorithm().is_none() {
+        let Some(rejected) = case.subject.expect_first(false) else {
             return Ok(());
-        }
-        self.call(&case.command)?;
-        let reply = self.call(&case.command)?;
-        if reply.allowed() != Some(0) {
+        };
+        let side = case.subject.side();
+        self.call_on(side, &case.command)?;
+        let reply = self.call_on(side, &case.command)?;
+        if reply.allowed() != Some(rejected) {
             return Err(format!(
                 "{}: the hot key still admits after being exhausted: {reply:?}",
                 case.subject.label()

@@ -19,11 +19,16 @@ impl Bench<'_> {
         requests: u64,
         expect_allowed: bool,
     ) -> Result<Sample, String> {
-        let decisions_before = match case.subject {
-            Subject::Native(a) => Some(self.module_decisions(a)?),
-            _ => None,
+        let side = case.subject.side();
+        let counted = case
+            .subject
+            .algorithm()
+            .filter(|_| case.subject.counted_by_module());
+        let decisions_before = match counted {
+            Some(a) => Some(self.module_decisions(a)?),
+            None => None,
         };
-        self.resetstat()?;
+        self.resetstat_on(side)?;
         let mut command = if self.config.pin {
             let mut taskset = Command::new("taskset");
             taskset.args(["-c", "1", "redis-benchmark"]);
@@ -32,7 +37,7 @@ impl Bench<'_> {
             Command::new("redis-benchmark")
         };
         command
-            .args(["-h", "127.0.0.1", "-p", &self.port().to_string()])
+            .args(["-h", "127.0.0.1", "-p", &self.port_of(side).to_string()])
             .args(["-c", &self.config.clients.to_string()])
             .args(["-P", &pipeline.to_string()])
             .args(["-n", &requests.to_string()]);
@@ -57,7 +62,7 @@ impl Bench<'_> {
         }
         let line = parse_benchmark_csv(&stdout)?;
         let cmdstat_name = case.subject.cmdstat();
-        let stats = parse_cmdstat(&self.info("commandstats")?, cmdstat_name)
+        let stats = parse_cmdstat(&self.info_on(side, "commandstats")?, cmdstat_name)
             .ok_or_else(|| format!("INFO commandstats has no cmdstat_{cmdstat_name}"))?;
         if stats.failed_calls > 0 || stats.rejected_calls > 0 || stats.calls < requests {
             return Err(format!(
@@ -68,7 +73,7 @@ impl Bench<'_> {
                 stats.rejected_calls
             ));
         }
-        if let (Some(before), Subject::Native(a)) = (decisions_before, case.subject) {
+        if let (Some(before), Some(a)) = (decisions_before, counted) {
             let after = self.module_decisions(a)?;
             let (allowed, rejected) = (after.0 - before.0, after.1 - before.1);
             let wrong = if expect_allowed { rejected } else { allowed };
@@ -138,11 +143,7 @@ impl Bench<'_> {
     pub(crate) fn throughput_phase(&mut self) -> Result<Vec<CaseResult>, String> {
         self.flushall()?;
         let keys = self.config.keys;
-        let mut subjects = Vec::new();
-        for a in 0..ALGORITHMS.len() {
-            subjects.push(Subject::Native(a));
-            subjects.push(Subject::Lua(a));
-        }
+        let subjects = limiter_subjects(self.has_cell());
         let random: Vec<Case> = subjects
             .iter()
             .copied()
@@ -162,16 +163,22 @@ impl Bench<'_> {
         for case in &hot {
             self.exhaust(case)?;
         }
+        let cell_keys = if self.has_cell() {
+            format!(" (and {} on redis-cell's)", self.dbsize_on(Side::Cell)?)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "bench:   filled {} keys in {:.1}s",
+            "bench:   filled {} keys{cell_keys} in {:.1}s",
             self.dbsize()?,
             filling.elapsed().as_secs_f64()
         );
-        // Lua scripts keep no statistics: check once that they admit / reject as meant.
+        // The library, the scripts and redis-cell keep no statistics of their decisions: check
+        // once that they admit as meant (the hot keys were checked by `exhaust`).
         for case in &random {
-            if let Subject::Lua(_) = case.subject {
-                let reply = self.call(&case.with_key(0))?;
-                if reply.allowed() != Some(1) {
+            if case.subject.is_limiter() && !case.subject.counted_by_module() {
+                let reply = self.call_on(case.subject.side(), &case.with_key(0))?;
+                if reply.allowed() != case.subject.expect_first(true) {
                     return Err(format!("{} did not admit: {reply:?}", case.subject.label()));
                 }
             }
