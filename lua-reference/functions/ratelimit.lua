@@ -223,8 +223,12 @@ end
 -- `algorithm limit period` at args[i].
 local function parse_head(args, i)
   if args[i + 2] == nil then return nil, ARITY end
-  local algorithm = lower(args[i])
-  if not ALGORITHMS[algorithm] then return nil, bad(E_ALGORITHM) end
+  -- Names are case-insensitive; the lower-case spelling, the usual one, needs no copy.
+  local algorithm = args[i]
+  if not ALGORITHMS[algorithm] then
+    algorithm = lower(algorithm)
+    if not ALGORITHMS[algorithm] then return nil, bad(E_ALGORITHM) end
+  end
   local limit = parse_amount(args[i + 1], 1)
   if not limit then return nil, bad(E_LIMIT) end
   local period = parse_period(args[i + 2])
@@ -253,7 +257,7 @@ local function parse_check(args, i)
   local burst, cost, at
   local j = i + 3
   while args[j] ~= nil do
-    local option = OPTIONS[upper(args[j])]
+    local option = OPTIONS[args[j]] or OPTIONS[upper(args[j])]
     if not option then return nil, bad(E_OPTION, true) end
     local shared = option ~= 'BURST'
     if args[j + 1] == nil then return nil, bad('ERR ' .. option .. ' needs a value', shared) end
