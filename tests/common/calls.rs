@@ -213,6 +213,19 @@ pub fn reply6(value: &Value) -> [i64; 6] {
         .unwrap_or_else(|_| panic!("not six fields: {value:?}"))
 }
 
+/// A CHECK/PEEK reply (RESP2) as its six integers; `None` for any other reply (an error, nil, a
+/// CHECKALL reply...).
+pub fn try_reply6(value: &Value) -> Option<[i64; 6]> {
+    match value {
+        Value::Array(items)
+            if items.len() == 6 && items.iter().all(|item| matches!(item, Value::Int(_))) =>
+        {
+            Some(reply6(value))
+        }
+        _ => None,
+    }
+}
+
 /// The six integers a CHECK or PEEK answers; panics, naming the command, on an error reply.
 pub fn decision(con: &mut Connection, cmd: &Cmd) -> [i64; 6] {
     let value = send_one(con, cmd);

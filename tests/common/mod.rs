@@ -1,7 +1,8 @@
 //! What the integration tests share: the harness that runs a real `redis-server` with the module
 //! ([`Server`], in `server.rs` and `launch.rs`), calls and their replies (`calls.rs`: [`Limit`],
 //! [`send`], [`reply6`], [`limiter_info`]...), a seeded generator ([`rng::Rng`]), the pure-core
-//! model of stored keys ([`model::Model`]) and DUMP payload surgery (`dump.rs`).
+//! model of stored keys ([`model::Model`]), DUMP payload surgery (`dump.rs`) and a real Redis
+//! Cluster of such servers ([`cluster::Cluster`]).
 //!
 //! Every [`Server`] gets a free loopback port (never 6379) and a fresh temporary directory, and is
 //! killed (and its directory removed) on Drop, also when the test panics. Children are spawned from
@@ -42,6 +43,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod calls;
+pub mod cluster;
 pub mod dump;
 mod launch;
 pub mod model;
