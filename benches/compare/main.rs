@@ -13,7 +13,12 @@
 //! - the in-server cost per call (`INFO commandstats`, usec_per_call) of every run;
 //! - memory per key (`used_memory` delta over many keys, and `MEMORY USAGE`): module, library,
 //!   Lua scripts, `SET k v PXAT t`, and a `CL.THROTTLE` key of ours and of redis-cell;
-//! - the cost per call as the keyspace grows, and as the sliding log's limit grows.
+//! - the cost per call as the keyspace grows, and as the sliding log's limit grows;
+//! - every algorithm's CHECK from clients speaking RESP2 and RESP3 (`HELLO 3`), with the bench's
+//!   own load generator (resp.rs), since redis-benchmark speaks RESP2 only;
+//! - consuming calls of `SET k v PXAT t`, `INCR` and every CHECK without and then with a replica
+//!   attached (a second redis-server with the module, replicating from ours, on CPU 1 when
+//!   pinned, killed afterwards), as a master runs in production.
 //!
 //! Writes `target/bench/results.md` (also printed), `results.json` and `throughput.svg`.
 //! `BENCH_QUICK=1` makes a smoke run of about a minute; `BENCH_REPS` and `BENCH_RUN_SECS` override
@@ -23,14 +28,18 @@
 //! there; `BENCH_PIN=0` turns that off.
 //!
 //! Run without `--bench` (as `cargo test --bench compare` does), or with `--self-test`, it only
-//! checks its parsers and report writers on canned tool output, without any server.
+//! checks its parsers and report writers on canned tool output, without any server. With
+//! `--drive` first it is a load generator that speaks RESP2 or RESP3 (drive.rs), which
+//! `make profile` uses.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod drive;
 mod machine;
 mod memory;
 mod model;
 mod parse;
+mod production;
 mod report;
 mod resp;
 mod scaling;
@@ -142,6 +151,13 @@ fn env_number(name: &str) -> Option<u64> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--drive") {
+        if let Err(message) = drive::run(&args) {
+            eprintln!("drive: {message}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--self-test") || !args.iter().any(|a| a == "--bench") {
         selftest::run();
         return;
@@ -232,6 +248,14 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
     );
 
     let phase = Instant::now();
+    let resp = bench.resp_phase()?;
+    results.cases.extend(resp);
+    eprintln!(
+        "bench: RESP2 and RESP3 clients done in {:.0}s",
+        phase.elapsed().as_secs_f64()
+    );
+
+    let phase = Instant::now();
     results.scaling = bench.scaling_phase(&results.cases)?;
     eprintln!(
         "bench: keyspace scaling done in {:.0}s",
@@ -242,6 +266,16 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
     results.log_scaling = bench.log_scaling_phase()?;
     eprintln!(
         "bench: sliding-log scaling done in {:.0}s",
+        phase.elapsed().as_secs_f64()
+    );
+
+    // Last: once a replica has been attached, the server keeps feeding its replication backlog.
+    let phase = Instant::now();
+    let replica = bench.replica_phase()?;
+    results.cases.extend(replica);
+    results.replica = true;
+    eprintln!(
+        "bench: without and with a replica done in {:.0}s",
         phase.elapsed().as_secs_f64()
     );
 
@@ -293,9 +327,18 @@ struct Case {
     subject: Subject,
     /// Command and arguments; `__rand_int__` marks the key's random part.
     command: Vec<String>,
+    /// `None`: sent by redis-benchmark (RESP2); `Some(protocol)`: by the bench's own clients
+    /// ([`resp::drive`]), which send `HELLO 3` first when the protocol is 3.
+    resp: Option<u8>,
 }
 
 impl Case {
+    /// The same command, sent by the bench's own clients in RESP `protocol`.
+    fn over_resp(mut self, protocol: u8) -> Case {
+        self.resp = Some(protocol);
+        self
+    }
+
     /// A producer of the command in RESP for key number `i`: the encoded template with the
     /// 12 digits written over each `__rand_int__` (as long as the digits, so lengths hold).
     fn encoder(&self) -> impl Fn(u64, &mut Vec<u8>) + Send + 'static {

@@ -174,6 +174,12 @@ pub enum Group {
     Random { pipeline: u32 },
     /// Rejected calls on one exhausted hot key.
     Hot { pipeline: u32 },
+    /// Consuming calls over the random keyspace at pipeline 16, measured in the replica phase
+    /// without (`attached: false`) and then with a replica attached to the measured server.
+    Replica { attached: bool },
+    /// The bench's own clients at pipeline 16 speaking RESP `protocol` (2, or 3 after
+    /// `HELLO 3`): consuming calls over the random keyspace, or rejected calls on a hot key.
+    Resp { protocol: u8, hot: bool },
 }
 
 impl Group {
@@ -181,17 +187,32 @@ impl Group {
         match self {
             Group::Random { pipeline } => format!("random-p{pipeline}"),
             Group::Hot { pipeline } => format!("hot-rejected-p{pipeline}"),
+            Group::Replica { attached: false } => "random-p16-no-replica".into(),
+            Group::Replica { attached: true } => "random-p16-replica".into(),
+            Group::Resp {
+                protocol,
+                hot: false,
+            } => format!("resp{protocol}-random-p16"),
+            Group::Resp {
+                protocol,
+                hot: true,
+            } => format!("resp{protocol}-hot-rejected-p16"),
         }
     }
 
     pub fn pipeline(self) -> u32 {
         match self {
             Group::Random { pipeline } | Group::Hot { pipeline } => pipeline,
+            Group::Replica { .. } | Group::Resp { .. } => 16,
         }
     }
 
     pub fn is_random(self) -> bool {
-        matches!(self, Group::Random { .. })
+        match self {
+            Group::Random { .. } | Group::Replica { .. } => true,
+            Group::Hot { .. } => false,
+            Group::Resp { hot, .. } => !hot,
+        }
     }
 }
 
@@ -297,6 +318,8 @@ pub struct Results {
     pub pinned: bool,
     /// The redis-cell measured on a second server (`None`: ../shared/peers/ is absent).
     pub redis_cell: Option<String>,
+    /// Whether the replica phase ran (its cases are in `cases`), and the replica's CPU.
+    pub replica: bool,
     pub total_seconds: f64,
     pub cases: Vec<CaseResult>,
     pub memory: Vec<MemoryResult>,

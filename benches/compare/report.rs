@@ -11,6 +11,20 @@ const P16: Group = Group::Random { pipeline: 16 };
 const P1: Group = Group::Random { pipeline: 1 };
 const HOT16: Group = Group::Hot { pipeline: 16 };
 const HOT1: Group = Group::Hot { pipeline: 1 };
+const ALONE: Group = Group::Replica { attached: false };
+const REPLICATED: Group = Group::Replica { attached: true };
+
+/// The subjects of the replica phase, in table order.
+fn replica_subjects() -> Vec<Subject> {
+    [Subject::SetPxat, Subject::Incr]
+        .into_iter()
+        .chain((0..ALGORITHMS.len()).map(Subject::Native))
+        .collect()
+}
+
+fn resp_group(protocol: u8, hot: bool) -> Group {
+    Group::Resp { protocol, hot }
+}
 
 fn ratio(a: Option<Summary>, b: Option<Summary>) -> Option<f64> {
     let (a, b) = (a?, b?);
@@ -28,6 +42,11 @@ fn usec(results: &Results, group: Group, subject: Subject) -> Option<Summary> {
 /// Throughput of `a` over `b`'s, medians, in one workload.
 fn speedup(results: &Results, group: Group, a: Subject, b: Subject) -> Option<f64> {
     ratio(rps(results, group, a), rps(results, group, b))
+}
+
+/// Throughput of one case over another's, across workloads.
+fn speedup_across(results: &Results, a: (Group, Subject), b: (Group, Subject)) -> Option<f64> {
+    ratio(rps(results, a.0, a.1), rps(results, b.0, b.1))
 }
 
 fn x(value: Option<f64>) -> String {
@@ -141,6 +160,53 @@ pub fn ratios(results: &Results) -> Vec<Ratio> {
             format!("{label}: rejected throughput on a hot key / INCR's on a hot key, pipeline 16"),
             speedup(results, HOT16, subject, Subject::Incr),
         );
+    }
+    for subject in replica_subjects() {
+        let label = subject.label();
+        push(
+            format!("{}/replica-over-alone/random-p16", subject.id()),
+            format!("{label}: consuming throughput with a replica attached / without"),
+            speedup_across(results, (REPLICATED, subject), (ALONE, subject)),
+        );
+        if subject.is_limiter() {
+            for (group, with) in [(ALONE, "without a replica"), (REPLICATED, "with a replica")] {
+                push(
+                    format!("{}/over-set-pxat/{}", subject.id(), group.id()),
+                    format!("{label}: consuming throughput / SET PXAT's, {with}"),
+                    speedup(results, group, subject, Subject::SetPxat),
+                );
+                push(
+                    format!("{}/usec-over-set-pxat/{}", subject.id(), group.id()),
+                    format!("{label}: usec_per_call of a consuming call / SET PXAT's, {with}"),
+                    ratio(
+                        usec(results, group, subject),
+                        usec(results, group, Subject::SetPxat),
+                    ),
+                );
+            }
+        }
+    }
+    for a in 0..ALGORITHMS.len() {
+        let subject = Subject::Native(a);
+        for (hot, calls) in [(false, "consuming"), (true, "rejected")] {
+            let (two, three) = (resp_group(2, hot), resp_group(3, hot));
+            push(
+                format!("{}/resp3-over-resp2/{}", subject.id(), three.id()),
+                format!(
+                    "{}: {calls} throughput from RESP3 clients / from RESP2 clients",
+                    subject.label()
+                ),
+                speedup_across(results, (three, subject), (two, subject)),
+            );
+            push(
+                format!("{}/usec-resp3-over-resp2/{}", subject.id(), three.id()),
+                format!(
+                    "{}: usec_per_call of a {calls} call from RESP3 clients / RESP2 clients",
+                    subject.label()
+                ),
+                ratio(usec(results, three, subject), usec(results, two, subject)),
+            );
+        }
     }
     let memory_ratio = |a: &str, b: &str| {
         results
@@ -621,6 +687,122 @@ fn comparisons_markdown(md: &mut String, results: &Results) {
         );
     }
     md.push('\n');
+    replica_markdown(md, results);
+    resp_markdown(md, results);
+}
+
+/// Consuming calls without and with a replica attached, each CHECK against `SET PXAT` in the
+/// same setting.
+fn replica_markdown(md: &mut String, results: &Results) {
+    if !results.replica {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "#### Without and with a replica attached (consuming calls over {} random keys, pipeline \
+         16)\n\n\
+         The same server measured alone, then with a second redis-server (the same binary and \
+         module, unmeasured{}) replicating from it: every write is also sent down the replication \
+         stream, as on a master in production. A CHECK replicates the state it wrote; `SET` and \
+         `INCR` replicate themselves.\n",
+        count(results.keyspace),
+        if results.pinned { ", on CPU 1" } else { "" }
+    );
+    md.push_str(
+        "| command | kreq/s alone | kreq/s with a replica | with / alone | vs SET PXAT alone | \
+         vs SET PXAT with a replica | usec/call alone | usec/call with a replica | usec vs SET \
+         PXAT: alone / with a replica |\n",
+    );
+    md.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    for subject in replica_subjects() {
+        if results.case(ALONE, subject).is_none() && results.case(REPLICATED, subject).is_none() {
+            continue;
+        }
+        let vs_set = |group: Group| {
+            if subject == Subject::SetPxat {
+                String::new()
+            } else {
+                x(speedup(results, group, subject, Subject::SetPxat))
+            }
+        };
+        let usec_vs_set = if subject == Subject::SetPxat {
+            String::new()
+        } else {
+            let u = |group: Group| {
+                x(ratio(
+                    usec(results, group, subject),
+                    usec(results, group, Subject::SetPxat),
+                ))
+            };
+            format!("{} / {}", u(ALONE), u(REPLICATED))
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {usec_vs_set} |",
+            subject.label(),
+            kilo(rps(results, ALONE, subject)),
+            kilo(rps(results, REPLICATED, subject)),
+            x(speedup_across(
+                results,
+                (REPLICATED, subject),
+                (ALONE, subject)
+            )),
+            vs_set(ALONE),
+            vs_set(REPLICATED),
+            plain(usec(results, ALONE, subject), 2),
+            plain(usec(results, REPLICATED, subject), 2),
+        );
+    }
+    md.push('\n');
+}
+
+/// Every algorithm's CHECK from RESP2 and RESP3 clients (the bench's own, both).
+fn resp_markdown(md: &mut String, results: &Results) {
+    let measured = results
+        .cases
+        .iter()
+        .any(|c| matches!(c.group, Group::Resp { .. }));
+    if !measured {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "#### RESP2 and RESP3 clients (`RATELIMIT.CHECK`, pipeline 16)\n\n\
+         {} clients of the bench's own load generator, which sends `HELLO 3` first on each \
+         connection for RESP3 (redis-benchmark speaks RESP2 only): a RESP3 client gets the \
+         decision as a map with a boolean `allowed`, a RESP2 client as six integers. Consuming \
+         calls over {} random keys, rejected calls on one hot key.\n",
+        results.clients,
+        count(results.keyspace)
+    );
+    md.push_str(
+        "| algorithm | calls | RESP2 kreq/s | RESP3 kreq/s | RESP3 / RESP2 | usec/call: RESP2 \
+         / RESP3 | usec RESP3 / RESP2 |\n",
+    );
+    md.push_str("|---|---|---|---|---|---|---|\n");
+    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate() {
+        let subject = Subject::Native(a);
+        for (hot, calls) in [(false, "consuming"), (true, "rejected")] {
+            let (two, three) = (resp_group(2, hot), resp_group(3, hot));
+            if results.case(two, subject).is_none() {
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| {name} | {calls} | {} | {} | {} | {} / {} | {} |",
+                kilo(rps(results, two, subject)),
+                kilo(rps(results, three, subject)),
+                x(speedup_across(results, (three, subject), (two, subject))),
+                median(usec(results, two, subject), 2),
+                median(usec(results, three, subject), 2),
+                x(ratio(
+                    usec(results, three, subject),
+                    usec(results, two, subject)
+                )),
+            );
+        }
+    }
+    md.push('\n');
 }
 
 fn thousands(s: Summary) -> Summary {
@@ -752,6 +934,7 @@ pub fn json(results: &Results) -> String {
         "run_seconds_target": results.run_seconds_target,
         "pinned": results.pinned,
         "redis_cell": results.redis_cell,
+        "replica_phase": results.replica,
         "total_seconds": results.total_seconds,
         "consume_args": { "limit": CONSUME_LIMIT, "period_ms": CONSUME_PERIOD_MS },
         "reject_args": { "limit": REJECT_LIMIT, "period_ms": CONSUME_PERIOD_MS },
@@ -778,6 +961,7 @@ const LIBRARY_COLOR: &str = "#38a169";
 const LUA_COLOR: &str = "#dd6b20";
 const CELL_COLOR: &str = "#805ad5";
 const FLOOR_COLOR: &str = "#718096";
+const REPLICA_COLOR: &str = "#d53f8c";
 
 /// A round axis maximum at or above `v`, and its tick step.
 fn axis(v: f64) -> (f64, f64) {
@@ -882,7 +1066,8 @@ fn panel(svg: &mut String, top: f64, title: &str, groups: &[BarGroup]) {
 
 pub fn svg(results: &Results) -> String {
     let mut svg = String::new();
-    let (width, height) = (980, 660);
+    let with_replica = results.case(REPLICATED, Subject::SetPxat).is_some();
+    let (width, height) = (980, if with_replica { 950 } else { 660 });
     let _ = writeln!(
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
@@ -909,9 +1094,10 @@ pub fn svg(results: &Results) -> String {
         (THROTTLE_COLOR, "module: CL.THROTTLE"),
         (CELL_COLOR, "redis-cell: CL.THROTTLE"),
         (FLOOR_COLOR, "built-in floors"),
+        (REPLICA_COLOR, "with a replica attached"),
     ];
     for (i, (color, label)) in legend.iter().enumerate() {
-        let (lx, ly) = (70 + (i % 3) * 290, 30 + (i / 3) * 18);
+        let (lx, ly) = (70 + (i % 4) * 220, 30 + (i / 4) * 18);
         let _ = writeln!(
             svg,
             r#"<rect x="{lx}" y="{ly}" width="12" height="12" fill="{color}"/><text x="{}" y="{}" font-size="12">{label}</text>"#,
@@ -967,6 +1153,35 @@ pub fn svg(results: &Results) -> String {
         "Rejected calls, one hot key over its limit, pipeline 16",
         &groups(HOT16, &[Subject::Incr]),
     );
+    if with_replica {
+        let bars: Vec<BarGroup> = replica_subjects()
+            .into_iter()
+            .map(|subject| {
+                let (label, color) = match subject {
+                    Subject::SetPxat => ("SET PXAT".to_string(), FLOOR_COLOR),
+                    Subject::Incr => ("INCR".to_string(), FLOOR_COLOR),
+                    Subject::Native(a) => (ALGORITHMS[a].0.to_string(), NATIVE_COLOR),
+                    other => (other.label(), NATIVE_COLOR),
+                };
+                (
+                    label,
+                    vec![
+                        (color, rps(results, ALONE, subject)),
+                        (REPLICA_COLOR, rps(results, REPLICATED, subject)),
+                    ],
+                )
+            })
+            .collect();
+        panel(
+            &mut svg,
+            650.0,
+            &format!(
+                "Consuming calls, {} random keys, pipeline 16: alone, then with a replica attached",
+                count(results.keyspace)
+            ),
+            &bars,
+        );
+    }
     svg.push_str("</svg>\n");
     svg
 }

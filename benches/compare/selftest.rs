@@ -89,6 +89,8 @@ pub fn run() {
     resp::encode(&mut encoded, &["EVALSHA", ""]);
     assert_eq!(encoded, b"*2\r\n$7\r\nEVALSHA\r\n$0\r\n\r\n");
 
+    resp3();
+
     let results = synthetic();
     let md = report::markdown(&results);
     for needle in [
@@ -101,6 +103,14 @@ pub fn run() {
         "| SET k v PXAT t |",
         "the module's 900 B (0.45x the seed ZSET script's)",
         "| 100k / 10 | 1.33x |",
+        // Without and with a replica: 150 -> 120 kreq/s for CHECK, 140 -> 100 for SET PXAT.
+        "| token-bucket native | 150.0 [140.0..160.0] | 120.0 [110.0..130.0] | 0.80x | 1.07x | \
+         1.20x | 4.00 [4.00..4.00] | 5.00 [5.00..5.00] | 1.14x / 1.00x |",
+        "| SET k v PXAT t | 140.0 [130.0..150.0] | 100.0 [90.0..110.0] | 0.71x |  |  |",
+        // RESP3 at 0.9x RESP2's throughput, 1.25x its usec_per_call.
+        "| gcra | consuming | 200.0 [190.0..210.0] | 180.0 [170.0..190.0] | 0.90x | 4.00 / 5.00 \
+         | 1.25x |",
+        "| sliding-log | rejected | 200.0 [190.0..210.0] | 180.0 [170.0..190.0] | 0.90x |",
     ] {
         assert!(md.contains(needle), "Markdown lacks {needle:?}:\n{md}");
     }
@@ -133,6 +143,22 @@ pub fn run() {
         ratio("memory/cl-throttle/ours-over-redis-cell"),
         Some(json!(0.8))
     );
+    assert_eq!(
+        ratio("token-bucket/native/usec-over-set-pxat/random-p16-replica"),
+        Some(json!(1.0))
+    );
+    assert_eq!(
+        ratio("set-pxat/replica-over-alone/random-p16"),
+        Some(json!(100.0 / 140.0))
+    );
+    assert_eq!(
+        ratio("gcra/native/resp3-over-resp2/resp3-hot-rejected-p16"),
+        Some(json!(0.9))
+    );
+    assert_eq!(
+        ratio("leaky-bucket/native/usec-resp3-over-resp2/resp3-random-p16"),
+        Some(json!(1.25))
+    );
     let svg = report::svg(&results);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(
@@ -142,6 +168,7 @@ pub fn run() {
     );
     assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
     assert!(svg.contains(CELL_BAR), "no redis-cell bar:\n{svg}");
+    assert!(svg.contains("with a replica attached") && svg.contains(REPLICA_BAR));
     // Without redis-cell (no ../shared/peers/): its rows and bars are left out, the rest stays.
     let mut alone = synthetic();
     alone.redis_cell = None;
@@ -156,11 +183,103 @@ pub fn run() {
     assert!(!md.contains("| CL.THROTTLE (redis-cell) | 120.0"), "{md}");
     let svg = report::svg(&alone);
     assert!(!svg.contains(CELL_BAR) && !svg.contains("NaN"), "{svg}");
+    // Without the replica and RESP3 phases: no such tables, no such bars.
+    alone.replica = false;
+    alone
+        .cases
+        .retain(|c| matches!(c.group, Group::Random { .. } | Group::Hot { .. }));
+    let md = report::markdown(&alone);
+    assert!(
+        !md.contains("with a replica") && !md.contains("RESP3"),
+        "{md}"
+    );
+    let svg = report::svg(&alone);
+    assert!(!svg.contains(REPLICA_BAR) && !svg.contains("NaN"), "{svg}");
     println!("bench self-test: parsers and report writers OK (run `make bench` to benchmark)");
 }
 
 /// The color of redis-cell's bars in the chart.
 const CELL_BAR: &str = "fill=\"#805ad5\"/>\n";
+/// The color of the bars with a replica attached.
+const REPLICA_BAR: &str = "fill=\"#d53f8c\"/>\n";
+
+/// RESP3 replies as the module and the server send them: a CHECK's map, `HELLO 3`'s map, a
+/// blob error, attributes; read whole and skimmed (the load generator's way), and the load
+/// generator's own command line.
+fn resp3() {
+    const CHECK: &[u8] = b"%6\r\n+allowed\r\n#t\r\n+limit\r\n:10\r\n+remaining\r\n:9\r\n\
+        +retry_after_ms\r\n:-1\r\n+reset_after_ms\r\n:100\r\n+consumed\r\n:1\r\n";
+    const REJECTED: &[u8] = b"%6\r\n+allowed\r\n#f\r\n+limit\r\n:1\r\n+remaining\r\n:0\r\n\
+        +retry_after_ms\r\n:5\r\n+reset_after_ms\r\n:5\r\n+consumed\r\n:0\r\n";
+    const HELLO: &[u8] = b"%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$6\r\n7.0.15\r\n\
+        $5\r\nproto\r\n:3\r\n$2\r\nid\r\n:5\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n\
+        $4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*1\r\n%2\r\n$4\r\nname\r\n$9\r\nratelimit\r\n\
+        $3\r\nver\r\n:1\r\n";
+    let mut wire = Vec::new();
+    for part in [
+        CHECK,
+        REJECTED,
+        HELLO,
+        b"!9\r\nERR x\r\nyz\r\n",
+        b"|1\r\n+ttl\r\n:3\r\n#t\r\n",
+        b"_\r\n,1.5\r\n~2\r\n:0\r\n:1\r\n",
+    ] {
+        wire.extend_from_slice(part);
+    }
+    let mut reader = BufReader::new(wire.as_slice());
+    let mut read = || resp::read_reply(&mut reader).expect("RESP3 reply");
+    let check = read();
+    assert_eq!(check.allowed(), Some(1));
+    let Reply::Map(pairs) = &check else {
+        panic!("not a map: {check:?}")
+    };
+    assert_eq!(pairs.len(), 6);
+    assert_eq!(
+        pairs[0],
+        (Reply::Status("allowed".into()), Reply::Bool(true))
+    );
+    assert_eq!(pairs[4].1, Reply::Int(100));
+    assert_eq!(read().allowed(), Some(0));
+    let hello = read();
+    assert!(matches!(&hello, Reply::Map(p) if p.len() == 7), "{hello:?}");
+    assert_eq!(read(), Reply::Error("ERR x\r\nyz".into()));
+    assert_eq!(read(), Reply::Bool(true));
+    assert_eq!(read(), Reply::Null);
+    assert_eq!(read(), Reply::Double("1.5".into()));
+    assert_eq!(
+        read(),
+        Reply::Array(Some(vec![Reply::Int(0), Reply::Int(1)]))
+    );
+    let mut reader = BufReader::new(wire.as_slice());
+    let mut line = Vec::new();
+    let mut skim = || resp::skim_reply(&mut reader, &mut line).expect("skim RESP3");
+    assert_eq!(skim(), Ok(Some(1)));
+    assert_eq!(skim(), Ok(Some(0)));
+    assert_eq!(
+        skim(),
+        Ok(None),
+        "HELLO's first value is a string, not a decision"
+    );
+    assert_eq!(skim(), Err("ERR x\r\nyz".to_string()));
+    assert_eq!(skim(), Ok(Some(1)));
+    assert_eq!(skim(), Ok(None));
+    assert_eq!(skim(), Ok(None));
+    assert_eq!(skim(), Ok(Some(0)));
+    let mut reader = BufReader::new(&b"*2\r\n-ERR in\r\n:1\r\n"[..]);
+    assert_eq!(
+        resp::skim_reply(&mut reader, &mut line).expect("skim"),
+        Err("ERR in".to_string()),
+        "an error inside an aggregate is reported"
+    );
+    let args = |list: &[&str]| list.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    assert!(crate::drive::run(&args(&["--drive", "--port", "1"])).is_err());
+    assert!(crate::drive::run(&args(&[
+        "--drive", "--resp", "4", "--port", "1", "-n", "1", "--", "PING"
+    ]))
+    .unwrap_err()
+    .contains("2 or 3"));
+    assert!(crate::drive::run(&args(&["--drive", "--bogus"])).is_err());
+}
 
 fn sample(rps: f64, usec: f64) -> Sample {
     Sample {
@@ -209,6 +328,47 @@ fn synthetic() -> Results {
             });
         }
     }
+    // Without and with a replica: CHECKs 150 -> 120 kreq/s, SET PXAT 140 -> 100, INCR 200 -> 160;
+    // usec_per_call 4 -> 5 for CHECKs and SET PXAT alike (3.5 -> 5 for SET PXAT).
+    for attached in [false, true] {
+        let mut subjects: Vec<(Subject, f64, f64)> =
+            vec![(Subject::SetPxat, 140e3, 3.5), (Subject::Incr, 200e3, 1.0)];
+        subjects.extend((0..ALGORITHMS.len()).map(|a| (Subject::Native(a), 150e3, 4.0)));
+        for (subject, rps, usec) in subjects {
+            let (rps, usec) = match (attached, subject) {
+                (false, _) => (rps, usec),
+                (true, Subject::SetPxat) => (100e3, 5.0),
+                (true, _) => (rps * 0.8, usec + 1.0),
+            };
+            cases.push(CaseResult {
+                group: Group::Replica { attached },
+                subject,
+                command: vec!["CMD".into()],
+                samples: vec![
+                    sample(rps - 10e3, usec),
+                    sample(rps, usec),
+                    sample(rps + 10e3, usec),
+                ],
+            });
+        }
+    }
+    // RESP2 at 200 kreq/s and 4 usec per call, RESP3 at 180 and 5.
+    for a in 0..ALGORITHMS.len() {
+        for hot in [false, true] {
+            for (protocol, rps, usec) in [(2, 200e3, 4.0), (3, 180e3, 5.0)] {
+                cases.push(CaseResult {
+                    group: Group::Resp { protocol, hot },
+                    subject: Subject::Native(a),
+                    command: vec!["CMD".into()],
+                    samples: vec![
+                        sample(rps - 10e3, usec),
+                        sample(rps, usec),
+                        sample(rps + 10e3, usec),
+                    ],
+                });
+            }
+        }
+    }
     let memory = |id: &str, bytes: f64| MemoryResult {
         id: id.into(),
         label: id.into(),
@@ -237,6 +397,7 @@ fn synthetic() -> Results {
         run_seconds_target: 0.5,
         pinned: true,
         redis_cell: Some("redis-cell (test)".into()),
+        replica: true,
         total_seconds: 60.0,
         cases,
         memory: vec![

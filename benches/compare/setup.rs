@@ -258,7 +258,11 @@ impl<'a> Bench<'a> {
             Subject::Incr => vec!["INCR".into(), format!("{prefix}incr:__rand_int__")],
             Subject::Ping => vec!["PING".into()],
         };
-        Case { subject, command }
+        Case {
+            subject,
+            command,
+            resp: None,
+        }
     }
 
     pub(crate) fn rejected(&self, subject: Subject) -> Case {
@@ -305,7 +309,11 @@ impl<'a> Bench<'a> {
                 FAR_FUTURE_MS.into(),
             ],
         };
-        Case { subject, command }
+        Case {
+            subject,
+            command,
+            resp: None,
+        }
     }
 
     /// Creates every key of a random-keyspace case (one call per key), so that measured calls

@@ -5,11 +5,13 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::model::*;
-use crate::parse::{parse_benchmark_csv, parse_cmdstat};
+use crate::parse::{parse_benchmark_csv, parse_cmdstat, BenchLine};
+use crate::resp::{self, Load};
 use crate::{Bench, Case};
 
 impl Bench<'_> {
-    /// One redis-benchmark run of `requests` calls, with the in-server cost of the case's
+    /// One run of `requests` calls (redis-benchmark, or the bench's own clients for a case over
+    /// RESP3 and its RESP2 twin), with the in-server cost of the case's
     /// command over exactly that run.
     fn measure(
         &mut self,
@@ -29,38 +31,12 @@ impl Bench<'_> {
             None => None,
         };
         self.resetstat_on(side)?;
-        let mut command = if self.config.pin {
-            let mut taskset = Command::new("taskset");
-            taskset.args(["-c", "1", "redis-benchmark"]);
-            taskset
-        } else {
-            Command::new("redis-benchmark")
+        let (seconds, line) = match case.resp {
+            None => self.run_benchmark(case, pipeline, keyspace, requests)?,
+            Some(protocol) => {
+                self.run_own_clients(case, protocol, pipeline, keyspace, requests, expect_allowed)?
+            }
         };
-        command
-            .args(["-h", "127.0.0.1", "-p", &self.port_of(side).to_string()])
-            .args(["-c", &self.config.clients.to_string()])
-            .args(["-P", &pipeline.to_string()])
-            .args(["-n", &requests.to_string()]);
-        if let Some(keys) = keyspace {
-            command.args(["-r", &keys.to_string()]);
-        }
-        command.arg("--csv").args(&case.command);
-        let started = Instant::now();
-        let output = command
-            .output()
-            .map_err(|e| format!("running redis-benchmark: {e} (install redis-tools)"))?;
-        let seconds = started.elapsed().as_secs_f64();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        if !output.status.success() {
-            return Err(format!(
-                "redis-benchmark {:?} failed ({}): {}{}",
-                case.command,
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim(),
-                stdout.trim()
-            ));
-        }
-        let line = parse_benchmark_csv(&stdout)?;
         let cmdstat_name = case.subject.cmdstat();
         let stats = parse_cmdstat(&self.info_on(side, "commandstats")?, cmdstat_name)
             .ok_or_else(|| format!("INFO commandstats has no cmdstat_{cmdstat_name}"))?;
@@ -98,6 +74,101 @@ impl Bench<'_> {
             p99_ms: line.p99_ms,
             usec_per_call: stats.usec_per_call,
         })
+    }
+
+    /// One redis-benchmark run (RESP2): its length in seconds and what it printed.
+    fn run_benchmark(
+        &self,
+        case: &Case,
+        pipeline: u32,
+        keyspace: Option<u64>,
+        requests: u64,
+    ) -> Result<(f64, BenchLine), String> {
+        let mut command = if self.config.pin {
+            let mut taskset = Command::new("taskset");
+            taskset.args(["-c", "1", "redis-benchmark"]);
+            taskset
+        } else {
+            Command::new("redis-benchmark")
+        };
+        command
+            .args(["-h", "127.0.0.1"])
+            .args(["-p", &self.port_of(case.subject.side()).to_string()])
+            .args(["-c", &self.config.clients.to_string()])
+            .args(["-P", &pipeline.to_string()])
+            .args(["-n", &requests.to_string()]);
+        if let Some(keys) = keyspace {
+            command.args(["-r", &keys.to_string()]);
+        }
+        command.arg("--csv").args(&case.command);
+        let started = Instant::now();
+        let output = command
+            .output()
+            .map_err(|e| format!("running redis-benchmark: {e} (install redis-tools)"))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if !output.status.success() {
+            return Err(format!(
+                "redis-benchmark {:?} failed ({}): {}{}",
+                case.command,
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim(),
+                stdout.trim()
+            ));
+        }
+        Ok((seconds, parse_benchmark_csv(&stdout)?))
+    }
+
+    /// One run of the bench's own clients (as many as redis-benchmark's, on its CPU when
+    /// pinned) speaking RESP `protocol`: its length and throughput (no latencies), after checking
+    /// that every reply was an admission (or a rejection) as meant.
+    fn run_own_clients(
+        &self,
+        case: &Case,
+        protocol: u8,
+        pipeline: u32,
+        keyspace: Option<u64>,
+        requests: u64,
+        expect_allowed: bool,
+    ) -> Result<(f64, BenchLine), String> {
+        let load = Load {
+            port: self.port_of(case.subject.side()),
+            clients: self.config.clients as usize,
+            pipeline: pipeline as usize,
+            protocol,
+            calls: requests,
+            keyspace,
+            cpu: self.config.pin.then_some(1),
+        };
+        let outcome = resp::drive(&load, case.encoder(), || Ok(()))
+            .map_err(|e| format!("{} over RESP{protocol}: {e}", case.subject.label()))?;
+        let b = &outcome.batch;
+        if let Some(error) = &b.first_error {
+            return Err(format!(
+                "{} over RESP{protocol} answered an error: {error}",
+                case.subject.label()
+            ));
+        }
+        if let Some(first) = case.subject.expect_first(expect_allowed) {
+            let right = if first == 1 { b.allowed } else { b.rejected };
+            if right != requests {
+                return Err(format!(
+                    "{} over RESP{protocol}: {right} of {requests} replies began with {first}",
+                    case.subject.label()
+                ));
+            }
+        }
+        let seconds = outcome.seconds.max(1e-9);
+        Ok((
+            seconds,
+            BenchLine {
+                rps: requests as f64 / seconds,
+                avg_ms: f64::NAN,
+                p50_ms: f64::NAN,
+                p99_ms: f64::NAN,
+                max_ms: f64::NAN,
+            },
+        ))
     }
 
     /// Calibrates the length of each case with a short warm-up run, then measures every case
