@@ -96,6 +96,11 @@ struct Coverage {
     burst_below: usize,
     burst_above: usize,
     huge_limit: usize,
+    /// `COST 0` rejected: a window or log over a lowered limit, a GCRA TAT beyond the tolerance.
+    cost0_rejected: usize,
+    /// GCRA: a TAT re-scaled beyond 2^53 scaled units (`reset_after_ms · L ≥ 2^53 + L`, so
+    /// `ahead > 2^53`), which `gcra.lua` holds as whole ms and a remainder.
+    beyond_exact: usize,
     /// Keys whose final RATELIMIT.INFO was compared with the script's stored state.
     states_compared: usize,
     /// Calls where the script's expiry was the rounded one (see [`lua_expiry_rounded`]).
@@ -115,6 +120,12 @@ impl Coverage {
                 }
                 if reply.get(3) == Some(&-1) {
                     self.never += 1;
+                }
+                self.cost0_rejected += usize::from(call.cost == 0 && reply.first() == Some(&0));
+                if let Some(&reset) = reply.get(4) {
+                    let scaled = u128::from(reset.unsigned_abs()) * u128::from(call.params.limit);
+                    let bound = u128::from(EXACT) + u128::from(call.params.limit);
+                    self.beyond_exact += usize::from(scaled >= bound);
                 }
             }
             self.cost0 += usize::from(call.cost == 0);
@@ -271,6 +282,13 @@ fn equivalence(alg: Algorithm) {
         varied.push(("burst below the limit", c.burst_below));
         varied.push(("burst above the limit", c.burst_above));
     }
+    if alg == Algorithm::Gcra {
+        varied.push((
+            "COST 0 rejected (TAT beyond the tolerance)",
+            c.cost0_rejected,
+        ));
+        varied.push(("a TAT beyond 2^53 scaled units", c.beyond_exact));
+    }
     if target >= 2000 {
         for (what, n) in varied {
             assert!(
@@ -286,7 +304,11 @@ fn equivalence(alg: Algorithm) {
 /// are the native ones rounded to a double (the tolerated [`lua_expiry_rounded`]).
 #[test]
 fn buckets_just_below_2_pow_53_equal_lua_reference() {
-    for alg in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ] {
         let (coverage, failures) = run_equivalence(alg, Times::NearTop, 2000);
         assert_no_failures(alg, &coverage, &failures);
     }
@@ -343,6 +365,11 @@ fn sliding_window_equals_lua_reference() {
 #[test]
 fn sliding_log_equals_lua_reference() {
     equivalence(Algorithm::SlidingLog);
+}
+
+#[test]
+fn gcra_equals_lua_reference() {
+    equivalence(Algorithm::Gcra);
 }
 
 // ---------------------------------------------------------------------------------------------

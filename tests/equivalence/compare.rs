@@ -246,7 +246,15 @@ pub fn compare_state(
                 expect("count", get("count"), lua_get("curr"));
                 expect("previous", get("previous"), lua_get("prev"));
             }
-            Algorithm::SlidingLog | Algorithm::Gcra => unreachable!("no hash state"),
+            Algorithm::Gcra => {
+                // INFO's `tat` is `last + ceil(ahead / L)`, in ms.
+                let tat = lua_get("ahead")
+                    .zip(limit)
+                    .zip(last)
+                    .map(|((a, l), t)| t + (a + l - 1) / l);
+                expect("tat", get("tat"), tat);
+            }
+            Algorithm::SlidingLog => unreachable!("no hash state"),
         }
     }
     expect("limit", get("limit"), limit);

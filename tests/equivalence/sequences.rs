@@ -18,10 +18,6 @@ pub trait LuaReference {
     fn bound(self, p: u64) -> u64;
 }
 
-/// `gcra` has no reference script: it is proven equal to the token bucket and to redis-cell
-/// (tests/dialects.rs), and its own timelines are in src/algorithms/gcra.rs.
-const NO_GCRA_REFERENCE: &str = "gcra has no Lua reference script";
-
 impl LuaReference for Algorithm {
     fn script_file(self) -> &'static str {
         match self {
@@ -30,7 +26,7 @@ impl LuaReference for Algorithm {
             Algorithm::FixedWindow => "lua-reference/fixed_window.lua",
             Algorithm::SlidingWindow => "lua-reference/sliding_window.lua",
             Algorithm::SlidingLog => "lua-reference/sliding_log.lua",
-            Algorithm::Gcra => NO_GCRA_REFERENCE,
+            Algorithm::Gcra => "lua-reference/gcra.lua",
         }
     }
 
@@ -41,7 +37,7 @@ impl LuaReference for Algorithm {
             Algorithm::FixedWindow => include_str!("../../lua-reference/fixed_window.lua"),
             Algorithm::SlidingWindow => include_str!("../../lua-reference/sliding_window.lua"),
             Algorithm::SlidingLog => include_str!("../../lua-reference/sliding_log.lua"),
-            Algorithm::Gcra => panic!("{NO_GCRA_REFERENCE}"),
+            Algorithm::Gcra => include_str!("../../lua-reference/gcra.lua"),
         }
     }
 
