@@ -5,7 +5,8 @@
 # (redis-cli must be on PATH) and compares their replies with the worked
 # examples of docs/algorithms.md, including those that change parameters
 # between calls on the same key, run time backwards, use COST 0 and costs
-# above the limit. For every call it also checks the side effects:
+# above the limit, and with gcra's (its rules in docs/algorithms.md, "GCRA"
+# and "Parameter changes", worked by hand). For every call it also checks the side effects:
 #   - a consuming call (allowed, cost > 0) sets the expiry to t + reset_after_ms
 #     (t = max(AT, last));
 #   - any other call leaves the key exactly as it was (DUMP and PEXPIRETIME).
@@ -28,7 +29,7 @@ if ! raw PING >/dev/null 2>&1; then
 fi
 
 declare -A SHA
-for s in token_bucket leaky_bucket fixed_window sliding_window sliding_log; do
+for s in token_bucket leaky_bucket fixed_window sliding_window sliding_log gcra; do
   SHA[$s]=$(raw SCRIPT LOAD "$(cat "$DIR/$s.lua")") || exit 2
   if [[ ! ${SHA[$s]} =~ ^[0-9a-f]{40}$ ]]; then
     echo "check_examples: cannot load $s.lua: ${SHA[$s]}" >&2
@@ -121,6 +122,17 @@ table sliding_log example sliding-log 2 1000
 2 1000 2 1 1000  | 1 2 0 0 1000 0
 2 1000 2 1 1400  | 0 2 0 600 600 0
 
+# gcra 3 1000: with the same parameters, the token bucket's replies
+table gcra example gcra 3 1000
+3 1000 3 1 0     | 1 3 2 0 334 0
+3 1000 3 1 0     | 1 3 1 0 667 0
+3 1000 3 1 0     | 1 3 0 0 1000 0
+3 1000 3 1 0     | 0 3 0 334 1000 0
+3 1000 3 1 331   | 0 3 0 3 669 0
+3 1000 3 2 400   | 0 3 1 267 600 0
+3 1000 3 4 400   | 0 3 1 -1 600 0
+3 1000 3 0 1000  | 1 3 3 0 0 0
+
 # ---- Parameter changes, time going backwards, COST 0, cost above limit --
 # (computed by hand from docs/algorithms.md, "Parameter changes")
 
@@ -191,6 +203,35 @@ table sliding_log changes
 3 100 3 1 1000   | 0 3 0 100 100 0
 # time running backwards: evaluated at 1000
 3 100 3 1 900    | 0 3 0 100 100 0
+
+table gcra changes
+# ten at once: the TAT 1 s ahead (10000 units at L = 10 per ms)
+10 1000 10 10 0  | 1 10 0 0 1000 0
+# L = 1: the TAT stays 1 s ahead (1000 units); a tolerance of 2 s fits one more
+1 1000 2 1 0     | 1 2 0 0 2000 0
+1 1000 2 1 0     | 0 2 0 1000 2000 0
+# a tolerance of 1 s: the TAT 1.5 s ahead is kept, not clamped, so even COST 0
+# is rejected until time catches up
+1 1000 1 0 500   | 0 1 0 500 1500 0
+1 1000 1 1 500   | 0 1 0 1500 1500 0
+1 1000 1 1 1500  | 0 1 0 500 500 0
+# the TAT reached at 2000: a fresh key
+1 1000 1 1 2000  | 1 1 0 0 1000 0
+# AT 1900 is before last: evaluated at 2000
+1 1000 1 1 1900  | 0 1 0 1000 1000 0
+# L = 3 at 2100: 900 ms ahead are 2700 units; 3700 > 3000
+3 1000 3 1 2100  | 0 3 0 234 900 0
+3 1000 3 0 2100  | 1 3 0 0 900 0
+# at 2334: 666 ms ahead, 1998 units; 2998 fits
+3 1000 3 1 2334  | 1 3 0 0 1000 0
+# L = 2 at 2335: 2995 units (998.33 ms) become ceil(2995 * 2 / 3) = 1997
+2 1000 2 0 2335  | 1 2 0 0 999 0
+2 1000 2 1 2335  | 0 2 0 499 999 0
+# another period, the same limit: the TAT does not move; 2995 > 3 * 500
+3 500 3 0 2335   | 0 3 0 499 999 0
+3 500 3 4 2335   | 0 3 0 -1 999 0
+# the TAT reached at 3334: a fresh key
+3 500 3 3 3334   | 1 3 0 0 500 0
 EOF
 
 # clean up
