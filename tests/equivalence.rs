@@ -13,8 +13,8 @@
 //!   it is `t + reset_after_ms` with `t = max(AT, last)`.
 //!
 //! At the end of each sequence `RATELIMIT.INFO` is compared with the script's stored state. The
-//! same runs with times just below 2^53 (the largest `AT`) pass for the buckets; for the windows
-//! and the log they are checked too (the scripts keep their intermediates below 2^53).
+//! same runs with times just below 2^53 (the largest `AT`) pass for the buckets and GCRA; for the
+//! windows and the log they are checked too (the scripts keep their intermediates below 2^53).
 //!
 //! Then the seed script (`seed_sliding_log.lua`) is compared with the native sliding log: the
 //! same decision on every call with cost 1 and distinct, increasing timestamps; and it admits more
@@ -300,8 +300,8 @@ fn equivalence(alg: Algorithm) {
     }
 }
 
-/// Times just below 2^53 on the buckets: equal replies; the scripts' expiries, at or above 2^53,
-/// are the native ones rounded to a double (the tolerated [`lua_expiry_rounded`]).
+/// Times just below 2^53 on the buckets and GCRA: equal replies; the scripts' expiries, at or
+/// above 2^53, are the native ones rounded to a double (the tolerated [`lua_expiry_rounded`]).
 #[test]
 fn buckets_just_below_2_pow_53_equal_lua_reference() {
     for alg in [

@@ -68,10 +68,10 @@ pub fn ints(value: &Value) -> Result<Vec<i64>, String> {
 }
 
 /// KNOWN DEVIATION of the reference scripts (reported; remove this once they are fixed): the
-/// buckets' scripts compute the expiry `t + reset_after_ms` in a Lua double, which rounds it (to
-/// even) once it reaches 2^53, e.g. leaky-bucket or token-bucket `1 9007 BURST 10^12 COST 10^12` at
-/// an odd `t`: `reset_after_ms` is 9007·10^12, the native key expires at exactly `t + 9007·10^12`
-/// and the script's key 1 ms earlier. `reset_after_ms` itself (below 2^53) is exact on both sides.
+/// buckets' and GCRA's scripts compute the expiry `t + reset_after_ms` in a Lua double, which
+/// rounds it (to even) once it reaches 2^53, e.g. leaky-bucket, token-bucket or gcra
+/// `1 9007 BURST 10^12 COST 10^12` at an odd `t`: `reset_after_ms` is 9007·10^12, the native key
+/// expires at exactly `t + 9007·10^12` and the script's key 1 ms earlier. `reset_after_ms` itself (below 2^53) is exact on both sides.
 /// Tolerated only in exactly that case: the native expiry is at or above 2^53 and the script's is
 /// that value rounded to a double; the native expiry is still checked against `t + reset_after_ms`.
 pub fn lua_expiry_rounded(native: &Value, lua: &Value) -> bool {
