@@ -34,7 +34,7 @@
 --   rl:lb <limit> <period_ms> <burst> <level_scaled> <last_ms>       leaky bucket
 --   rl:fw <limit> <period_ms> <count> <last_ms>                      fixed window
 --   rl:sw <limit> <period_ms> <current> <previous> <last_ms>         sliding window
---   rl:sl <33-byte binary header: LOG_FIELDS> <records>               sliding log
+--   rl:sl <33-byte binary header: LOG_FORMAT> <records>               sliding log
 -- (scaled: requests * period_ms; a window's start is last_ms - last_ms mod period_ms). The
 -- sliding log's records are the module's encoding: one record per run of entries at the same ms,
 -- varint(gap << 1 | several) then varint(count - 2) if several, the gap counted from the
@@ -45,12 +45,13 @@
 -- The standard library as upvalues: a function's globals are looked up through its library's
 -- environment on every access, and they do not exist while the library loads, so they are
 -- bound by the first call.
-local floor, max, min, byte, char, format, lower, match, strsub, upper
+local floor, max, min, byte, char, find, format, lower, match, strsub, upper, pack, unpack_bytes
 local bound = false
 local function bind()
   floor, max, min = math.floor, math.max, math.min
-  byte, char, format, lower, match, strsub, upper =
-    string.byte, string.char, string.format, string.lower, string.match, string.sub, string.upper
+  byte, char, find, format, lower, match, strsub, upper = string.byte, string.char, string.find,
+    string.format, string.lower, string.match, string.sub, string.upper
+  pack, unpack_bytes = struct.pack, struct.unpack
   bound = true
 end
 
@@ -161,7 +162,7 @@ end
 
 local function server_now()
   local tm = redis.call('TIME')
-  return tonumber(tm[1]) * 1000 + floor(tonumber(tm[2]) / 1000)
+  return tm[1] * 1000 + floor(tm[2] / 1000) -- digit strings: arithmetic converts them
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -175,27 +176,38 @@ local function bad(msg, shared)
   return { msg = msg, shared = shared }
 end
 
--- A plain decimal integer (no sign, fraction or exponent). tonumber is exact below 2^53, and a
--- larger value never rounds below 2^53, so every bound check below is exact.
+-- Memos. Parsing is pure, and clients name the same few limits over and over: parsed limits and
+-- amounts are kept by their argument strings, so a repeated argument costs a table lookup instead
+-- of pattern matching and number conversion. A memo is dropped whole once it holds MEMO_MAX
+-- entries; errors are never kept. Memoized tables are never modified.
+local MEMO_MAX = 1000
+-- heads[algorithm][limit][period] = { alg, L, P, specs = { [BURST or 0] = spec } }
+local heads, heads_n = {}, 0
+-- amounts[s] = the integer s spells (digit strings up to MAX_AMOUNT)
+local amounts, amounts_n = {}, 0
+
+-- A plain decimal integer (no sign, fraction or exponent). The conversion is exact below 2^53,
+-- and a larger value never rounds below 2^53, so every bound check below is exact.
 local function parse_integer(s)
-  if s and match(s, '^%d+$') then return tonumber(s) end
+  if s and find(s, '^%d+$') then return s + 0 end
   return nil
 end
 
 local function parse_amount(s, lo)
-  local n = parse_integer(s)
-  if n and n >= lo and n <= MAX_AMOUNT then return n end
+  local n = amounts[s]
+  if not n then
+    n = parse_integer(s)
+    if not n or n > MAX_AMOUNT then return nil end
+    if amounts_n >= MEMO_MAX then amounts, amounts_n = {}, 0 end
+    amounts[s], amounts_n = n, amounts_n + 1
+  end
+  if n >= lo then return n end
   return nil
 end
 
 local PERIOD_UNITS = { [''] = 1, ms = 1, s = 1000, m = 60000, h = 3600000, d = 86400000 }
 
 local function parse_period(s)
-  if match(s, '^%d+$') then -- plain ms, the common case
-    local ms = tonumber(s)
-    if ms >= 1 and ms <= MAX_PERIOD_MS then return ms end
-    return nil
-  end
   local digits, unit = match(s, '^(%d*)(.*)$')
   local scale = PERIOD_UNITS[lower(unit)]
   local n = parse_integer(digits)
@@ -220,40 +232,64 @@ local function option_value(option, s)
   return v
 end
 
--- `algorithm limit period` at args[i].
+-- `algorithm limit period` at args[i]: a head (memoized).
 local function parse_head(args, i)
-  if args[i + 2] == nil then return nil, ARITY end
-  -- Names are case-insensitive; the lower-case spelling, the usual one, needs no copy.
-  local algorithm = args[i]
+  local alg_s, limit_s, period_s = args[i], args[i + 1], args[i + 2]
+  if period_s == nil then return nil, ARITY end
+  local by_limit = heads[alg_s]
+  local by_period = by_limit and by_limit[limit_s]
+  local head = by_period and by_period[period_s]
+  if head then return head end
+  -- Names are case-insensitive.
+  local algorithm = alg_s
   if not ALGORITHMS[algorithm] then
     algorithm = lower(algorithm)
     if not ALGORITHMS[algorithm] then return nil, bad(E_ALGORITHM) end
   end
-  local limit = parse_amount(args[i + 1], 1)
+  local limit = parse_amount(limit_s, 1)
   if not limit then return nil, bad(E_LIMIT) end
-  local period = parse_period(args[i + 2])
+  local period = parse_period(period_s)
   if not period then return nil, bad(E_PERIOD) end
-  return { alg = algorithm, L = limit, P = period }
+  head = { alg = algorithm, L = limit, P = period, specs = {} }
+  if heads_n >= MEMO_MAX then heads, heads_n = {}, 0 end
+  by_limit = heads[alg_s]
+  if not by_limit then
+    by_limit = {}
+    heads[alg_s] = by_limit
+  end
+  by_period = by_limit[limit_s]
+  if not by_period then
+    by_period = {}
+    by_limit[limit_s] = by_period
+  end
+  by_period[period_s], heads_n = head, heads_n + 1
+  return head
 end
 
--- The BURST rules, the sliding log's bound, and Lua's exactness bounds.
-local function finish_spec(spec, burst)
-  if burst and not BUCKET[spec.alg] then return nil, bad(E_BURST_ON_WINDOW) end
-  if spec.alg == SL and spec.L > MAX_LOG_LIMIT then
-    return nil, bad('ERR sliding-log limit ' .. fmt(spec.L)
+-- The spec of a head and its BURST (nil: none): the BURST rules, the sliding log's bound, and
+-- Lua's exactness bounds (memoized).
+local function finish_spec(head, burst)
+  local spec = head.specs[burst or 0]
+  if spec then return spec end
+  local alg, L, P = head.alg, head.L, head.P
+  if burst and not BUCKET[alg] then return nil, bad(E_BURST_ON_WINDOW) end
+  if alg == SL and L > MAX_LOG_LIMIT then
+    return nil, bad('ERR sliding-log limit ' .. fmt(L)
       .. ' exceeds ratelimit.max-log-limit ' .. fmt(MAX_LOG_LIMIT))
   end
-  spec.C = burst or spec.L
-  if BUCKET[spec.alg] and spec.C * spec.P >= EXACT then return nil, bad(E_EXACT_BUCKET) end
-  if spec.alg == SW and spec.L * spec.P >= EXACT then return nil, bad(E_EXACT_WINDOW) end
+  local C = burst or L
+  if BUCKET[alg] and C * P >= EXACT then return nil, bad(E_EXACT_BUCKET) end
+  if alg == SW and L * P >= EXACT then return nil, bad(E_EXACT_WINDOW) end
+  spec = { alg = alg, L = L, P = P, C = C }
+  head.specs[burst or 0], heads_n = spec, heads_n + 1
   return spec
 end
 
 -- `algorithm limit period [BURST c] [COST n] [AT ms]` from args[i] on, options in any order,
 -- each once. Returns spec, cost, at (nil: the server's clock) or nil, error.
 local function parse_check(args, i)
-  local spec, err = parse_head(args, i)
-  if not spec then return nil, err end
+  local head, err = parse_head(args, i)
+  if not head then return nil, err end
   local burst, cost, at
   local j = i + 3
   while args[j] ~= nil do
@@ -274,7 +310,8 @@ local function parse_check(args, i)
     if before ~= nil then return nil, bad('ERR ' .. option .. ' given more than once', shared) end
     j = j + 2
   end
-  spec, err = finish_spec(spec, burst)
+  local spec
+  spec, err = finish_spec(head, burst)
   if not spec then return nil, err end
   return spec, cost or 1, at
 end
@@ -310,9 +347,9 @@ local function parse_checkall(keys, args, name)
   for s = 1, n - 1 do
     local err = spec_start(i, burst ~= nil)
     if err then return nil, in_spec(err, s - 1) end
-    local spec
-    spec, err = parse_head(args, i)
-    if not spec then return nil, in_spec(err, s) end
+    local head, spec
+    head, err = parse_head(args, i)
+    if not head then return nil, in_spec(err, s) end
     i = i + 3
     burst = nil
     if args[i] and OPTIONS[upper(args[i])] == 'BURST' then
@@ -321,7 +358,7 @@ local function parse_checkall(keys, args, name)
       if not burst then return nil, in_spec(err, s) end
       i = i + 2
     end
-    spec, err = finish_spec(spec, burst)
+    spec, err = finish_spec(head, burst)
     if not spec then return nil, in_spec(err, s) end
     specs[s] = spec
   end
@@ -339,53 +376,32 @@ end
 -- ------------------------------------------------------------------------------------------
 -- Stored state.
 
--- The sliding log's header: the tag, then big-endian unsigned fields of fixed widths.
-local LOG_FIELDS = {
-  { 'P', 5 },          -- period_ms of the last consuming call
-  { 'L', 3 },          -- limit of the last consuming call
-  { 'last', 7 },       -- time of the last consuming call = the newest run's ms
-  { 'base', 7 },       -- the ms the first live record's gap counts from
-  { 'head', 4 },       -- offset of the first live record (records before it are dead)
-  { 'newest_pos', 4 }, -- offset of the newest record (the last one)
-  { 'total', 3 },      -- entries from head on
-}
-local HEADER = 5 -- the tag
-for k = 1, #LOG_FIELDS do HEADER = HEADER + LOG_FIELDS[k][2] end
+-- The sliding log's header: the tag, then big-endian unsigned fields of fixed widths (packed
+-- and unpacked by Redis's struct library):
+--   P           5 bytes  period_ms of the last consuming call
+--   L           3        limit of the last consuming call
+--   last        7        time of the last consuming call = the newest run's ms
+--   base        7        the ms the first live record's gap counts from
+--   head        4        offset of the first live record (records before it are dead)
+--   newest_pos  4        offset of the newest record (the last one)
+--   total       3        entries from head on
+local LOG_FORMAT = '>I5I3I7I7I4I4I3'
+local HEADER = 5 + 33 -- the tag and the fields
 
-local function log_header(st)
-  local out, at = {}, 0
-  for f = 1, #LOG_FIELDS do
-    local name, width = LOG_FIELDS[f][1], LOG_FIELDS[f][2]
-    local n = st[name]
-    for k = at + width, at + 1, -1 do
-      local low = n % 256
-      out[k] = low
-      n = (n - low) / 256
-    end
-    at = at + width
-  end
-  return 'rl:sl' .. char(unpack(out))
+local function log_header(P, L, last, base, head, newest_pos, total)
+  return 'rl:sl' .. pack(LOG_FORMAT, P, L, last, base, head, newest_pos, total)
 end
 
 local function parse_log_header(raw)
   if #raw <= HEADER then return nil end
-  local st = { alg = SL }
-  local bytes = { byte(raw, 6, HEADER) }
-  local at = 0
-  for f = 1, #LOG_FIELDS do
-    local name, width = LOG_FIELDS[f][1], LOG_FIELDS[f][2]
-    local n = 0
-    for k = at + 1, at + width do n = n * 256 + bytes[k] end
-    st[name] = n
-    at = at + width
-  end
-  if st.P < 1 or st.P > MAX_PERIOD_MS or st.L < 1 or st.L > MAX_LOG_LIMIT
-    or st.last >= EXACT or st.base > st.last or st.head > st.newest_pos or st.total < 1 then
+  local P, L, last, base, head, newest_pos, total = unpack_bytes(LOG_FORMAT, raw, 6)
+  if P < 1 or P > MAX_PERIOD_MS or L < 1 or L > MAX_LOG_LIMIT
+    or last >= EXACT or base > last or head > newest_pos or total < 1 then
     return nil
   end
-  st.C = st.L
-  st.raw = raw
-  return st
+  -- records: the records read with the header (all of them when the value is under 128 bytes).
+  return { alg = SL, P = P, L = L, C = L, last = last, base = base, head = head,
+    newest_pos = newest_pos, total = total, raw = raw, records = strsub(raw, HEADER + 1) }
 end
 
 local FIXED_PATTERN = {
@@ -405,8 +421,10 @@ local function parse_state(raw)
   if not alg or #raw >= 128 then return nil end
   local f1, f2, f3, f4, f5 = match(raw, FIXED_PATTERN[alg])
   if not f1 then return nil end
-  -- Each field below 2^53 (a longer digit string converts to a larger double).
-  f1, f2, f3, f4, f5 = tonumber(f1), tonumber(f2), tonumber(f3), tonumber(f4), tonumber(f5 or 0)
+  -- Each field below 2^53 (a longer digit string converts to a larger double). The fields are
+  -- digit strings: arithmetic converts them, once each.
+  f1, f2, f3, f4 = f1 + 0, f2 + 0, f3 + 0, f4 + 0
+  if f5 then f5 = f5 + 0 else f5 = 0 end
   if f3 >= EXACT or f4 >= EXACT or f5 >= EXACT then return nil end
   local st
   if BUCKET[alg] then
@@ -425,32 +443,48 @@ local function parse_state(raw)
   return st
 end
 
-local function encode_fixed(st)
-  if BUCKET[st.alg] then
-    return format('%s %d %d %d %d %d', TAG[st.alg], st.L, st.P, st.C, st.a, st.last)
-  elseif st.alg == FW then
-    return format('rl:fw %d %d %d %d', st.L, st.P, st.a, st.last)
+-- The value a consuming call stores: the call's parameters, its state (a, and b for the sliding
+-- window) and its time t.
+local function encode_fixed(spec, a, b, t)
+  local alg = spec.alg
+  if BUCKET[alg] then
+    return format('%s %d %d %d %d %d', TAG[alg], spec.L, spec.P, spec.C, a, t)
+  elseif alg == FW then
+    return format('rl:fw %d %d %d %d', spec.L, spec.P, a, t)
   end
-  return format('rl:sw %d %d %d %d %d', st.L, st.P, st.a, st.b, st.last)
+  return format('rl:sw %d %d %d %d %d', spec.L, spec.P, a, b, t)
+end
+
+-- Parsed states by their stored value (a memo as above). A call that writes nothing leaves the
+-- value as it was, so the next call on that key finds it here: see remember_state.
+local states, states_n = {}, 0
+
+local function remember_state(raw, st)
+  if states_n >= MEMO_MAX then states, states_n = {}, 0 end
+  states[raw], states_n = st, states_n + 1
 end
 
 -- The limiter at `key`: nil for a missing key, or nil and WRONGTYPE for anything that is not
 -- one (another type, or a string that is not a limiter's). One read of at most 128 bytes.
+-- A state just parsed (not found in the memo) comes with its value, the third result.
 local function load(key)
-  local raw = redis.pcall('GETRANGE', key, 0, 127)
+  local raw = redis.pcall('GETRANGE', key, '0', '127')
   if type(raw) ~= 'string' then return nil, WRONG_TYPE end
+  local st = states[raw]
+  if st then return st end
   if raw == '' then
     if redis.call('EXISTS', key) == 1 then return nil, WRONG_TYPE end
     return nil
   end
-  local st = parse_state(raw)
+  st = parse_state(raw)
   if not st then return nil, WRONG_TYPE end
-  return st
+  return st, nil, raw
 end
 
 -- ------------------------------------------------------------------------------------------
--- The fixed-size algorithms: (stored state or nil, spec, cost, now) -> reply, t, the state to
--- store if the call consumes. Each call is evaluated at t = max(now, last).
+-- The fixed-size algorithms: (stored state or nil, spec, cost, now) -> reply, t, and the state
+-- to store if the call consumes (a, and b for the sliding window). Each call is evaluated at
+-- t = max(now, last).
 
 local function token_bucket(st, spec, cost, now)
   local L, P, C = spec.L, spec.P, spec.C
@@ -488,7 +522,7 @@ local function token_bucket(st, spec, cost, now)
     retry = ceil_div(cost * P - tokens, L)
   end
   local reply = { allowed, C, floor_div(tokens, P), retry, ceil_div(full - tokens, L), 0 }
-  return reply, t, { alg = TB, L = L, P = P, C = C, a = tokens, last = t }
+  return reply, t, tokens
 end
 
 local function leaky_bucket(st, spec, cost, now)
@@ -528,7 +562,7 @@ local function leaky_bucket(st, spec, cost, now)
     retry = ceil_div(level - (full - cost * P), L)
   end
   local reply = { allowed, C, floor_div(full - level, P), retry, ceil_div(level, L), delay }
-  return reply, t, { alg = LB, L = L, P = P, C = C, a = level, last = t }
+  return reply, t, level
 end
 
 local function fixed_window(st, spec, cost, now)
@@ -552,7 +586,7 @@ local function fixed_window(st, spec, cost, now)
   local reset = 0
   if count > 0 then reset = P - (t - w) end
   local reply = { allowed, L, max(0, L - count), retry, reset, 0 }
-  return reply, t, { alg = FW, L = L, P = P, C = L, a = count, last = t }
+  return reply, t, count
 end
 
 local function sliding_window(st, spec, cost, now)
@@ -607,7 +641,7 @@ local function sliding_window(st, spec, cost, now)
     reset = P - e
   end
   local reply = { allowed, L, remaining, retry, reset, 0 }
-  return reply, t, { alg = SW, L = L, P = P, C = L, a = curr, b = prev, last = t }
+  return reply, t, curr, prev
 end
 
 local FIXED = {
@@ -632,6 +666,14 @@ end
 -- One run's record: varint(gap << 1 | several) [varint(count - 2)], without forming gap << 1
 -- (which may pass 2^53).
 local function log_record(gap, count)
+  -- The usual records, a single entry 1 or 2 bytes long, without a table.
+  if count == 1 then
+    if gap < 64 then return char(gap * 2) end
+    if gap < 8192 then
+      local low = gap % 64
+      return char(low * 2 + 128, (gap - low) / 64)
+    end
+  end
   local several = 0
   if count > 1 then several = 1 end
   local low = gap % 64
@@ -650,7 +692,7 @@ local function log_byte(v, off)
   local k = off - v.buf_at + 1
   if k < 1 or k > #v.buf then
     if v.complete and off >= v.buf_at then error(redis.error_reply(E_CORRUPT)) end
-    v.buf = redis.call('GETRANGE', v.key, HEADER + off, HEADER + off + v.chunk - 1)
+    v.buf = redis.call('GETRANGE', v.key, fmt(HEADER + off), fmt(HEADER + off + v.chunk - 1))
     v.buf_at = off
     v.chunk = min(v.chunk * 2, 65536)
     k = 1
@@ -698,14 +740,17 @@ local function log_next(v, pos, prev, left, x)
   return run[1], run[2], pos, prev, 0, x + 1
 end
 
+-- No runs appended in memory (a view's extra until CHECKALL appends one; never modified).
+local NO_RUNS = {}
+
 -- A view of a stored log (st from load, with its first bytes), or of a missing key (st nil).
 local function log_view(key, st)
   if not st then return nil end
   return {
-    key = key, buf = strsub(st.raw, HEADER + 1), buf_at = 0, chunk = 256,
+    key = key, buf = st.records, buf_at = 0, chunk = 256,
     complete = #st.raw < 128,
     P = st.P, last = st.last, newest = st.last,
-    pos = st.head, prev = st.base, left = st.total, x = 1, extra = {}, n = st.total,
+    pos = st.head, prev = st.base, left = st.total, x = 1, extra = NO_RUNS, n = st.total,
   }
 end
 
@@ -777,6 +822,7 @@ local function log_consume_in_view(key, v, res, spec, cost, t)
   end
   if res.live and res.count > 0 then
     v.pos, v.prev, v.left, v.x = res.pos, res.prev, res.left, res.x
+    if v.extra == NO_RUNS then v.extra = {} end
     v.extra[#v.extra + 1] = { t, cost }
   else
     v.left, v.extra, v.x = 0, { { t, cost } }, 1
@@ -791,19 +837,19 @@ end
 -- place. When the dead bytes outweigh the live ones the log is rewritten without them.
 local function log_write(key, st, res, spec, cost, t, reset)
   local expire = fmt_sum(t, reset)
-  local header = { P = spec.P, L = spec.L, last = t, base = t, head = 0, newest_pos = 0,
-    total = cost }
+  local P, L = spec.P, spec.L
   if not (res.live and res.count > 0) then
-    redis.call('SET', key, log_header(header) .. log_record(0, cost), 'PXAT', expire)
+    redis.call('SET', key, log_header(P, L, t, t, 0, 0, cost) .. log_record(0, cost), 'PXAT',
+      expire)
     return
   end
-  header.base, header.total = res.prev, res.count + cost
+  local base, total = res.prev, res.count + cost
   local head, pos = res.pos, st.newest_pos
   local record, size
   local same_ms = t == st.last
   if #st.raw < 128 then
     -- A small log, read whole by load(): one SET rewrites it without its dead records.
-    local records = strsub(st.raw, HEADER + 1)
+    local records = st.records
     if same_ms then
       local v = { key = key, buf = records, buf_at = 0, chunk = 256, complete = true }
       local gap, count = log_read(v, pos)
@@ -812,37 +858,32 @@ local function log_write(key, st, res, spec, cost, t, reset)
       record = log_record(t - st.last, cost)
       pos = #records
     end
-    header.newest_pos = pos - head
-    redis.call('SET', key, log_header(header) .. strsub(records, head + 1, pos) .. record,
-      'PXAT', expire)
+    redis.call('SET', key, log_header(P, L, t, base, 0, pos - head, total)
+      .. strsub(records, head + 1, pos) .. record, 'PXAT', expire)
     return
   end
   if same_ms then
     -- The newest record is the last one: re-encode it with its new count.
-    local old = redis.call('GETRANGE', key, HEADER + pos, -1)
+    local old = redis.call('GETRANGE', key, fmt(HEADER + pos), '-1')
     local v = { key = key, buf = old, buf_at = pos, chunk = 256, complete = true }
     local gap, count = log_read(v, pos)
     record = log_record(gap, count + cost)
     size = pos + #record
   else
-    size = redis.call('STRLEN', key) - HEADER
-    pos = size
+    -- Appended: APPEND answers the new length.
     record = log_record(t - st.last, cost)
-    size = size + #record
+    size = redis.call('APPEND', key, record) - HEADER
+    pos = size - #record
   end
-  header.head, header.newest_pos = head, pos
   if head >= 16 and head >= size - head then
-    local live = redis.call('GETRANGE', key, HEADER + head, HEADER + pos - 1)
-    header.head, header.newest_pos = 0, pos - head
-    redis.call('SET', key, log_header(header) .. live .. record, 'PXAT', expire)
+    -- The dead records outweigh the live ones: rewrite the log without them.
+    local live = redis.call('GETRANGE', key, fmt(HEADER + head), fmt(HEADER + pos - 1))
+    redis.call('SET', key, log_header(P, L, t, base, 0, pos - head, total) .. live .. record,
+      'PXAT', expire)
     return
   end
-  if same_ms then
-    redis.call('SETRANGE', key, HEADER + pos, record)
-  else
-    redis.call('APPEND', key, record)
-  end
-  redis.call('SETRANGE', key, 0, log_header(header))
+  if same_ms then redis.call('SETRANGE', key, fmt(HEADER + pos), record) end
+  redis.call('SETRANGE', key, '0', log_header(P, L, t, base, head, pos, total))
   redis.call('PEXPIREAT', key, expire)
 end
 
@@ -860,18 +901,19 @@ local function decide(alg, view, spec, cost, now)
   return FIXED[alg](view, spec, cost, now)
 end
 
--- CHECK (commit) or PEEK on a loaded key; returns the reply or nil, error.
+-- CHECK (commit) or PEEK on a loaded key; returns the reply and whether it wrote, or nil, error.
 local function evaluate(key, st, spec, cost, now, commit)
   if st and st.alg ~= spec.alg then return nil, mismatch(st.alg, spec.alg) end
-  local reply, t, res = decide(spec.alg, view_of(key, st), spec, cost, now)
+  local reply, t, a, b = decide(spec.alg, view_of(key, st), spec, cost, now)
   if commit and reply[1] == 1 and cost > 0 then
     if spec.alg == SL then
-      log_write(key, st, res, spec, cost, t, reply[5])
+      log_write(key, st, a, spec, cost, t, reply[5])
     else
-      redis.call('SET', key, encode_fixed(res), 'PXAT', fmt_sum(t, reply[5]))
+      redis.call('SET', key, encode_fixed(spec, a, b, t), 'PXAT', fmt_sum(t, reply[5]))
     end
+    return reply, true
   end
-  return reply
+  return reply, false
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -884,11 +926,12 @@ local function check(name, keys, args, commit)
     if cost.arity then return redis.error_reply(arity(name)) end
     return redis.error_reply(cost.msg)
   end
-  local st, err = load(keys[1])
+  local st, err, raw = load(keys[1])
   if err then return redis.error_reply(err) end
-  local reply
-  reply, err = evaluate(keys[1], st, spec, cost, at or server_now(), commit)
-  if not reply then return redis.error_reply(err) end
+  local reply, wrote = evaluate(keys[1], st, spec, cost, at or server_now(), commit)
+  if not reply then return redis.error_reply(wrote) end
+  -- A value left as it was is likely read again: rejections repeat on a key at its limit.
+  if raw and not wrote then remember_state(raw, st) end
   return reply
 end
 
@@ -932,13 +975,13 @@ local function checkall(keys, args)
     if algs[key] and algs[key] ~= spec.alg then
       return redis.error_reply(mismatch(algs[key], spec.alg))
     end
-    local reply, t, res = decide(spec.alg, views[key], spec, cost, now)
+    local reply, t, a, b = decide(spec.alg, views[key], spec, cost, now)
     if reply[1] == 1 and cost > 0 then
       algs[key] = spec.alg
       if spec.alg == SL then
-        views[key] = log_consume_in_view(key, views[key], res, spec, cost, t)
+        views[key] = log_consume_in_view(key, views[key], a, spec, cost, t)
       else
-        views[key] = res
+        views[key] = { alg = spec.alg, L = spec.L, P = spec.P, C = spec.C, a = a, b = b, last = t }
       end
     end
     replies[i] = reply
