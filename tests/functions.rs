@@ -6,8 +6,9 @@
 //!   algorithm the library has, parameter changes, COST 0, costs above the capacity, same-ms runs,
 //!   times going backwards, times just below 2^53; the generator of tests/equivalence.rs) get the
 //!   same PEEK and CHECK replies, the same `PEXPIRETIME` after every call and the same INFO at the
-//!   end. Without `AT` both engines stay consistent on the same workload (equal decisions and
-//!   `remaining`, durations within the time between the calls).
+//!   end. gcra's theoretical arrival time is kept as a time through parameter changes, also
+//!   2^53 scaled units and more ahead. Without `AT` both engines stay consistent on the same
+//!   workload (equal decisions and `remaining`, durations within the time between the calls).
 //! - CHECKALL (checkall.rs): random CHECKALLs (keys named more than once, mixed algorithms, wrong
 //!   algorithms) get the same replies and expiries.
 //! - Replication as effects (replication.rs): a replica's keys (value and absolute expiry) equal

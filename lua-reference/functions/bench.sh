@@ -42,7 +42,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int(
 
 LIMIT=100000 PERIOD=60000000000
 printf '%-15s %12s %12s %12s %10s %10s\n' algorithm library reference module lib/ref mod/lib
-for alg in token-bucket leaky-bucket fixed-window sliding-window sliding-log; do
+for alg in token-bucket leaky-bucket fixed-window sliding-window sliding-log gcra; do
   sha=$(cli SCRIPT LOAD "$(cat "$DIR/../${alg//-/_}.lua")")
   lib=() ref=() mod=()
   for ((round = 1; round <= ROUNDS; round++)); do

@@ -16,13 +16,13 @@
 #
 # Needs valgrind and redis-server/redis-benchmark/redis-cli on PATH. Starts the server on PORT
 # (default: a free port from 27000), and stops it at the end. N (default 4000) sets the calls per
-# workload, ALGORITHMS (default all five) and WORKLOADS (default all three) which ones run.
+# workload, ALGORITHMS (default all six) and WORKLOADS (default all three) which ones run.
 
 set -euo pipefail
 DIR=$(cd "$(dirname "$0")" && pwd)
 LIBRARY=${1:-$DIR/ratelimit.lua}
 N=${N:-4000}
-ALGORITHMS=${ALGORITHMS:-token-bucket leaky-bucket fixed-window sliding-window sliding-log}
+ALGORITHMS=${ALGORITHMS:-token-bucket leaky-bucket fixed-window sliding-window sliding-log gcra}
 WORKLOADS=${WORKLOADS:-new hot rejected}
 PERIOD_MS=86400000000 PERIOD_UNIT=1000d
 

@@ -17,7 +17,7 @@
 -- Differences from the module, all forced by Lua or by Functions:
 --   * Lua numbers are doubles, exact below 2^53. Every quantity is kept below 2^53, and the
 --     products the module computes in 128 bits are refused when they would not be:
---     BURST (default: limit) * period_ms must be below 2^53 for the buckets, and
+--     BURST (default: limit) * period_ms must be below 2^53 for the buckets and gcra, and
 --     limit * period_ms for the sliding window (an ERR says so). Fixed window and sliding log
 --     take the module's full bounds.
 --   * The sliding log's limit is at most 100000 (the module's default ratelimit.max-log-limit;
@@ -34,8 +34,11 @@
 --   rl:lb <limit> <period_ms> <burst> <level_scaled> <last_ms>       leaky bucket
 --   rl:fw <limit> <period_ms> <count> <last_ms>                      fixed window
 --   rl:sw <limit> <period_ms> <current> <previous> <last_ms>         sliding window
+--   rl:gc <limit> <period_ms> <burst> <ahead_scaled> <last_ms>       gcra
 --   rl:sl <33-byte binary header: LOG_FORMAT> <records>               sliding log
--- (scaled: requests * period_ms; a window's start is last_ms - last_ms mod period_ms). The
+-- (scaled: requests * period_ms; gcra's ahead_scaled, how far its theoretical arrival time is
+-- ahead of last_ms, counts limit units per ms; a window's start is last_ms - last_ms mod
+-- period_ms). The
 -- sliding log's records are the module's encoding: one record per run of entries at the same ms,
 -- varint(gap << 1 | several) then varint(count - 2) if several, the gap counted from the
 -- previous run (the first from `base`). Records before `head` have left the window; they are
@@ -60,11 +63,14 @@ local MAX_AMOUNT = 1000000000000 -- limit, BURST and COST
 local MAX_PERIOD_MS = 3650 * 86400000
 local MAX_LOG_LIMIT = 100000 -- the module's default ratelimit.max-log-limit
 
-local TB, LB, FW, SW, SL = 'token-bucket', 'leaky-bucket', 'fixed-window', 'sliding-window',
-  'sliding-log'
-local ALGORITHMS = { [TB] = true, [LB] = true, [FW] = true, [SW] = true, [SL] = true }
-local BUCKET = { [TB] = true, [LB] = true }
-local TAG = { [TB] = 'rl:tb', [LB] = 'rl:lb', [FW] = 'rl:fw', [SW] = 'rl:sw', [SL] = 'rl:sl' }
+local TB, LB, FW, SW, SL, GC = 'token-bucket', 'leaky-bucket', 'fixed-window', 'sliding-window',
+  'sliding-log', 'gcra'
+local ALGORITHMS = { [TB] = true, [LB] = true, [FW] = true, [SW] = true, [SL] = true, [GC] = true }
+-- The algorithms that take BURST (a capacity in scaled units: C*P below 2^53).
+local BUCKET = { [TB] = true, [LB] = true, [GC] = true }
+local TAG = {
+  [TB] = 'rl:tb', [LB] = 'rl:lb', [FW] = 'rl:fw', [SW] = 'rl:sw', [SL] = 'rl:sl', [GC] = 'rl:gc',
+}
 local OPTIONS = { BURST = 'BURST', COST = 'COST', AT = 'AT' }
 
 -- ------------------------------------------------------------------------------------------
@@ -72,12 +78,12 @@ local OPTIONS = { BURST = 'BURST', COST = 'COST', AT = 'AT' }
 
 local WRONG_TYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 local E_ALGORITHM = 'ERR unknown algorithm: expected token-bucket, leaky-bucket, '
-  .. 'fixed-window, sliding-window or sliding-log'
+  .. 'fixed-window, sliding-window, sliding-log or gcra'
 local E_LIMIT = 'ERR limit must be an integer from 1 to 1000000000000'
 local E_PERIOD = 'ERR period must be an integer from 1 ms to 3650 days, in ms or '
   .. 'with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)'
 local E_BURST = 'ERR BURST must be an integer from 1 to 1000000000000'
-local E_BURST_ON_WINDOW = 'ERR BURST applies only to token-bucket and leaky-bucket'
+local E_BURST_ON_WINDOW = 'ERR BURST applies only to token-bucket, leaky-bucket and gcra'
 local E_COST = 'ERR COST must be an integer from 0 to 1000000000000'
 local E_AT = 'ERR AT must be a time in ms since the Unix epoch, below 2^53'
 local E_NUMKEYS = 'ERR numkeys must be an integer from 1 to the number of keys given'
@@ -409,9 +415,10 @@ local FIXED_PATTERN = {
   [LB] = '^rl:lb (%d+) (%d+) (%d+) (%d+) (%d+)$',
   [FW] = '^rl:fw (%d+) (%d+) (%d+) (%d+)$',
   [SW] = '^rl:sw (%d+) (%d+) (%d+) (%d+) (%d+)$',
+  [GC] = '^rl:gc (%d+) (%d+) (%d+) (%d+) (%d+)$',
 }
 local ALG_OF_TAG = {
-  ['rl:tb'] = TB, ['rl:lb'] = LB, ['rl:fw'] = FW, ['rl:sw'] = SW, ['rl:sl'] = SL,
+  ['rl:tb'] = TB, ['rl:lb'] = LB, ['rl:fw'] = FW, ['rl:sw'] = SW, ['rl:sl'] = SL, ['rl:gc'] = GC,
 }
 
 -- A stored value (its first bytes: up to 128) as a state table, or nil if it is not a limiter.
@@ -644,8 +651,71 @@ local function sliding_window(st, spec, cost, now)
   return reply, t, curr, prev
 end
 
+-- GCRA: `ahead`, how far the theoretical arrival time (TAT) is ahead of t, scaled (L units per
+-- ms, so one request is P units). With the same parameters it is the token bucket seen from the
+-- other side (ahead = C*P - tokens); a parameter change keeps the TAT as a point in time.
+local function gcra(st, spec, cost, now)
+  local L, P, C = spec.L, spec.P, spec.C
+  local tolerance = C * P
+  local t, ahead = now, 0 -- a missing key: the TAT is not ahead
+  -- far: the carried-over TAT is 2^53 units or more ahead (only after a raised limit), as
+  -- ahead = u*L + w with 0 <= w <= L; such a TAT is beyond any tolerance (C*P < 2^53).
+  local far, u, w = false, 0, 0
+  if st then
+    if st.last > t then t = st.last end
+    -- Advance under the stored limit: max(0, ahead - (t - last)*L0), decided by comparison so
+    -- that (t - last)*L0 is only formed when small.
+    local a, L0 = st.a, st.L
+    local elapsed = t - st.last
+    if elapsed >= ceil_div(a, L0) then a = 0 else a = a - elapsed * L0 end
+    -- 0 is a fresh key. Otherwise the same span of time in the new units, rounded up, never
+    -- clamped: ceil(a*L/L0) = u*L + w with a = u*L0 + v and w = ceil(v*L/L0) <= L.
+    if a > 0 then
+      if L0 == L then
+        ahead = a
+      else
+        u = floor_div(a, L0)
+        local q, r = mul_div(a - u * L0, L, L0)
+        w = q
+        if r > 0 then w = w + 1 end
+        ahead = u * L + w -- exact below 2^53, and 2^53 or more when the exact value is
+        far = ahead >= EXACT
+      end
+    end
+  end
+  local allowed, retry, remaining, reset = 0, 0, 0, 0
+  if far then
+    -- Rejected whatever the cost: retry when ahead - (C - c)*P units have passed, reset when
+    -- ahead has; both in ms from u*L + w without forming it.
+    if cost > C then
+      retry = -1
+    else
+      local room = tolerance - cost * P
+      if room >= w then retry = u - floor_div(room - w, L) else retry = u + 1 end
+    end
+    reset = u
+    if w > 0 then reset = u + 1 end
+    return { 0, C, 0, retry, reset, 0 }, t, ahead
+  end
+  if cost > C then
+    retry = -1
+  else
+    local room = tolerance - cost * P -- ahead + c*P <= C*P admits
+    if ahead <= room then
+      allowed = 1
+      ahead = ahead + cost * P
+    else
+      retry = ceil_div(ahead - room, L)
+    end
+  end
+  if ahead < tolerance then remaining = floor_div(tolerance - ahead, P) end
+  reset = ceil_div(ahead, L)
+  return { allowed, C, remaining, retry, reset, 0 }, t, ahead
+end
+
 local FIXED = {
   [TB] = token_bucket, [LB] = leaky_bucket, [FW] = fixed_window, [SW] = sliding_window,
+  [GC] = gcra,
 }
 
 -- ------------------------------------------------------------------------------------------
@@ -1060,6 +1130,9 @@ local function info(keys, args)
     own = { 'window_start', window_start(st.last, st.P), 'count', st.a }
   elseif st.alg == SW then
     own = { 'window_start', window_start(st.last, st.P), 'count', st.a, 'previous', st.b }
+  elseif st.alg == GC then
+    -- The TAT in ms since the epoch, rounded up (a double: exact below 2^53).
+    own = { 'tat', st.last + ceil_div(st.a, st.L) }
   else
     own = { 'entries', st.total }
   end

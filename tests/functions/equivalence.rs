@@ -8,9 +8,12 @@ use redis::{Connection, Value};
 use redis_ratelimit::algorithms::Algorithm;
 
 use crate::common::rng::Rng;
-use crate::common::{dbsize, error_text, future_base_ms, int, now_ms, reply6, send, show_value};
+use crate::common::{
+    dbsize, error_text, future_base_ms, int, now_ms, reply6, send, show_value, DAY_MS,
+};
 use crate::engines::{
-    algorithms, both_engines, both_infos, calls_per_algorithm, fcall, native, seed,
+    algorithms, both_engines, both_infos, calls_per_algorithm, fcall, native, same_info, seed,
+    words,
 };
 use crate::limits::{gen_sequence, Call, Limit};
 
@@ -144,9 +147,8 @@ fn the_library_answers_as_the_module_on_random_sequences() {
             // The stored state: INFO evaluates at max(now, last), and every `last` is ahead of
             // the server's clock, so both answer for the same time.
             let (module, library) = both_infos(&mut con, &nkey, &fkey);
-            assert_eq!(
-                module,
-                library,
+            assert!(
+                same_info(&module, &library),
                 "FUNCTIONS_SEED={seed:#x}, {name}, sequence {sequences}: INFO module {} \
                  != library {}\n{}",
                 show_value(&module),
@@ -223,6 +225,56 @@ fn long_sliding_logs_answer_as_the_module() {
         let (module, library) = both_infos(&mut con, &nkey, &fkey);
         assert_eq!(module, library, "log {key}: INFO");
     }
+}
+
+/// gcra keeps its theoretical arrival time as a point in time: through limit, period and BURST
+/// changes, rounded up, never clamped, also 2^53 scaled units and more ahead (a limit raised a
+/// trillionfold), with COST 0, a cost above the capacity and a time going backwards.
+#[test]
+fn gcra_keeps_its_tat_as_time_through_parameter_changes() {
+    let (_server, mut con) = both_engines();
+    let base = future_base_ms();
+    let script = [
+        ("gcra 1 1d BURST 3", 3, 0), // the TAT 3 days ahead
+        ("gcra 1 1d BURST 3", 1, 1000),
+        ("gcra 1000000000000 1 BURST 1", 0, 1000), // 2.6e20 units ahead: rejected, even COST 0
+        ("gcra 1000000000000 1ms BURST 1", 1, 2000),
+        ("gcra 1000000000000 1 BURST 1", 2, 2000), // above the capacity: never
+        ("GCRA 1000000000000 1 burst 1", 1, 500),  // backwards: evaluated at 2000
+        ("gcra 7 3s BURST 9000000", 1, 3000),      // the same TAT in sevenths of a ms
+        ("gcra 1000000 1s", 1, 3001),              // rounded up; beyond the tolerance
+        ("gcra 1000000 1s", 0, 3001),
+        ("gcra 7 3s BURST 9000000", 2, 3002),
+        ("gcra 3 1s", 1, 3 * DAY_MS + 10_000), // the TAT has passed: a fresh key
+        ("gcra 3 1s BURST 1", 1, 3 * DAY_MS + 10_000),
+    ];
+    let calls: Vec<Call> = script
+        .iter()
+        .map(|&(line, cost, at)| {
+            let mut args = words(line);
+            args.extend(["COST".to_string(), cost.to_string()]);
+            args.extend(["AT".to_string(), (base + at).to_string()]);
+            Call {
+                args,
+                consumes_if_allowed: cost > 0,
+                at: base + at,
+            }
+        })
+        .collect();
+    let (nkey, fkey) = ("n:gcra:tat", "f:gcra:tat");
+    let steps = run_sequence(&mut con, nkey, fkey, &calls);
+    if let Some((i, what)) = first_difference(&calls, &steps) {
+        panic!("call {i}: {what}\n{}", describe(nkey, fkey, &calls, &steps));
+    }
+    // 259,199,000 ms ahead, at 10^12 units per ms: past 2^53 units, and exact.
+    assert_eq!(
+        reply6(&steps[2].check[1]),
+        [0, 1, 0, 259_199_000, 259_199_000, 0],
+        "{}",
+        describe(nkey, fkey, &calls, &steps)
+    );
+    let (module, library) = both_infos(&mut con, nkey, fkey);
+    assert_eq!(module, library);
 }
 
 // ---------------------------------------------------------------------------------------------

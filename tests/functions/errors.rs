@@ -49,6 +49,13 @@ fn every_bad_argument_gets_the_modules_message() {
         "token-bucket 10 1s COST 1 AT 2 BURST 3 COST 4",
         "sliding-log 100001 1s",
         "sliding-log 1000000000000 1s COST 1",
+        "gcra-bucket 10 1s",
+        "gcra 0 1s",
+        "gcra 10 0ms",
+        "gcra 10 1s BURST 0",
+        "GCRA 10 1s burst 1000000000001",
+        "gcra 10 1s BURST 2 BURST 3",
+        "gcra 10 1s COST 1000000000001",
     ];
     for line in check_vectors {
         let args = words(line);
@@ -93,6 +100,8 @@ fn every_bad_argument_gets_the_modules_message() {
             "fixed-window 1 1s token-bucket 1 1s COST 1 BURST 2 BURST 3",
         ),
         ("k", "token-bucket 10 1s at 5 cost 2 burst 0"),
+        ("a b", "gcra 1 1s BURST x fixed-window 1 1s"),
+        ("a b", "fixed-window 1 1s gcra 1 1s BURST 2 BURST 3"),
         ("k", "fixed-window 10 1s BURST 5"),
     ];
     for (keys, line) in checkall_vectors {
@@ -134,6 +143,10 @@ fn every_bad_argument_gets_the_modules_message() {
             "ERR BURST (or limit, without BURST) times the period in ms must be below 2^53",
         ),
         (
+            fcall("check", &["k"], &words("gcra 1 1d BURST 1000000000000")),
+            "ERR BURST (or limit, without BURST) times the period in ms must be below 2^53",
+        ),
+        (
             fcall("check", &["k"], &words("sliding-window 1000000000000 10s")),
             "ERR limit times the period in ms must be below 2^53",
         ),
@@ -161,6 +174,7 @@ fn every_bad_argument_gets_the_modules_message() {
     // The same limits are fine where the product stays below 2^53.
     for (i, line) in [
         "token-bucket 10 9007ms BURST 1000000000000",
+        "gcra 1000000000000 9007ms",
         "fixed-window 1000000000000 3650d COST 1000000000000",
     ]
     .into_iter()
