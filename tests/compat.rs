@@ -66,6 +66,9 @@ const EVERY_COMMAND: [&[&str]; 6] = [
     &["RATELIMIT.APPLY", "k", "not-a-payload"],
 ];
 
+/// RATELIMIT.APPLY under the short name replication and the AOF use.
+const APPLY_SHORT: &[&str] = &["rla", "k", "not-a-payload"];
+
 #[test]
 fn info_names_the_server_and_its_optional_apis() {
     let server = Server::start();
@@ -119,7 +122,10 @@ fn commands_are_in_the_builtin_acl_categories() {
     // APPLY writes any state it is given: it is @dangerous.
     let mut safe = login(&server, "safe", &["~*", "+@all", "-@dangerous"]);
     assert!(!permitted(&mut safe, EVERY_COMMAND[5]), "{release}");
+    assert!(!permitted(&mut safe, APPLY_SHORT), "{release}");
     assert!(permitted(&mut safe, EVERY_COMMAND[0]), "{release}");
+    assert!(permitted(&mut writer, APPLY_SHORT), "{release}");
+    assert!(!permitted(&mut reader, APPLY_SHORT), "{release}");
 }
 
 #[test]
@@ -150,4 +156,7 @@ fn the_ratelimit_category_holds_every_command_and_nothing_else() {
     let mut app = login(&server, "app", &["~*", "+@ratelimit", "-ratelimit.apply"]);
     assert!(permitted(&mut app, EVERY_COMMAND[0]), "{release}");
     assert!(!permitted(&mut app, EVERY_COMMAND[5]), "{release}");
+    // The short name is not in the category: such an ACL keeps both names of APPLY away.
+    assert!(!permitted(&mut user, APPLY_SHORT), "{release}");
+    assert!(!permitted(&mut app, APPLY_SHORT), "{release}");
 }

@@ -19,7 +19,7 @@ use common::{
 };
 use redis::{Connection, Value};
 use redis_ratelimit::algorithms::{Algorithm, Params, Request};
-use redis_ratelimit::codec::Change;
+use redis_ratelimit::codec::{encode_write, Change};
 
 fn hostile_number(rng: &mut Rng) -> Vec<u8> {
     const NUMBERS: &[&[u8]] = &[
@@ -165,6 +165,12 @@ fn hostile_payload(rng: &mut Rng) -> Vec<u8> {
             model.outcome("payload", &request);
         }
         match model.limiter("payload") {
+            // Half in the 33-byte packed form commands replicate.
+            Some(limiter) if rng.chance(50) => {
+                let mut bytes = Vec::new();
+                encode_write(limiter, &mut bytes);
+                bytes
+            }
             Some(limiter) => Change::Replace(limiter.clone()).to_bytes(),
             None => rng.bytes(60),
         }
@@ -304,7 +310,14 @@ fn random_argument_vectors_get_an_error_or_a_valid_reply_and_errors_create_nothi
                         1 => args.push(hostile_payload(&mut rng)),
                         _ => {}
                     }
-                    ("RATELIMIT.APPLY", args)
+                    (
+                        if rng.chance(50) {
+                            "rla"
+                        } else {
+                            "RATELIMIT.APPLY"
+                        },
+                        args,
+                    )
                 }
             };
             let mut cmd = redis::cmd(name);

@@ -547,6 +547,7 @@ fn acl_key_patterns_restrict_every_command() {
         "APPLY",
     );
     assert!(message.contains("ratelimit.apply"), "{message}");
+    expect_error(run(&mut con, &["rla", "tenant1:api", "x"]), "NOPERM", "rla");
     expect_error(run(&mut con, &["GET", "tenant1:api"]), "NOPERM", "GET");
     assert_eq!(
         remaining(&mut admin, "tenant2:api"),

@@ -206,14 +206,19 @@ fn rewrite_aof(server: &Server) {
 
 /// The AOF's base file (Redis 7's multi-part AOF under appendonlydir/).
 fn aof_base(server: &Server) -> (String, Vec<u8>) {
+    aof_file(server, ".base.")
+}
+
+/// The first file of the AOF directory whose name holds `part` (`.base.`, `.incr.`).
+fn aof_file(server: &Server, part: &str) -> (String, Vec<u8>) {
     let dir = server.dir().join("appendonlydir");
     let entry = fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| entry.expect("a directory entry").path())
-        .find(|path| path.to_string_lossy().contains(".base."))
-        .expect("a base AOF file");
+        .find(|path| path.to_string_lossy().contains(part))
+        .unwrap_or_else(|| panic!("no AOF file with {part}"));
     let name = entry.file_name().unwrap().to_string_lossy().into_owned();
-    (name, fs::read(&entry).expect("read the base AOF"))
+    (name, fs::read(&entry).expect("read the AOF file"))
 }
 
 /// kill -9, start again from what reached the disk, and compare.
@@ -240,6 +245,15 @@ fn kill9_restores_every_key_exactly(preamble: &str) {
     let base = future_base_ms();
     // Only the incremental AOF (RATELIMIT.APPLY lines) holds the keys.
     let mut probes = populate(&server, base, 0);
+    // Commands log their writes under APPLY's short name; buckets and windows in 33 bytes.
+    let (name, bytes) = aof_file(&server, ".incr.");
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("$3\r\nrla\r\n"), "no rla in {name}");
+    assert!(
+        text.contains("\r\n$33\r\n\x03"),
+        "no 33-byte payload in {name}"
+    );
+    assert!(!text.contains("ratelimit.apply"), "{name}");
     crash_and_compare(&mut server, &probes, base, "kill -9 (incremental AOF)");
 
     // The rewritten base holds them now, plus later writes in a new incremental file.

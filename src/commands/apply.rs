@@ -4,6 +4,11 @@
 //! rewrite reproduces the master's state exactly whatever its own clock says. The payload is a
 //! [`Change`]: a whole limiter, or a sliding log's appended entries.
 //! Not meant to be called by applications.
+//!
+//! A command writes it under its short name, [`SHORT`] (`rl.ap`): Redis looks the name up on every
+//! replicated write, and a short name is cheaper to find. Both names run the same handler, so old
+//! AOF files and older masters' streams (`ratelimit.apply`) keep loading. AOF rewrites use the
+//! long name.
 
 use std::ffi::c_int;
 
@@ -23,7 +28,7 @@ const ARGS: [Arg; 2] = [
 ];
 
 pub(crate) const COMMAND: Command = Command {
-    name: c"ratelimit.apply",
+    name: LONG_NAME,
     flags: c"write deny-oom",
     arity: 3,
     keys: Keys::First {
@@ -35,6 +40,18 @@ pub(crate) const COMMAND: Command = Command {
     args: &ARGS,
     acl: "write slow dangerous",
     handler: handler!(run),
+};
+
+/// The name in AOF rewrites.
+pub(crate) const LONG_NAME: &std::ffi::CStr = c"ratelimit.apply";
+/// The name commands replicate their writes under.
+pub(crate) const SHORT_NAME: &std::ffi::CStr = c"rla";
+
+/// `RATELIMIT.APPLY` under its short name: the same arguments, flags, keys and ACL categories.
+pub(crate) const SHORT: Command = Command {
+    name: SHORT_NAME,
+    summary: c"RATELIMIT.APPLY's short name, used in the replication stream and the AOF",
+    ..COMMAND
 };
 
 fn run(call: &Call) -> c_int {

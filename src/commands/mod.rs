@@ -23,7 +23,7 @@ use redis_module::raw;
 use crate::algorithms::{self, Algorithm, Decision, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::error;
-use crate::store::codec::{encode_replace, Change, StackBuf};
+use crate::store::codec::{encode_packed, encode_write, Change, StackBuf};
 use crate::store::{log_warning, Key, Slot};
 
 /// The command handler Redis calls, made from `$body: fn(&Call) -> c_int` run inside [`guard`].
@@ -44,13 +44,14 @@ macro_rules! handler {
 pub(crate) use handler;
 
 /// Every command of the module, in registration order.
-pub(crate) const COMMANDS: [&registry::Command; 6] = [
+pub(crate) const COMMANDS: [&registry::Command; 7] = [
     &check::CHECK,
     &checkall::COMMAND,
     &check::PEEK,
     &reset::COMMAND,
     &info::COMMAND,
     &apply::COMMAND,
+    &apply::SHORT,
 ];
 
 /// A command's context and arguments, as Redis passed them. Made only by [`guard`], whose caller
@@ -344,7 +345,7 @@ pub(crate) fn evaluate(
             error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
         })?;
     let mut payload = StackBuf::default();
-    let replicated = match (&write, stored.as_deref()) {
+    let replicated = match (&write, &mut stored) {
         (Write::Nothing, _) => false,
         // A log replicates what it appended, not its whole state.
         _ if request.algorithm == Algorithm::SlidingLog => {
@@ -356,8 +357,16 @@ pub(crate) fn evaluate(
             .encode(&mut payload);
             true
         }
-        (Write::Created(limiter), _) | (Write::Updated, Some(limiter)) => {
-            encode_replace(limiter, &mut payload);
+        (Write::Created(limiter), _) => {
+            encode_write(limiter, &mut payload);
+            true
+        }
+        // An updated bucket or window: pack it once, to store and to replicate.
+        (Write::Updated, Some(handle)) => {
+            match handle.commit_packed() {
+                Some(words) => encode_packed(&words, &mut payload),
+                None => encode_write(handle, &mut payload),
+            }
             true
         }
         (Write::Updated, None) => false,
@@ -394,13 +403,13 @@ pub(crate) fn notify_rejected(call: &Call, key_name: *mut raw::RedisModuleString
     };
 }
 
-/// Replicates (and appends to the AOF) `ratelimit.apply key payload`.
+/// Replicates (and appends to the AOF) `rl.ap key payload` (`ratelimit.apply`'s short name).
 pub(crate) fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]) {
     // SAFETY: a registered command; "sb" = a key string and a buffer, both valid for the call.
     let status = unsafe {
         rm!(RedisModule_Replicate)(
             call.ctx,
-            c"ratelimit.apply".as_ptr(),
+            apply::SHORT_NAME.as_ptr(),
             c"sb".as_ptr(),
             key,
             payload.as_ptr().cast::<std::ffi::c_char>(),

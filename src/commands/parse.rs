@@ -24,6 +24,18 @@ pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
     if bytes.is_empty() {
         return None;
     }
+    // Up to 19 digits cannot overflow a u64: one multiply-add per digit (this runs on every call).
+    if bytes.len() <= 19 {
+        let mut value = 0u64;
+        for &byte in bytes {
+            let digit = byte.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            value = value * 10 + u64::from(digit);
+        }
+        return Some(value);
+    }
     bytes.iter().try_fold(0u64, |value, byte| {
         let digit = byte.checked_sub(b'0').filter(|digit| *digit < 10)?;
         value.checked_mul(10)?.checked_add(u64::from(digit))
@@ -32,22 +44,21 @@ pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
 
 /// A period: integer ms, or an integer with a unit `ms`, `s`, `m`, `h`, `d` (case-insensitive).
 pub fn parse_period(bytes: &[u8]) -> Option<u64> {
-    let digits = bytes
-        .iter()
-        .take_while(|byte| byte.is_ascii_digit())
-        .count();
-    let (number, unit) = bytes.split_at(digits);
-    let scale: u64 = match unit {
-        b"" => 1,
-        [unit] => match unit.to_ascii_lowercase() {
-            b's' => 1_000,
-            b'm' => 60_000,
-            b'h' => 3_600_000,
-            b'd' => 86_400_000,
-            _ => return None,
-        },
-        _ if unit.eq_ignore_ascii_case(b"ms") => 1,
-        _ => return None,
+    let (number, scale): (&[u8], u64) = match bytes {
+        [number @ .., m, s] if m.eq_ignore_ascii_case(&b'm') && s.eq_ignore_ascii_case(&b's') => {
+            (number, 1)
+        }
+        [number @ .., unit] if !unit.is_ascii_digit() => {
+            let scale = match unit.to_ascii_lowercase() {
+                b's' => 1_000,
+                b'm' => 60_000,
+                b'h' => 3_600_000,
+                b'd' => 86_400_000,
+                _ => return None,
+            };
+            (number, scale)
+        }
+        number => (number, 1),
     };
     parse_integer(number)?
         .checked_mul(scale)
@@ -382,6 +393,37 @@ mod tests {
             b"1.5s",
         ] {
             assert_eq!(parse_period(bad), None, "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The per-call parsers agree with the standard library's reading of the same text.
+        #[test]
+        fn integers_and_periods_read_as_std_reads_them(
+            digits in "[0-9]{0,25}",
+            unit in proptest::sample::select(vec!["", "ms", "MS", "mS", "s", "S", "m", "h", "d", "D", "x", "sm", "msx", " s", "0s"]),
+            noise in proptest::option::of("[-+ .a-z0-9]{1,3}"),
+        ) {
+            let text = format!("{digits}{}{unit}", noise.unwrap_or_default());
+            let expected_integer = if text.bytes().all(|b| b.is_ascii_digit()) {
+                text.parse::<u64>().ok()
+            } else {
+                None
+            };
+            proptest::prop_assert_eq!(parse_integer(text.as_bytes()), expected_integer);
+            let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+            let scale = match text[split..].to_ascii_lowercase().as_str() {
+                "" | "ms" => Some(1),
+                "s" => Some(1_000),
+                "m" => Some(60_000),
+                "h" => Some(3_600_000),
+                "d" => Some(86_400_000),
+                _ => None,
+            };
+            let expected_period = scale
+                .and_then(|scale| text[..split].parse::<u64>().ok()?.checked_mul(scale))
+                .filter(|ms| (1..=MAX_PERIOD_MS).contains(ms));
+            proptest::prop_assert_eq!(parse_period(text.as_bytes()), expected_period);
         }
     }
 

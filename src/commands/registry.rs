@@ -223,7 +223,12 @@ fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resul
         return Ok(());
     }
     let mut categories = command.acl.to_string();
-    if ACL_CATEGORY_ADDED.load(std::sync::atomic::Ordering::Relaxed) {
+    // `@ratelimit` is what applications are granted; RATELIMIT.APPLY's short name is only ever
+    // sent by a master or read from an AOF (neither is subject to ACL), so it stays out: an ACL
+    // written as `+@ratelimit -ratelimit.apply` keeps both names of APPLY away from its users.
+    if ACL_CATEGORY_ADDED.load(std::sync::atomic::Ordering::Relaxed)
+        && command.name != super::apply::SHORT_NAME
+    {
         categories.push(' ');
         categories.push_str(&ACL_CATEGORY.to_string_lossy());
     }

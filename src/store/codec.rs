@@ -11,8 +11,11 @@
 //! sliding-log:    u64 runs, then per run u64 timestamp_ms, u64 count (oldest first)
 //! ```
 //! A replicated or rewritten write is a [`Change`]: a kind byte, then either a whole limiter
-//! (`1`) or, for the sliding log whose whole state can be large, the entries one call appended
-//! (`2`: u64 limit, u64 period_ms, u64 t_ms, u64 cost).
+//! (`1`), or, for the sliding log whose whole state can be large, the entries one call appended
+//! (`2`: u64 limit, u64 period_ms, u64 t_ms, u64 cost), or a bucket or window in the 32 bytes
+//! (four little-endian u64) it takes in memory (`3`, see `value.rs`): 33 bytes in all, so Redis
+//! keeps the replicated argument in one allocation (it does up to 44 bytes). Commands replicate
+//! `3` where it fits and `1` otherwise; AOF rewrites write `1`.
 //!
 //! Decoding validates everything a command could never have stored (bounds, ordering, a state
 //! beyond its capacity), so a corrupt RDB payload, RESTORE or AOF line is refused, never trusted.
@@ -246,6 +249,38 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
     })
 }
 
+/// Writes `Change::Replace(limiter)` without owning the limiter, packed (kind `3`) when it can
+/// be: the form commands replicate.
+pub fn encode_write(limiter: &Limiter, out: &mut impl Sink) {
+    match super::value::packed(limiter) {
+        Some(words) => encode_packed(&words, out),
+        None => encode_replace(limiter, out),
+    }
+}
+
+/// Writes `Change::Replace` of the limiter packed in `words` (kind `3`).
+pub fn encode_packed(words: &[u64; 4], out: &mut impl Sink) {
+    let mut bytes = [0u8; 33];
+    bytes[0] = PACKED;
+    for (chunk, word) in bytes[1..].chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+    out.put(&bytes);
+}
+
+/// Decodes and validates a packed limiter: the bounds checked are [`decode`]'s.
+fn decode_packed(bytes: &[u8]) -> Result<Limiter, DecodeError> {
+    let mut reader = Reader { bytes };
+    let words = [reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?];
+    if !reader.bytes.is_empty() {
+        return Err(DecodeError::Length);
+    }
+    let limiter = super::value::unpacked(&words).ok_or(DecodeError::Params)?;
+    let mut full = StackBuf::default();
+    encode(&limiter, &mut full);
+    decode(full.as_slice().ok_or(DecodeError::Length)?)
+}
+
 /// Writes `Change::Replace(limiter)` without owning the limiter.
 pub fn encode_replace(limiter: &Limiter, out: &mut impl Sink) {
     out.put(&[REPLACE]);
@@ -267,6 +302,7 @@ pub enum Change {
 
 const REPLACE: u8 = 1;
 const LOG_APPEND: u8 = 2;
+const PACKED: u8 = 3;
 
 impl Change {
     /// Writes the change to `out`.
@@ -294,6 +330,7 @@ impl Change {
         let (kind, rest) = bytes.split_first().ok_or(DecodeError::Length)?;
         match *kind {
             REPLACE => decode(rest).map(Change::Replace),
+            PACKED => decode_packed(rest).map(Change::Replace),
             LOG_APPEND => {
                 let mut reader = Reader { bytes: rest };
                 let limit = reader.u64()?;
@@ -356,6 +393,76 @@ mod tests {
             cost: 5,
         };
         assert_eq!(Change::decode(&append.to_bytes()), Ok(append));
+    }
+
+    #[test]
+    fn commands_replicate_buckets_and_windows_in_33_bytes() {
+        for algorithm in Algorithm::ALL {
+            let burst = algorithm.is_bucket().then_some(7);
+            let limiter = built(algorithm, burst, &[(10, 1), (10, 2), (1500, 1)]);
+            let mut stack = StackBuf::default();
+            encode_write(&limiter, &mut stack);
+            let bytes = stack.as_slice().expect("fits");
+            if algorithm == Algorithm::SlidingLog {
+                assert_eq!(bytes, &Change::Replace(limiter).to_bytes()[..]);
+                continue;
+            }
+            assert_eq!(
+                (bytes.len(), bytes[0]),
+                (33, PACKED),
+                "{}",
+                algorithm.name()
+            );
+            assert_eq!(
+                Change::decode(bytes),
+                Ok(Change::Replace(limiter)),
+                "{}",
+                algorithm.name()
+            );
+            for len in 0..bytes.len() {
+                assert!(
+                    Change::decode(&bytes[..len]).is_err(),
+                    "prefix of {len} bytes"
+                );
+            }
+            let mut padded = bytes.to_vec();
+            padded.push(0);
+            assert_eq!(Change::decode(&padded), Err(DecodeError::Length));
+        }
+    }
+
+    #[test]
+    fn packed_payloads_are_validated_like_full_ones() {
+        let limiter = built(Algorithm::FixedWindow, None, &[(10, 1)]);
+        let mut stack = StackBuf::default();
+        encode_write(&limiter, &mut stack);
+        let good = stack.as_slice().unwrap().to_vec();
+        let with_word = |i: usize, f: &dyn Fn(u64) -> u64| {
+            let mut bytes = good.clone();
+            let at = 1 + 8 * i;
+            let word = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+            bytes[at..at + 8].copy_from_slice(&f(word).to_le_bytes());
+            Change::decode(&bytes)
+        };
+        // The sliding log's tag, and the boxed tag: never packed.
+        assert!(with_word(0, &|w| w & !7 | 4).is_err());
+        assert!(with_word(0, &|w| w | 7).is_err());
+        // A limit of 0 (bits 56..96) and a period of 0 (bits 96..135).
+        assert!(with_word(0, &|w| w & 0x00ff_ffff_ffff_ffff).is_err());
+        assert!(with_word(1, &|w| w & !(u64::MAX << 32)).is_err());
+        // A bit outside the fixed window's fields, and a count beyond the bounds.
+        assert!(with_word(3, &|w| w | 1 << 60).is_err());
+        assert!(with_word(2, &|w| w | 0xff_ffff_ffff << 7).is_err());
+        // A bucket beyond its capacity.
+        let bucket = built(Algorithm::TokenBucket, Some(3), &[(10, 1)]);
+        let mut words = crate::store::value::packed(&bucket).unwrap();
+        words[3] |= 1 << 61;
+        let mut bytes = vec![PACKED];
+        for word in words {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        assert_eq!(Change::decode(&bytes), Err(DecodeError::State));
+        assert_eq!(with_word(0, &|w| w), Ok(Change::Replace(limiter)));
     }
 
     #[test]

@@ -147,7 +147,7 @@ unsafe extern "C" fn aof_rewrite(
         unsafe {
             rm!(RedisModule_EmitAOF)(
                 aof,
-                c"ratelimit.apply".as_ptr(),
+                crate::commands::apply::LONG_NAME.as_ptr(),
                 c"sb".as_ptr(),
                 key,
                 bytes.as_ptr().cast::<c_char>(),

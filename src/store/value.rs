@@ -180,6 +180,34 @@ fn unpack(words: &[u64; 4]) -> Limiter {
     }
 }
 
+/// The 32-byte packed form of `limiter`, when it has one (every bucket and window within the
+/// bounds of docs/algorithms.md; never a sliding log). Replication sends it as is.
+pub fn packed(limiter: &Limiter) -> Option<[u64; 4]> {
+    pack(limiter)
+}
+
+/// The limiter `words` pack, if they are what [`packed`] makes: a packable algorithm, parameters
+/// within bounds, and no bit set outside the algorithm's fields. The state's own bounds (a
+/// bucket beyond its capacity) are the codec's to check.
+pub fn unpacked(words: &[u64; 4]) -> Option<Limiter> {
+    let bits = halves(words);
+    let field = |at, width| get(&bits, at, width) as u64;
+    let algorithm = Algorithm::from_index(field(ALGORITHM_AT, ALGORITHM_BITS) as u8)?;
+    if algorithm == Algorithm::SlidingLog {
+        return None;
+    }
+    let burst = algorithm.is_bucket().then(|| field(FIRST_AT, AMOUNT_BITS));
+    // Valid parameters first: unpacking divides by the period.
+    Params::new(
+        field(LIMIT_AT, AMOUNT_BITS),
+        field(PERIOD_AT, PERIOD_BITS),
+        burst,
+    )
+    .ok()?;
+    let limiter = unpack(words);
+    (pack(&limiter) == Some(*words)).then_some(limiter)
+}
+
 impl Value {
     /// Stores `limiter` packed when it fits, else boxed.
     pub fn new(limiter: Limiter) -> Value {
@@ -283,6 +311,26 @@ impl LimiterRef<'_> {
         if let LimiterRef::Packed { write_back, .. } = &mut self {
             *write_back = false;
         }
+    }
+}
+
+impl LimiterRef<'_> {
+    /// Stores a changed packed limiter now and returns the words stored, to replicate as they
+    /// are. `None` for a boxed limiter (changed in place already) or one that no longer packs
+    /// (never, for one the commands changed), which the drop stores as usual.
+    pub fn commit_packed(&mut self) -> Option<[u64; 4]> {
+        let LimiterRef::Packed {
+            words,
+            limiter,
+            write_back,
+        } = self
+        else {
+            return None;
+        };
+        let packed = pack(limiter)?;
+        **words = packed;
+        *write_back = false;
+        Some(packed)
     }
 }
 
