@@ -55,11 +55,11 @@ test-matrix: build ## The integration suites once per server found (Redis 7.0-8.
 	bash tests/matrix.sh
 
 bench: export RATELIMIT_MODULE := $(MODULE)
-bench: build ## Module vs Lua scripts, Functions library, SET PXAT, INCR, redis-cell (BENCH_QUICK=1: ~75 s); see target/bench/
+bench: build ## Module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a replica; RESP3 (~4 min; BENCH_QUICK=1: ~2); see target/bench/
 	cargo bench --bench compare
 
 profile: export RATELIMIT_MODULE := $(MODULE)
-profile: build ## Instructions per call under callgrind, against SET PXAT and INCR (~4 min); see target/bench/profile/
+profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3 (~6 min); see target/bench/profile/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash benches/profile.sh
 
