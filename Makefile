@@ -68,13 +68,17 @@ memcheck: build ## Every command under valgrind memcheck (~1 min); fails on memo
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash tests/memcheck.sh
 
-.PHONY: functions functions-bench
+.PHONY: functions functions-bench functions-instructions
 
 functions: ## Load the Redis Functions library (no module needed) into a running server (PORT=6379)
 	redis-cli -p $(PORT) -x FUNCTION LOAD REPLACE < lua-reference/functions/ratelimit.lua
 
 functions-bench: ## Functions library vs Lua scripts (and the module, if loaded) on a running server (PORT=6379)
 	bash lua-reference/functions/bench.sh $(PORT)
+
+functions-instructions: ## Instructions per call of the Functions library vs the Lua scripts, under callgrind (~3 min)
+	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
+	bash lua-reference/functions/instructions.sh
 
 lint: deps ## Check formatting, clippy and rustdoc, with warnings as errors
 	cargo fmt --check

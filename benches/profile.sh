@@ -11,7 +11,8 @@
 #
 # usage: benches/profile.sh            (make profile)
 # env:   RATELIMIT_MODULE (default target/release/libredis_ratelimit.so), PROFILE_CALLS (100000),
-#        PROFILE_KEYS (100000), PROFILE_OUT (target/bench/profile),
+#        PROFILE_KEYS (100000), PROFILE_OUT (target/bench/profile), RATELIMIT_SERVER
+#        (default redis-server: the server binary to measure, e.g. valkey-server),
 #        REDIS_CELL (default ../shared/peers/libredis_cell.so; measured when present)
 set -euo pipefail
 
@@ -22,7 +23,8 @@ keys=${PROFILE_KEYS:-100000}
 out=${PROFILE_OUT:-target/bench/profile}
 cell=${REDIS_CELL:-../shared/peers/libredis_cell.so}
 mkdir -p "$out"
-for tool in valgrind callgrind_control callgrind_annotate redis-server redis-benchmark redis-cli python3; do
+server=${RATELIMIT_SERVER:-redis-server}
+for tool in valgrind callgrind_control callgrind_annotate "$server" redis-benchmark redis-cli python3; do
     command -v "$tool" >/dev/null || { echo "profile: $tool is missing (apt-get install valgrind redis-tools python3)" >&2; exit 1; }
 done
 [ -f "$module" ] || { echo "profile: no module at $module (make build)" >&2; exit 1; }
@@ -73,7 +75,7 @@ start() {
     port=$(free_port)
     rm -f "$out/callgrind.session.$session"*
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out/callgrind.session.$session" \
-        redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        "$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
         --repl-diskless-sync-delay 0 --dir "$(realpath "$out")" --dbfilename "dump.$session.rdb" \
         --loadmodule "$lib" --logfile "$(realpath "$out")/redis.$session.log" \
         >"$out/valgrind.$session.log" 2>&1 &
@@ -141,7 +143,7 @@ attach_replica() {
     local lib=${1:-$module}
     local rport; rport=$(free_port)
     replica_dir=$(mktemp -d)
-    redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$replica_dir" \
+    "$server" --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$replica_dir" \
         --loadmodule "$lib" --logfile "$replica_dir/redis.log" >/dev/null 2>&1 &
     replica_pid=$!
     for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
@@ -252,11 +254,11 @@ set_ir=$(lookup set); incr_ir=$(lookup incr); hot_ir=$(lookup incr-hot)
 set_repl_ir=$(lookup set-replica); incr_repl_ir=$(lookup incr-replica)
 set_reply=$(inclusive set addReply); incr_reply=$(inclusive incr addReplyLongLong)
 hot_reply=$(inclusive incr-hot addReplyLongLong)
-server_version=$(redis-server --version | awk '{print $3}' | tr -d 'v=')
+server_version=$("$server" --version | awk '{print $3}' | tr -d 'v=')
 {
     echo "#### Instructions per call (callgrind, whole server, 50 clients, pipeline 16, $calls calls)"
     echo
-    echo "Module $(git describe --always --dirty 2>/dev/null || echo unknown), redis-server $server_version."
+    echo "Module $(git describe --always --dirty 2>/dev/null || echo unknown), $(basename "$server") $server_version."
     echo
     echo "The last column leaves out what the contract makes a CHECK pay and its floor does not: the"
     echo "replication of the new state by name (RM_Replicate) and the six-field reply, against the"
