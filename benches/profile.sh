@@ -234,10 +234,11 @@ if [ -n "$cell" ]; then
     stop
 fi
 
-# inclusive NAME FUNCTION: instructions per call spent in FUNCTION and what it calls.
+# inclusive NAME FUNCTION: instructions per call spent in FUNCTION and what it calls (an RM_
+# function is VM_ in Valkey).
 inclusive() {
     callgrind_annotate --inclusive=yes "$out/callgrind.$1" 2>/dev/null |
-        awk -v f="$2" -v n="$calls" '$0 ~ ":" f " \\[" {gsub(",", "", $1); s += $1} END {printf "%d", s / n}'
+        awk -v f="${2/#RM_/[RV]M_}" -v n="$calls" '$0 ~ ":" f " \\[" {gsub(",", "", $1); s += $1} END {printf "%d", s / n}'
 }
 # The six-field reply: the array (RESP2) or map (RESP3) header and its fields.
 reply() {
