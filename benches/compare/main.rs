@@ -8,7 +8,7 @@
 //! comparison round by round so that a machine whose load drifts skews every case alike:
 //! - throughput and latency with `redis-benchmark` (50 clients, pipeline 16 and 1): consuming
 //!   calls over a random keyspace, rejected calls on one exhausted hot key; each algorithm's
-//!   `RATELIMIT.CHECK` against `FCALL ratelimit_check` and its Lua script, `gcra` with the
+//!   `RATELIMIT.CHECK` against `FCALL ratelimit_check` and its Lua script, `gcra` also with the
 //!   module's `CL.THROTTLE` and redis-cell's, with `SET k v PXAT t`, `INCR` and `PING` as floors;
 //! - the in-server cost per call (`INFO commandstats`, usec_per_call) of every run;
 //! - memory per key (`used_memory` delta over many keys, and `MEMORY USAGE`): module, library,

@@ -88,9 +88,6 @@ impl Bench<'_> {
                 kind(&format!("{name}/native"), &format!("{name} native")),
                 native,
             )?);
-            if a >= SCRIPTED {
-                continue;
-            }
             let library = move |i: u64| {
                 vec![
                     "FCALL".to_string(),

@@ -3,20 +3,18 @@
 
 use crate::parse::Summary;
 
-/// `(name on the command line, Lua reference file stem, short key tag)`. The first [`SCRIPTED`]
-/// have a Lua reference script and a function in the Functions library; `gcra` is the module's
-/// alone (the algorithm behind `CL.THROTTLE`).
+/// `(name on the command line, Lua reference file stem, short key tag)`. Each has a Lua reference
+/// script (`lua-reference/<stem>.lua`) and a function in the Functions library; `gcra` is also the
+/// algorithm behind `CL.THROTTLE`.
 pub const ALGORITHMS: [(&str, &str, &str); 6] = [
     ("token-bucket", "token_bucket", "tb"),
     ("leaky-bucket", "leaky_bucket", "lb"),
     ("fixed-window", "fixed_window", "fw"),
     ("sliding-window", "sliding_window", "sw"),
     ("sliding-log", "sliding_log", "sl"),
-    ("gcra", "", "gc"),
+    ("gcra", "gcra", "gc"),
 ];
 
-/// The algorithms with a Lua reference script and a library function: `ALGORITHMS[..SCRIPTED]`.
-pub const SCRIPTED: usize = 5;
 /// Index of the sliding log (measured with 100 entries per key in the memory phase).
 pub const SLIDING_LOG: usize = 4;
 /// Index of `gcra` in [`ALGORITHMS`].
@@ -152,15 +150,15 @@ impl Subject {
     }
 }
 
-/// The rate limiters of the throughput phase, in table order: per scripted algorithm the module,
-/// the library and the Lua script; then `gcra`, our `CL.THROTTLE` and redis-cell's (when its
+/// The rate limiters of the throughput phase, in table order: per algorithm the module, the
+/// library and the Lua script (`gcra` last); then our `CL.THROTTLE` and redis-cell's (when its
 /// server runs).
 pub fn limiter_subjects(with_cell: bool) -> Vec<Subject> {
     let mut subjects = Vec::new();
-    for a in 0..SCRIPTED {
+    for a in 0..ALGORITHMS.len() {
         subjects.extend([Subject::Native(a), Subject::Library(a), Subject::Lua(a)]);
     }
-    subjects.extend([Subject::Native(GCRA), Subject::Throttle]);
+    subjects.push(Subject::Throttle);
     if with_cell {
         subjects.push(Subject::Cell);
     }

@@ -108,7 +108,7 @@ pub fn ratios(results: &Results) -> Vec<Ratio> {
         (HOT16, "rejected calls on a hot key, pipeline 16"),
     ] {
         let g = group.id();
-        for (a, &(name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+        for (a, &(name, _, _)) in ALGORITHMS.iter().enumerate() {
             let (native, library, lua) = (Subject::Native(a), Subject::Library(a), Subject::Lua(a));
             push(
                 format!("{name}/module-over-library/{g}"),
@@ -219,7 +219,7 @@ pub fn ratios(results: &Results) -> Vec<Ratio> {
         "bytes per CL.THROTTLE key, ours / redis-cell's".into(),
         memory_ratio("cl-throttle/ours", "cl-throttle/redis-cell"),
     );
-    for (a, &(name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+    for (a, &(name, _, _)) in ALGORITHMS.iter().enumerate() {
         let (native, library) = if a == SLIDING_LOG {
             (
                 "sliding-log/native-100".to_string(),
@@ -384,7 +384,7 @@ pub fn markdown(results: &Results) -> String {
         };
         let vs = |other: Subject| x(ratio(case.rps(), rps(results, P16, other)));
         let vs_lua = match subject {
-            Subject::Native(a) | Subject::Library(a) if a < SCRIPTED => vs(Subject::Lua(a)),
+            Subject::Native(a) | Subject::Library(a) => vs(Subject::Lua(a)),
             _ => String::new(),
         };
         let (vs_incr, vs_set, vs_set_usec) = match subject {
@@ -428,7 +428,7 @@ pub fn markdown(results: &Results) -> String {
         };
         let vs = |other: Subject| x(ratio(case.rps(), rps(results, HOT16, other)));
         let vs_lua = match subject {
-            Subject::Native(a) | Subject::Library(a) if a < SCRIPTED => vs(Subject::Lua(a)),
+            Subject::Native(a) | Subject::Library(a) => vs(Subject::Lua(a)),
             _ => String::new(),
         };
         let vs_incr = if subject.is_limiter() {
@@ -588,7 +588,7 @@ fn comparisons_markdown(md: &mut String, results: &Results) {
          module / library | library / Lua | usec/call: module / library / Lua |\n",
     );
     md.push_str("|---|---|---|---|---|---|---|---|\n");
-    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate() {
         let (native, library, lua) = (Subject::Native(a), Subject::Library(a), Subject::Lua(a));
         for (group, calls) in [(P16, "consuming"), (HOT16, "rejected")] {
             let k = |subject| median(rps(results, group, subject).map(thousands), 1);
@@ -625,7 +625,7 @@ fn comparisons_markdown(md: &mut String, results: &Results) {
         "\nMemory per added key (see the memory table below):\n\n\
          | key | module | library | Lua script | module / library |\n|---|---|---|---|---|\n",
     );
-    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate().take(SCRIPTED) {
+    for (a, (name, _, _)) in ALGORITHMS.iter().enumerate() {
         md.push_str(&if a == SLIDING_LOG {
             memory_row(
                 "sliding-log, 100 entries",
@@ -813,8 +813,8 @@ fn thousands(s: Summary) -> Summary {
     }
 }
 
-/// Rows in table order: the limiters (each scripted algorithm's module, library and Lua script,
-/// then `gcra` and the two `CL.THROTTLE`s), then the floors.
+/// Rows in table order: the limiters (each algorithm's module, library and Lua script, then the
+/// two `CL.THROTTLE`s), then the floors.
 fn table_subjects(random: bool) -> Vec<Subject> {
     let mut subjects = limiter_subjects(true);
     if random {
@@ -1109,7 +1109,6 @@ pub fn svg(results: &Results) -> String {
         let mut groups: Vec<BarGroup> = ALGORITHMS
             .iter()
             .enumerate()
-            .take(SCRIPTED)
             .map(|(a, (name, _, _))| {
                 (
                     name.to_string(),
@@ -1121,14 +1120,13 @@ pub fn svg(results: &Results) -> String {
                 )
             })
             .collect();
-        let mut gcra = vec![
-            (NATIVE_COLOR, rps(results, group, Subject::Native(GCRA))),
-            (THROTTLE_COLOR, rps(results, group, Subject::Throttle)),
-        ];
-        if results.case(group, Subject::Cell).is_some() {
-            gcra.push((CELL_COLOR, rps(results, group, Subject::Cell)));
+        // gcra's group also holds the two CL.THROTTLEs, which compute it.
+        if let Some((_, gcra)) = groups.get_mut(GCRA) {
+            gcra.push((THROTTLE_COLOR, rps(results, group, Subject::Throttle)));
+            if results.case(group, Subject::Cell).is_some() {
+                gcra.push((CELL_COLOR, rps(results, group, Subject::Cell)));
+            }
         }
-        groups.push(("gcra".to_string(), gcra));
         for &floor in floors {
             let label = match floor {
                 Subject::SetPxat => "SET PXAT".to_string(),

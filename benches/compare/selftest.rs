@@ -100,6 +100,14 @@ pub fn run() {
         "| CL.THROTTLE (ours) | 180.0 [170.0..190.0] | 1.50x |",
         "| CL.THROTTLE (redis-cell) | 120.0 [110.0..130.0] |",
         "| token-bucket | 120 B | 150 B | 200 B | 0.80x |",
+        // gcra beside its library function and its Lua script, like the other algorithms.
+        "| gcra | consuming | 170.0 | 60.0 | 30.0 | 2.83x | 2.00x | 3.5 / 10.0 / 25.0 |",
+        "| gcra | rejected | 170.0 | 60.0 | 30.0 | 2.83x | 2.00x | 3.5 / 10.0 / 25.0 |",
+        "| gcra | 96 B | 128 B | 192 B | 0.75x |",
+        "| gcra native | 170.0 [160.0..180.0] | 5.67x |",
+        "| gcra library | 60.0 [50.0..70.0] | 2.00x |",
+        "| gcra Lua | 30.0 [20.0..40.0] |  |",
+        "| RATELIMIT.CHECK ... gcra | 170.0 [160.0..180.0] | 1.42x |",
         "| SET k v PXAT t |",
         "the module's 900 B (0.45x the seed ZSET script's)",
         "| 100k / 10 | 1.33x |",
@@ -144,6 +152,11 @@ pub fn run() {
         Some(json!(0.8))
     );
     assert_eq!(
+        ratio("gcra/library-over-lua/hot-rejected-p16"),
+        Some(json!(2.0))
+    );
+    assert_eq!(ratio("memory/gcra/module-over-library"), Some(json!(0.75)));
+    assert_eq!(
         ratio("token-bucket/native/usec-over-set-pxat/random-p16-replica"),
         Some(json!(1.0))
     );
@@ -168,6 +181,14 @@ pub fn run() {
     );
     assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
     assert!(svg.contains(CELL_BAR), "no redis-cell bar:\n{svg}");
+    // One Lua script bar and one library bar per algorithm and panel, gcra's included.
+    for bar in [LUA_BAR, LIBRARY_BAR] {
+        assert_eq!(
+            svg.matches(bar).count(),
+            2 * ALGORITHMS.len(),
+            "{bar}:\n{svg}"
+        );
+    }
     assert!(svg.contains("with a replica attached") && svg.contains(REPLICA_BAR));
     // Without redis-cell (no ../shared/peers/): its rows and bars are left out, the rest stays.
     let mut alone = synthetic();
@@ -200,6 +221,9 @@ pub fn run() {
 
 /// The color of redis-cell's bars in the chart.
 const CELL_BAR: &str = "fill=\"#805ad5\"/>\n";
+/// The colors of the Lua scripts' and the library's bars.
+const LUA_BAR: &str = "fill=\"#dd6b20\"/>\n";
+const LIBRARY_BAR: &str = "fill=\"#38a169\"/>\n";
 /// The color of the bars with a replica attached.
 const REPLICA_BAR: &str = "fill=\"#d53f8c\"/>\n";
 
@@ -293,7 +317,8 @@ fn sample(rps: f64, usec: f64) -> Sample {
     }
 }
 
-/// Results with round numbers: natives at 150k, Lua at 30k, floors 120k-200k.
+/// Results with round numbers: natives at 150k (gcra's at 170k), the library at 60k, Lua at 30k,
+/// floors 120k-200k.
 fn synthetic() -> Results {
     let mut cases = Vec::new();
     let groups = [
@@ -304,12 +329,16 @@ fn synthetic() -> Results {
     ];
     for group in groups {
         let mut subjects = Vec::new();
-        for a in 0..SCRIPTED {
-            subjects.push((Subject::Native(a), 150e3, 4.0));
+        for a in 0..ALGORITHMS.len() {
+            let native = if a == GCRA {
+                (170e3, 3.5)
+            } else {
+                (150e3, 4.0)
+            };
+            subjects.push((Subject::Native(a), native.0, native.1));
             subjects.push((Subject::Library(a), 60e3, 10.0));
             subjects.push((Subject::Lua(a), 30e3, 25.0));
         }
-        subjects.push((Subject::Native(GCRA), 170e3, 3.5));
         subjects.push((Subject::Throttle, 180e3, 3.0));
         subjects.push((Subject::Cell, 120e3, 5.0));
         subjects.push((Subject::SetPxat, 140e3, 3.5));
@@ -407,6 +436,8 @@ fn synthetic() -> Results {
             memory("token-bucket/lua", 200.0),
             memory("leaky-bucket/native", 140.0),
             memory("gcra/native", 96.0),
+            memory("gcra/library", 128.0),
+            memory("gcra/lua", 192.0),
             memory("cl-throttle/ours", 96.0),
             memory("cl-throttle/redis-cell", 120.0),
             memory("sliding-log/native-100", 900.0),

@@ -22,7 +22,7 @@ impl<'a> Bench<'a> {
         let mut con = server.client();
         let mut shas = HashMap::new();
         let dir = lua_dir();
-        let mut stems: Vec<&str> = ALGORITHMS[..SCRIPTED].iter().map(|a| a.1).collect();
+        let mut stems: Vec<&str> = ALGORITHMS.iter().map(|a| a.1).collect();
         stems.push("seed_sliding_log");
         for stem in stems {
             let path = dir.join(format!("{stem}.lua"));
