@@ -5,7 +5,7 @@
 //!
 //! Beyond "never panics" (built with overflow checks), it checks:
 //! - round trip: a payload that decodes re-encodes to bytes that decode to the same value, and that
-//!   encoding is a fixpoint;
+//!   encoding is a fixpoint; the packed form commands replicate (`encode_write`) decodes the same;
 //! - whatever decodes is safe to use: the cores run on it (with its own and with changed
 //!   parameters, at its own time and later) without a panic, and every state they then store encodes
 //!   and decodes again, so a key that a crafted payload installed cannot later make RDB or a
@@ -41,7 +41,16 @@ fuzz_target!(|data: &[u8]| {
         let bytes = change.to_bytes();
         assert_eq!(Change::decode(&bytes).as_ref(), Ok(&change));
         match change {
-            Change::Replace(limiter) => exercise(limiter),
+            Change::Replace(limiter) => {
+                // The form commands replicate (packed for buckets and windows) decodes the same.
+                let mut replicated = Vec::new();
+                codec::encode_write(&limiter, &mut replicated);
+                assert_eq!(
+                    Change::decode(&replicated),
+                    Ok(Change::Replace(limiter.clone()))
+                );
+                exercise(limiter)
+            }
             Change::LogAppend { params, t_ms, cost } => {
                 // RATELIMIT.APPLY refuses what no admitted call could have written: a log above
                 // `ratelimit.max-log-limit` or an append beyond the log's limit.

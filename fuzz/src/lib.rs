@@ -23,10 +23,15 @@ pub mod parse;
 #[doc(hidden)]
 pub mod codec;
 
+#[path = "../../src/store/value.rs"]
+#[doc(hidden)]
+pub mod value;
+
 pub mod commands {
     pub use super::parse;
 }
 
 pub mod store {
     pub use super::codec;
+    pub use super::value;
 }

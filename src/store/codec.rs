@@ -252,7 +252,7 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
 /// Writes `Change::Replace(limiter)` without owning the limiter, packed (kind `3`) when it can
 /// be: the form commands replicate.
 pub fn encode_write(limiter: &Limiter, out: &mut impl Sink) {
-    match super::value::packed(limiter) {
+    match crate::store::value::packed(limiter) {
         Some(words) => encode_packed(&words, out),
         None => encode_replace(limiter, out),
     }
@@ -275,7 +275,7 @@ fn decode_packed(bytes: &[u8]) -> Result<Limiter, DecodeError> {
     if !reader.bytes.is_empty() {
         return Err(DecodeError::Length);
     }
-    let limiter = super::value::unpacked(&words).ok_or(DecodeError::Params)?;
+    let limiter = crate::store::value::unpacked(&words).ok_or(DecodeError::Params)?;
     let mut full = StackBuf::default();
     encode(&limiter, &mut full);
     decode(full.as_slice().ok_or(DecodeError::Length)?)
