@@ -2,7 +2,7 @@
 --
 -- ratelimit: the redis-ratelimit module's commands as a Redis Functions library, for servers
 -- that cannot load modules (managed Redis and Valkey). Same arguments, same replies, same
--- exact integer arithmetic (see ../../../shared/SPEC.md and docs/functions.md).
+-- exact integer arithmetic (see docs/algorithms.md and docs/functions.md).
 --
 --   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [COST n] [AT ms]
 --   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [COST n] [AT ms]
