@@ -333,6 +333,16 @@ struct Case {
 }
 
 impl Case {
+    /// This case's result in `group`, from its measured samples.
+    fn result(&self, group: Group, samples: Vec<Sample>) -> CaseResult {
+        CaseResult {
+            group,
+            subject: self.subject,
+            command: self.command.clone(),
+            samples,
+        }
+    }
+
     /// The same command, sent by the bench's own clients in RESP `protocol`.
     fn over_resp(mut self, protocol: u8) -> Case {
         self.resp = Some(protocol);

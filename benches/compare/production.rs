@@ -37,7 +37,9 @@ impl Bench<'_> {
         let mut results = Vec::new();
         let group = Group::Replica { attached: false };
         let samples = self.measure_round_robin(&group.id(), &cases, 16, Some(keys), true)?;
-        results.extend(case_results(group, &cases, samples));
+        for (case, samples) in cases.iter().zip(samples) {
+            results.push(case.result(group, samples));
+        }
 
         let replica = Server::start();
         if self.config.pin {
@@ -55,7 +57,9 @@ impl Bench<'_> {
         );
         let group = Group::Replica { attached: true };
         let samples = self.measure_round_robin(&group.id(), &cases, 16, Some(keys), true)?;
-        results.extend(case_results(group, &cases, samples));
+        for (case, samples) in cases.iter().zip(samples) {
+            results.push(case.result(group, samples));
+        }
         // The replica kept up: still linked, and it reaches the master's offset.
         self.wait_replica(&replica)?;
         drop(replica);
@@ -144,27 +148,9 @@ impl Bench<'_> {
                     protocol: case.resp.unwrap_or(2),
                     hot,
                 };
-                results.push(CaseResult {
-                    group,
-                    subject: case.subject,
-                    command: case.command.clone(),
-                    samples,
-                });
+                results.push(case.result(group, samples));
             }
         }
         Ok(results)
     }
-}
-
-fn case_results(group: Group, cases: &[Case], samples: Vec<Vec<Sample>>) -> Vec<CaseResult> {
-    cases
-        .iter()
-        .zip(samples)
-        .map(|(case, samples)| CaseResult {
-            group,
-            subject: case.subject,
-            command: case.command.clone(),
-            samples,
-        })
-        .collect()
 }

@@ -274,12 +274,7 @@ impl Bench<'_> {
                 group.is_random(),
             )?;
             for (case, samples) in cases.iter().zip(samples) {
-                results.push(CaseResult {
-                    group,
-                    subject: case.subject,
-                    command: case.command.clone(),
-                    samples,
-                });
+                results.push(case.result(group, samples));
             }
         }
         Ok(results)
