@@ -131,25 +131,13 @@ impl Bench<'_> {
             command.extend(THROTTLE_ARGS.iter().map(|a| a.to_string()));
             command
         };
-        results.push(self.memory_of(
-            Kind::keys(
-                &Subject::Throttle.id(),
-                &Subject::Throttle.label(),
-                Side::Ours,
-                &config,
-                0,
-            ),
-            throttle,
-        )?);
+        let mut throttles = vec![(Subject::Throttle, Side::Ours)];
         if self.has_cell() {
+            throttles.push((Subject::Cell, Side::Cell));
+        }
+        for (subject, side) in throttles {
             results.push(self.memory_of(
-                Kind::keys(
-                    &Subject::Cell.id(),
-                    &Subject::Cell.label(),
-                    Side::Cell,
-                    &config,
-                    0,
-                ),
+                Kind::keys(&subject.id(), &subject.label(), side, &config, 0),
                 throttle,
             )?);
         }
