@@ -7,13 +7,10 @@ use redis_module::raw;
 
 use super::parse::{parse_check, CheckArgs};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT_SPEC};
-use super::{evaluate, handler, notify_rejected, now_ms, replicate_apply, Call};
+use super::{decide, handler, now_ms, Call};
 use crate::algorithms::Request;
 use crate::config::max_log_limit;
 use crate::error::ArgError;
-use crate::stats;
-use crate::store::codec::StackBuf;
-use crate::store::Key;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
 const MAX_ARGS: usize = 11;
@@ -92,24 +89,10 @@ fn run(call: &Call, commit: bool) -> c_int {
         cost: args.cost,
         now_ms: args.at_ms.unwrap_or_else(now_ms),
     };
-    let key_name = call.raw_arg(1);
-    let key = Key::open(call.ctx, key_name, commit);
-    let (outcome, written) = match evaluate(&key, &request, commit) {
-        Ok(evaluated) => evaluated,
+    let decision = match decide(call, &request, commit) {
+        Ok(decision) => decision,
         Err(message) => return call.error(&message),
     };
-    if let Some(payload) = written.as_ref().and_then(StackBuf::as_slice) {
-        replicate_apply(call, key_name, payload);
-    }
-    // Closed before the event: a subscriber to keyspace events may touch the key.
-    drop(key);
-    if commit {
-        let allowed = outcome.decision.allowed;
-        stats::count_decision(request.algorithm, allowed);
-        if !allowed {
-            notify_rejected(call, key_name);
-        }
-    }
-    call.reply_decision(&outcome.decision, call.resp3(), 0);
+    call.reply_decision(&decision, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }

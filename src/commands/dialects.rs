@@ -20,11 +20,8 @@ use redis_module::raw;
 
 use super::parse::parse_integer;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
-use super::{evaluate, handler, notify_rejected, now_ms, replicate_apply, Call};
+use super::{decide, handler, now_ms, Call};
 use crate::algorithms::{Algorithm, Decision, Params, Request, MAX_AMOUNT, MAX_PERIOD_MS};
-use crate::stats;
-use crate::store::codec::StackBuf;
-use crate::store::Key;
 
 /// A dialect call, parsed: the limit and the cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,21 +224,11 @@ fn run(call: &Call, parse: fn(&[&[u8]]) -> Result<DialectCall, String>) -> c_int
         cost: parsed.cost,
         now_ms: now_ms(),
     };
-    let key_name = call.raw_arg(1);
-    let key = Key::open(call.ctx, key_name, true);
-    let (outcome, written) = match evaluate(&key, &request, true) {
-        Ok(evaluated) => evaluated,
+    let decision = match decide(call, &request, true) {
+        Ok(decision) => decision,
         Err(message) => return call.error(&message),
     };
-    if let Some(payload) = written.as_ref().and_then(StackBuf::as_slice) {
-        replicate_apply(call, key_name, payload);
-    }
-    drop(key);
-    stats::count_decision(request.algorithm, outcome.decision.allowed);
-    if !outcome.decision.allowed {
-        notify_rejected(call, key_name);
-    }
-    let reply = dialect_reply(&outcome.decision);
+    let reply = dialect_reply(&decision);
     call.reply_array(reply.len());
     for value in reply {
         call.reply_integer(value);
