@@ -38,7 +38,7 @@ pub(crate) const COMMAND: Command = Command {
     summary: c"Replays a limiter write (replication and AOF); not for applications",
     complexity: c"O(1); sliding-log: O(appended entries)",
     args: &ARGS,
-    acl: "write slow dangerous",
+    acl: "write slow dangerous ratelimit",
     handler: handler!(run),
 };
 
@@ -48,9 +48,12 @@ pub(crate) const LONG_NAME: &std::ffi::CStr = c"ratelimit.apply";
 pub(crate) const SHORT_NAME: &std::ffi::CStr = c"rla";
 
 /// `RATELIMIT.APPLY` under its short name: the same arguments, flags, keys and ACL categories.
+/// Not in `@ratelimit`, the category applications are granted: only a master and AOF loading send
+/// it, and neither goes through ACL, so `+@ratelimit -ratelimit.apply` keeps both names away.
 pub(crate) const SHORT: Command = Command {
     name: SHORT_NAME,
     summary: c"RATELIMIT.APPLY's short name, used in the replication stream and the AOF",
+    acl: "write slow dangerous",
     ..COMMAND
 };
 

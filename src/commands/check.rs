@@ -37,7 +37,7 @@ pub(crate) const CHECK: Command = Command {
     summary: c"Checks a request against a limit and consumes its cost if admitted",
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
-    acl: "write fast",
+    acl: "write fast ratelimit",
     handler: handler!(|call| run(call, true)),
 };
 
@@ -52,7 +52,7 @@ pub(crate) const PEEK: Command = Command {
     summary: c"Answers what RATELIMIT.CHECK would, without changing anything",
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
-    acl: "read fast",
+    acl: "read fast ratelimit",
     handler: handler!(|call| run(call, false)),
 };
 

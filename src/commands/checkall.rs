@@ -57,7 +57,7 @@ pub(crate) const COMMAND: Command = Command {
                admits it, then consumed from all of them",
     complexity: c"O(N) for N keys (sliding-log keys: O(log size) each)",
     args: &ARGS,
-    acl: "write slow",
+    acl: "write slow ratelimit",
     handler: handler!(run),
 };
 

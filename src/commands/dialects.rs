@@ -169,7 +169,7 @@ pub(crate) const THROTTLE: Command = Command {
     summary: c"redis-cell's rate limiter (GCRA): admits a request and says what is left",
     complexity: c"O(1)",
     args: &THROTTLE_ARGS,
-    acl: "write fast",
+    acl: "write fast ratelimit",
     handler: handler!(|call| run(call, parse_throttle)),
 };
 
@@ -192,7 +192,7 @@ pub(crate) const GCRA: Command = Command {
     summary: c"Rate limiting with GCRA: admits a request and says what is left",
     complexity: c"O(1)",
     args: &GCRA_ARGS,
-    acl: "write fast",
+    acl: "write fast ratelimit",
     handler: handler!(|call| run(call, parse_gcra)),
 };
 

@@ -28,7 +28,7 @@ pub(crate) const COMMAND: Command = Command {
     summary: c"Describes a limiter key: its parameters, its state and what it has left",
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
-    acl: "read fast",
+    acl: "read fast ratelimit",
     handler: handler!(run),
 };
 

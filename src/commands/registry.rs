@@ -160,13 +160,14 @@ pub(crate) struct Command {
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     pub args: &'static [Arg],
-    /// Built-in ACL categories (`write fast`, ...), set where the server lets modules set them
-    /// (7.2+, Valkey); every command is in `@ratelimit` too where modules may add categories.
+    /// ACL categories (`write fast ratelimit`, ...), set where the server lets modules set them
+    /// (7.2+, Valkey); `ratelimit`, the module's own category, only where modules may add one
+    /// (7.4+, Valkey 8), and left out on servers that cannot.
     pub acl: &'static str,
     pub handler: Handler,
 }
 
-/// The module's own ACL category, holding every command of the module.
+/// The module's own ACL category, holding every command applications call.
 pub(crate) const ACL_CATEGORY: &CStr = c"ratelimit";
 
 static ACL_CATEGORY_ADDED: std::sync::atomic::AtomicBool =
@@ -222,16 +223,14 @@ fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resul
     if !(has!(RedisModule_GetCommand) && has!(RedisModule_SetCommandACLCategories)) {
         return Ok(());
     }
-    let mut categories = command.acl.to_string();
-    // `@ratelimit` is what applications are granted; RATELIMIT.APPLY's short name is only ever
-    // sent by a master or read from an AOF (neither is subject to ACL), so it stays out: an ACL
-    // written as `+@ratelimit -ratelimit.apply` keeps both names of APPLY away from its users.
-    if ACL_CATEGORY_ADDED.load(std::sync::atomic::Ordering::Relaxed)
-        && command.name != super::apply::SHORT_NAME
-    {
-        categories.push(' ');
-        categories.push_str(&ACL_CATEGORY.to_string_lossy());
-    }
+    let own = ACL_CATEGORY.to_string_lossy();
+    let added = ACL_CATEGORY_ADDED.load(std::sync::atomic::Ordering::Relaxed);
+    let categories = command
+        .acl
+        .split(' ')
+        .filter(|category| added || *category != own)
+        .collect::<Vec<_>>()
+        .join(" ");
     let categories = std::ffi::CString::new(categories).map_err(|e| e.to_string())?;
     // SAFETY: the OnLoad context and a command just created under this static name.
     let handle = unsafe { rm!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };

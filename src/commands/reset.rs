@@ -22,7 +22,7 @@ pub(crate) const COMMAND: Command = Command {
     summary: c"Removes limiter keys; answers how many were removed",
     complexity: c"O(N) for N keys",
     args: &ARGS,
-    acl: "keyspace write slow",
+    acl: "keyspace write slow ratelimit",
     handler: handler!(run),
 };
 
