@@ -252,7 +252,7 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
 /// Writes `Change::Replace(limiter)` without owning the limiter, packed (kind `3`) when it can
 /// be: the form commands replicate.
 pub fn encode_write(limiter: &Limiter, out: &mut impl Sink) {
-    match crate::store::value::packed(limiter) {
+    match crate::store::value::pack(limiter) {
         Some(words) => encode_packed(&words, out),
         None => encode_replace(limiter, out),
     }
@@ -455,7 +455,7 @@ mod tests {
         assert!(with_word(2, &|w| w | 0xff_ffff_ffff << 7).is_err());
         // A bucket beyond its capacity.
         let bucket = built(Algorithm::TokenBucket, Some(3), &[(10, 1)]);
-        let mut words = crate::store::value::packed(&bucket).unwrap();
+        let mut words = crate::store::value::pack(&bucket).unwrap();
         words[3] |= 1 << 61;
         let mut bytes = vec![PACKED];
         for word in words {

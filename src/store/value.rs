@@ -87,7 +87,9 @@ fn put(bits: &mut [u128; 2], at: u32, width: u32, value: u128) -> bool {
     true
 }
 
-fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
+/// The 32-byte packed form of `limiter`, when it has one (every bucket and window within the
+/// bounds of docs/algorithms.md; never a sliding log). Replication sends it as is.
+pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
     let mut bits = [0u128; 2];
     let params = &limiter.params;
     let window_start = params.window_start(limiter.last_ms);
@@ -180,13 +182,7 @@ fn unpack(words: &[u64; 4]) -> Limiter {
     }
 }
 
-/// The 32-byte packed form of `limiter`, when it has one (every bucket and window within the
-/// bounds of docs/algorithms.md; never a sliding log). Replication sends it as is.
-pub fn packed(limiter: &Limiter) -> Option<[u64; 4]> {
-    pack(limiter)
-}
-
-/// The limiter `words` pack, if they are what [`packed`] makes: a packable algorithm, parameters
+/// The limiter `words` pack, if they are what [`pack`] makes: a packable algorithm, parameters
 /// within bounds, and no bit set outside the algorithm's fields. The state's own bounds (a
 /// bucket beyond its capacity) are the codec's to check.
 pub fn unpacked(words: &[u64; 4]) -> Option<Limiter> {
