@@ -51,6 +51,7 @@ pub fn missing_required() -> Option<&'static str> {
         RedisModule_ModuleTypeGetType,
         RedisModule_ModuleTypeGetValue,
         RedisModule_ModuleTypeSetValue,
+        RedisModule_ModuleTypeReplaceValue,
         RedisModule_SetAbsExpire,
         RedisModule_StringPtrLen,
         RedisModule_ReplyWithArray,

@@ -9,7 +9,9 @@
 //! - whatever decodes is safe to use: the cores run on it (with its own and with changed
 //!   parameters, at its own time and later) without a panic, and every state they then store encodes
 //!   and decodes again, so a key that a crafted payload installed cannot later make RDB or a
-//!   replica refuse the keys derived from it.
+//!   replica refuse the keys derived from it;
+//! - what `rdb_load` stores: a limiter that fits a compact word (`store/compact.rs`) comes back
+//!   from it whole.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -17,6 +19,7 @@ use redis_ratelimit::algorithms::{
     self, sliding_log, Limiter, Params, Request, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 use redis_ratelimit::store::codec::{self, Change};
+use redis_ratelimit::store::compact;
 
 /// `ratelimit.max-log-limit`'s default: the largest sliding log a CHECK creates.
 const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
@@ -35,6 +38,10 @@ fuzz_target!(|data: &[u8]| {
         let change = Change::Replace(limiter.clone());
         assert_eq!(Change::decode(&change.to_bytes()), Ok(change));
         let _ = limiter.expires_at_ms();
+        if let Some(word) = compact::compact(&limiter) {
+            assert_eq!(compact::expand(word), limiter, "the compact word");
+            compact::release(word);
+        }
         exercise(limiter);
     }
     if let Ok(change) = Change::decode(data) {

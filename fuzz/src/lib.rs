@@ -27,11 +27,16 @@ pub mod codec;
 #[doc(hidden)]
 pub mod value;
 
+#[path = "../../src/store/compact.rs"]
+#[doc(hidden)]
+pub mod compact;
+
 pub mod commands {
     pub use super::parse;
 }
 
 pub mod store {
     pub use super::codec;
+    pub use super::compact;
     pub use super::value;
 }

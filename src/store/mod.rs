@@ -1,7 +1,9 @@
-//! The module data type `ratelimit`: a boxed [`Limiter`] per key, with its RDB, AOF, digest,
-//! memory and copy callbacks, and the key access used by the commands.
+//! The module data type `ratelimit`: a limiter per key, in one of two forms (a compact word,
+//! `compact.rs`, or a 32-byte value, `value.rs`), with its RDB, AOF, digest, memory and copy
+//! callbacks, and the key access used by the commands.
 
 pub mod codec;
+pub mod compact;
 pub mod value;
 
 use std::cell::Cell;
@@ -13,10 +15,10 @@ use std::ptr;
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::algorithms::Limiter;
+use crate::algorithms::{Algorithm, Limiter};
 use crate::api::rm;
 use crate::stats;
-use value::{LimiterRef, Value};
+use value::{LimiterRef, Spill, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
 pub const ENCODING_VERSION: c_int = 1;
@@ -78,10 +80,29 @@ fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     })
 }
 
-/// Hands a new limiter to Redis as a module value pointer.
+/// Hands a new limiter to Redis as a module value pointer: to a compact word when it fits one,
+/// else to a 32-byte [`Value`].
 pub(crate) fn into_value(limiter: Limiter) -> *mut c_void {
     stats::key_created(limiter.algorithm());
-    Box::into_raw(Box::new(Value::new(limiter))).cast()
+    match compact::compact(&limiter) {
+        Some(word) => Box::into_raw(Box::new(word)).cast(),
+        None => Box::into_raw(Box::new(Value::new(limiter))).cast(),
+    }
+}
+
+/// A module value pointer's target, read-only.
+enum Stored<'a> {
+    Compact(u64),
+    Full(&'a Value),
+}
+
+impl Stored<'_> {
+    fn read(&self) -> std::borrow::Cow<'_, Limiter> {
+        match self {
+            Stored::Compact(word) => std::borrow::Cow::Owned(compact::expand(*word)),
+            Stored::Full(value) => value.read(),
+        }
+    }
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
@@ -120,9 +141,39 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 ///
 /// # Safety
 /// `value` must be a pointer made by [`into_value`] and still owned by Redis.
-unsafe fn stored<'a>(value: *const c_void) -> &'a Value {
+unsafe fn stored<'a>(value: *const c_void) -> Stored<'a> {
+    // SAFETY: guaranteed by the caller: either form starts with an aligned u64 (`Value` is
+    // `repr(C)` with its words first).
+    let first = unsafe { *value.cast::<u64>() };
+    if compact::is_compact(first) {
+        Stored::Compact(first)
+    } else {
+        // SAFETY: not a compact word, so a `Value` made by `into_value`.
+        Stored::Full(unsafe { &*value.cast::<Value>() })
+    }
+}
+
+/// Frees a value made by [`into_value`] and returns its algorithm.
+///
+/// # Safety
+/// `value` must be a pointer made by [`into_value`], no longer used by anyone.
+unsafe fn free_value(value: *mut c_void) -> Algorithm {
     // SAFETY: guaranteed by the caller.
-    unsafe { &*value.cast::<Value>() }
+    match unsafe { stored(value) } {
+        Stored::Compact(word) => {
+            // Read before the release: once released, the entry may be reassigned.
+            let algorithm = compact::algorithm(word);
+            compact::release(word);
+            // SAFETY: a compact value is a `Box<u64>` made by `into_value`, released once here.
+            drop(unsafe { Box::from_raw(value.cast::<u64>()) });
+            algorithm
+        }
+        Stored::Full(_) => {
+            // SAFETY: a `Box<Value>` made by `into_value`, released once here.
+            let value = unsafe { Box::from_raw(value.cast::<Value>()) };
+            value.algorithm()
+        }
+    }
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
@@ -160,7 +211,10 @@ unsafe extern "C" fn aof_rewrite(
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     guarded("mem_usage", 0, || {
         // SAFETY: Redis passes a value of our type.
-        unsafe { stored(value) }.memory_bytes()
+        match unsafe { stored(value) } {
+            Stored::Compact(_) => std::mem::size_of::<u64>(),
+            Stored::Full(value) => value.memory_bytes(),
+        }
     })
 }
 
@@ -183,8 +237,7 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
 unsafe extern "C" fn free(value: *mut c_void) {
     guarded("free", (), || {
         // SAFETY: Redis hands back ownership of a pointer made by `into_value`, exactly once.
-        let value = unsafe { Box::from_raw(value.cast::<Value>()) };
-        stats::key_freed(value.algorithm());
+        stats::key_freed(unsafe { free_value(value) });
     })
 }
 
@@ -195,7 +248,7 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     guarded("copy", ptr::null_mut(), || {
         // SAFETY: Redis passes a value of our type.
-        into_value(unsafe { stored(value) }.to_limiter())
+        into_value(unsafe { stored(value) }.read().into_owned())
     })
 }
 
@@ -255,13 +308,18 @@ impl Key {
             Ok(None) => Slot::Empty,
             // SAFETY: valid while the key is open; `&self` ties the borrow to it, and commands
             // hold one handle at a time.
-            Ok(Some(value)) => Slot::Limiter(unsafe { &mut *value }.limiter()),
+            Ok(Some(value)) => Slot::Limiter(match unsafe { stored(value) } {
+                // SAFETY: as above; a compact value is the word itself.
+                Stored::Compact(_) => LimiterRef::compact(unsafe { &mut *value.cast() }, self),
+                // SAFETY: as above.
+                Stored::Full(_) => unsafe { &mut *value.cast::<Value>() }.limiter(),
+            }),
             Err(WrongType) => Slot::WrongType,
         }
     }
 
     /// The key's value if it holds ours (`None` when empty).
-    fn value(&self) -> Result<Option<*mut Value>, WrongType> {
+    fn value(&self) -> Result<Option<*mut c_void>, WrongType> {
         // SAFETY: KeyType accepts NULL (a missing key opened read-only) and answers EMPTY.
         let kind = unsafe { rm!(RedisModule_KeyType)(self.key) } as isize;
         if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
@@ -275,7 +333,7 @@ impl Key {
         }
         // SAFETY: the key holds our type, whose values are made by `into_value`.
         let value = unsafe { rm!(RedisModule_ModuleTypeGetValue)(self.key) };
-        Ok(Some(value.cast::<Value>()))
+        Ok(Some(value))
     }
 
     /// Stores a new limiter in the (write-opened) key.
@@ -305,6 +363,29 @@ impl Key {
     pub fn delete(&self) {
         // SAFETY: an open key.
         unsafe { rm!(RedisModule_DeleteKey)(self.key) };
+        self.written.set(true);
+    }
+}
+
+impl Spill for Key {
+    /// Replaces the key's compact value with `value` (same limiter, wider form) and frees the
+    /// word. Only a write-opened key has a limiter that changed.
+    fn spill(&self, value: Value) {
+        let new = Box::into_raw(Box::new(value)).cast::<c_void>();
+        let mut old = ptr::null_mut();
+        // SAFETY: an open key holding our type; on success Redis hands back the old pointer,
+        // ours from then on, and keeps `new`.
+        let status =
+            unsafe { rm!(RedisModule_ModuleTypeReplaceValue)(self.key, raw_type(), new, &mut old) };
+        if status == raw::REDISMODULE_OK as c_int && !old.is_null() {
+            // SAFETY: the replaced value, made by `into_value` and no longer in the key. The
+            // algorithm stays the same, so the key counts are unchanged.
+            unsafe { free_value(old) };
+        } else {
+            log_warning("ratelimit: could not replace a compact value; the change is lost");
+            // SAFETY: Redis refused `new`, so it is still ours.
+            unsafe { free_value(new) };
+        }
         self.written.set(true);
     }
 }

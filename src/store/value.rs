@@ -15,11 +15,15 @@
 //! sliding window:     135..175 current, 175..215 previous
 //! ```
 //! A window's start is not stored: it is the window holding `last_ms` (the codec checks the same).
+//!
+//! Most buckets and windows do not even take these 32 bytes: `compact.rs` stores them in one word
+//! beside an entry shared by the keys of the same parameters. This form is for the rest.
 
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
 use crate::algorithms::{Algorithm, Limiter, Params, State};
+use crate::store::compact;
 
 const ALGORITHM_BITS: u32 = 3;
 const TIME_BITS: u32 = 53;
@@ -29,7 +33,10 @@ const SCALED_BITS: u32 = 79;
 /// The algorithm tag of a boxed limiter.
 const BOXED: u128 = 7;
 
-/// A stored limiter: 32 bytes, packed or pointing to a boxed limiter.
+/// A stored limiter: 32 bytes, packed or pointing to a boxed limiter. `repr(C)`: its first word
+/// (whose first 3 bits are never a compact word's tag) is at the start, where a reader of a module
+/// value pointer tells the two forms apart.
+#[repr(C)]
 pub struct Value {
     words: [u64; 4],
 }
@@ -248,6 +255,7 @@ impl Value {
     }
 
     /// A copy of the limiter.
+    #[cfg(test)]
     pub fn to_limiter(&self) -> Limiter {
         self.read().into_owned()
     }
@@ -289,8 +297,14 @@ impl Drop for Value {
     }
 }
 
-/// A limiter borrowed from a [`Value`]; a packed one is written back when this drops, unless
-/// [`LimiterRef::unchanged`] says there is nothing to write.
+/// What takes over a compact value whose limiter no longer fits a word: the open key, which
+/// replaces the value with this 32-byte one and frees the word.
+pub trait Spill {
+    fn spill(&self, value: Value);
+}
+
+/// A limiter borrowed from a stored value; a packed or compact one is written back when this
+/// drops, unless [`LimiterRef::unchanged`] says there is nothing to write.
 pub enum LimiterRef<'a> {
     Packed {
         words: &'a mut [u64; 4],
@@ -298,15 +312,43 @@ pub enum LimiterRef<'a> {
         write_back: bool,
     },
     Boxed(&'a mut Limiter),
+    /// A compact word (`compact.rs`). Once spilled, `word` is freed and never read again.
+    Compact {
+        word: &'a mut u64,
+        limiter: Limiter,
+        write_back: bool,
+        spill: &'a dyn Spill,
+    },
 }
 
-impl LimiterRef<'_> {
+impl<'a> LimiterRef<'a> {
+    /// The limiter in a compact word.
+    pub fn compact(word: &'a mut u64, spill: &'a dyn Spill) -> LimiterRef<'a> {
+        let limiter = compact::expand(*word);
+        LimiterRef::Compact {
+            word,
+            limiter,
+            write_back: true,
+            spill,
+        }
+    }
+
     /// Closes the handle without packing the limiter again: the caller did not change it (a
     /// rejected call, `COST 0`, PEEK). A change made through a boxed limiter is already in place.
     pub fn unchanged(mut self) {
-        if let LimiterRef::Packed { write_back, .. } = &mut self {
+        if let LimiterRef::Packed { write_back, .. } | LimiterRef::Compact { write_back, .. } =
+            &mut self
+        {
             *write_back = false;
         }
+    }
+}
+
+/// Stores a changed limiter in its compact word, or hands it to `spill` when it no longer fits.
+fn store_compact(word: &mut u64, limiter: &Limiter, spill: &dyn Spill) {
+    match compact::recompact(*word, limiter) {
+        Some(changed) => *word = changed,
+        None => spill.spill(Value::new(limiter.clone())),
     }
 }
 
@@ -315,18 +357,29 @@ impl LimiterRef<'_> {
     /// are. `None` for a boxed limiter (changed in place already) or one that no longer packs
     /// (never, for one the commands changed), which the drop stores as usual.
     pub fn commit_packed(&mut self) -> Option<[u64; 4]> {
-        let LimiterRef::Packed {
-            words,
-            limiter,
-            write_back,
-        } = self
-        else {
-            return None;
-        };
-        let packed = pack(limiter)?;
-        **words = packed;
-        *write_back = false;
-        Some(packed)
+        match self {
+            LimiterRef::Packed {
+                words,
+                limiter,
+                write_back,
+            } => {
+                let packed = pack(limiter)?;
+                **words = packed;
+                *write_back = false;
+                Some(packed)
+            }
+            LimiterRef::Compact {
+                word,
+                limiter,
+                write_back,
+                spill,
+            } => {
+                store_compact(word, limiter, *spill);
+                *write_back = false;
+                pack(limiter)
+            }
+            LimiterRef::Boxed(_) => None,
+        }
     }
 }
 
@@ -335,7 +388,7 @@ impl Deref for LimiterRef<'_> {
 
     fn deref(&self) -> &Limiter {
         match self {
-            LimiterRef::Packed { limiter, .. } => limiter,
+            LimiterRef::Packed { limiter, .. } | LimiterRef::Compact { limiter, .. } => limiter,
             LimiterRef::Boxed(limiter) => limiter,
         }
     }
@@ -344,7 +397,7 @@ impl Deref for LimiterRef<'_> {
 impl DerefMut for LimiterRef<'_> {
     fn deref_mut(&mut self) -> &mut Limiter {
         match self {
-            LimiterRef::Packed { limiter, .. } => limiter,
+            LimiterRef::Packed { limiter, .. } | LimiterRef::Compact { limiter, .. } => limiter,
             LimiterRef::Boxed(limiter) => limiter,
         }
     }
@@ -363,6 +416,15 @@ impl Drop for LimiterRef<'_> {
             if let Some(packed) = pack(limiter) {
                 **words = packed;
             }
+        }
+        if let LimiterRef::Compact {
+            word,
+            limiter,
+            write_back: true,
+            spill,
+        } = self
+        {
+            store_compact(word, limiter, *spill);
         }
     }
 }
@@ -453,6 +515,50 @@ mod tests {
         // Dropped normally, the same change is stored.
         value.limiter().last_ms += 1;
         assert_eq!(value.to_limiter().last_ms, original.last_ms + 1);
+    }
+
+    /// Records what a compact handle spilled.
+    #[derive(Default)]
+    struct Spilled(std::cell::RefCell<Vec<Limiter>>);
+
+    impl Spill for Spilled {
+        fn spill(&self, value: Value) {
+            self.0.borrow_mut().push(value.to_limiter());
+        }
+    }
+
+    #[test]
+    fn a_compact_handle_writes_its_word_or_spills_what_no_longer_fits() {
+        let _turn = compact::test_turn();
+        let original = limiter(Algorithm::Gcra, 9, 4_000, Some(3));
+        let mut word = compact::compact(&original).unwrap();
+        let spilled = Spilled::default();
+        // Read and left unchanged: the word stays as it was.
+        let before = word;
+        let handle = LimiterRef::compact(&mut word, &spilled);
+        assert_eq!(*handle, original);
+        handle.unchanged();
+        assert_eq!(word, before);
+        // Changed within its bounds: written back into the word on drop, or by commit_packed
+        // (which returns the 32-byte form to replicate).
+        LimiterRef::compact(&mut word, &spilled).last_ms += 7;
+        assert_eq!(compact::expand(word).last_ms, original.last_ms + 7);
+        let mut handle = LimiterRef::compact(&mut word, &spilled);
+        handle.last_ms += 1;
+        let expected = handle.clone();
+        assert_eq!(handle.commit_packed(), pack(&expected));
+        drop(handle);
+        assert_eq!(compact::expand(word), expected);
+        assert!(spilled.0.borrow().is_empty());
+        // A TAT far beyond what the word holds: the handle spills the limiter instead.
+        let mut handle = LimiterRef::compact(&mut word, &spilled);
+        handle.state = State::Gcra {
+            ahead_scaled: 1 << 60,
+        };
+        let wide = handle.clone();
+        drop(handle);
+        assert_eq!(*spilled.0.borrow(), [wide]);
+        compact::release(word);
     }
 
     proptest::proptest! {

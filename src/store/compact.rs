@@ -1,0 +1,609 @@
+//! The 8-byte form of a bucket, a window or a GCRA limiter: one word per key, holding the time of
+//! its last call and its state, beside the index of a shared entry that holds what the keys of
+//! one parameter set have in common (the algorithm, the parameters, an epoch).
+//!
+//! ```text
+//! bits            field
+//! 0..3            6: this form (the 32-byte form's first 3 bits are an algorithm's index, or 7)
+//! 3..14           entry index
+//! 14..14+T        last_ms − the entry's epoch start           (T: the entry's time bits)
+//! 14+T..64        the state: a bucket's scaled amount, a fixed window's count, or a sliding
+//!                 window's current count then its previous one (A bits each)
+//! ```
+//!
+//! `A` is the width of the largest amount the parameters allow (`C·P` for a bucket, `L` for a
+//! window count) and `T = 50 − A` (`50 − 2A` for a sliding window). An epoch is an aligned span of
+//! `2^T` ms, so a key's `last_ms` is exact, and its entry is `(algorithm, L, P, C, epoch)`.
+//! Parameters are stored once per entry instead of once per key: a key costs an 8-byte
+//! allocation instead of 32. A limiter that does not fit (parameters too wide for the 50 bits, a
+//! state beyond its parameters' bounds, a full table) keeps the 32-byte form of `value.rs`.
+//!
+//! Entries are reference-counted by the words that use them. Only Redis's main thread assigns
+//! them; a background thread (a lazy `FLUSHALL ASYNC`) may only drop references, so counts are
+//! atomics and a slot is reassigned only once its count is seen at zero.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::algorithms::{Algorithm, Limiter, Params, State};
+
+/// The first three bits of a compact word.
+const TAG: u64 = 6;
+const TAG_BITS: u32 = 3;
+const INDEX_BITS: u32 = 11;
+/// Entries in the table.
+pub const ENTRIES: usize = 1 << INDEX_BITS;
+const PAYLOAD_AT: u32 = TAG_BITS + INDEX_BITS;
+/// Bits for the time and the state together.
+const PAYLOAD_BITS: u32 = 64 - PAYLOAD_AT;
+/// How many epochs the keys of one parameter set may span: `T` is at least the width of a key's
+/// lifetime (a bucket's full refill, two windows) minus this many bits, so a parameter set's live
+/// keys use at most `2^3 + 1` entries.
+const MAX_EPOCH_SPREAD_BITS: u32 = 3;
+/// Free slots are looked for among this many after the last one assigned.
+const PROBES: usize = 64;
+
+/// Whether a value's first word is a compact word (else it starts a 32-byte value).
+#[inline(always)]
+pub fn is_compact(first_word: u64) -> bool {
+    first_word & 7 == TAG
+}
+
+#[inline(always)]
+fn mask(width: u32) -> u64 {
+    (1u64 << width) - 1
+}
+
+fn width(value: u128) -> u32 {
+    128 - value.leading_zeros()
+}
+
+/// An entry: a parameter set in one epoch. `shape` is 0 for a slot never assigned, else the
+/// algorithm's index + 1, `T` << 8 and `A` << 16. All fields are atomics so that a background
+/// thread reading a value's algorithm (to count its release) never races with the main thread;
+/// the main thread changes a slot's fields only while no word refers to it.
+struct Entry {
+    refs: AtomicU64,
+    shape: AtomicU32,
+    limit: AtomicU64,
+    period_ms: AtomicU64,
+    capacity: AtomicU64,
+    epoch_ms: AtomicU64,
+}
+
+static TABLE: [Entry; ENTRIES] = [const {
+    Entry {
+        refs: AtomicU64::new(0),
+        shape: AtomicU32::new(0),
+        limit: AtomicU64::new(0),
+        period_ms: AtomicU64::new(0),
+        capacity: AtomicU64::new(0),
+        epoch_ms: AtomicU64::new(0),
+    }
+}; ENTRIES];
+
+/// The entry used last, tried first by [`compact`].
+static RECENT: AtomicU32 = AtomicU32::new(0);
+
+/// The widths of an entry's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    algorithm: Algorithm,
+    time_bits: u32,
+    amount_bits: u32,
+}
+
+impl Shape {
+    /// The shape of a parameter set, if its keys fit a word.
+    fn of(algorithm: Algorithm, params: &Params) -> Option<Shape> {
+        let (amount_bits, fields, lifetime_ms) = match algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+                let full = params.capacity_scaled();
+                let lifetime = full.div_ceil(u128::from(params.limit));
+                (width(full), 1, lifetime)
+            }
+            Algorithm::FixedWindow => (width(params.limit.into()), 1, params.period_ms.into()),
+            Algorithm::SlidingWindow => (
+                width(params.limit.into()),
+                2,
+                2 * u128::from(params.period_ms),
+            ),
+            Algorithm::SlidingLog => return None,
+        };
+        let time_bits = PAYLOAD_BITS.checked_sub(amount_bits * fields)?;
+        (width(lifetime_ms) <= time_bits + MAX_EPOCH_SPREAD_BITS).then_some(Shape {
+            algorithm,
+            time_bits,
+            amount_bits,
+        })
+    }
+
+    fn encode(self) -> u32 {
+        (self.algorithm.index() as u32 + 1) | self.time_bits << 8 | self.amount_bits << 16
+    }
+
+    fn decode(bits: u32) -> Option<Shape> {
+        let algorithm = Algorithm::from_index(((bits & 0xff) as u8).checked_sub(1)?)?;
+        Some(Shape {
+            algorithm,
+            time_bits: bits >> 8 & 0xff,
+            amount_bits: bits >> 16 & 0xff,
+        })
+    }
+
+    /// The state's bits, if it fits this shape (a window's start must be the one `last_ms` is in,
+    /// as the 32-byte form requires).
+    #[inline(always)]
+    fn amount(self, limiter: &Limiter) -> Option<u64> {
+        let fits = |v: u128| (v >> self.amount_bits == 0).then_some(v as u64);
+        let start = || limiter.params.window_start(limiter.last_ms);
+        match &limiter.state {
+            State::TokenBucket { tokens_scaled: v }
+            | State::LeakyBucket { level_scaled: v }
+            | State::Gcra { ahead_scaled: v } => fits(*v),
+            State::FixedWindow {
+                window_start_ms,
+                count,
+            } if *window_start_ms == start() => fits((*count).into()),
+            State::SlidingWindow {
+                window_start_ms,
+                current,
+                previous,
+            } if *window_start_ms == start() => {
+                Some(fits((*current).into())? | fits((*previous).into())? << self.amount_bits)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Entry {
+    fn shape(&self) -> Option<Shape> {
+        Shape::decode(self.shape.load(Ordering::Relaxed))
+    }
+
+    fn params(&self) -> Params {
+        Params {
+            limit: self.limit.load(Ordering::Relaxed),
+            period_ms: self.period_ms.load(Ordering::Relaxed),
+            capacity: self.capacity.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The word for `limiter` on this entry (number `index`), if the entry is its parameter set
+    /// and epoch and the state fits.
+    #[inline(always)]
+    fn word(&self, index: usize, limiter: &Limiter) -> Option<u64> {
+        let shape = self.shape()?;
+        if shape.algorithm != limiter.algorithm() || self.params() != limiter.params {
+            return None;
+        }
+        let since = limiter
+            .last_ms
+            .checked_sub(self.epoch_ms.load(Ordering::Relaxed))?;
+        if since >> shape.time_bits != 0 {
+            return None;
+        }
+        let amount = shape.amount(limiter)?;
+        Some(TAG | (index as u64) << TAG_BITS | (since | amount << shape.time_bits) << PAYLOAD_AT)
+    }
+}
+
+fn index(word: u64) -> usize {
+    (word >> TAG_BITS) as usize & (ENTRIES - 1)
+}
+
+/// The compact word for a new value holding `limiter`, taking a reference on its entry; `None`
+/// when it does not fit (see the module comment).
+pub fn compact(limiter: &Limiter) -> Option<u64> {
+    let recent = RECENT.load(Ordering::Relaxed) as usize % ENTRIES;
+    let word = match TABLE[recent].word(recent, limiter) {
+        Some(word) => word,
+        None => {
+            let shape = Shape::of(limiter.algorithm(), &limiter.params)?;
+            shape.amount(limiter)?;
+            let epoch_ms = limiter.last_ms & !mask(shape.time_bits);
+            let index = assign(shape, limiter.params, epoch_ms)?;
+            RECENT.store(index as u32, Ordering::Relaxed);
+            TABLE[index].word(index, limiter)?
+        }
+    };
+    TABLE[index(word)].refs.fetch_add(1, Ordering::Relaxed);
+    Some(word)
+}
+
+/// The word for `limiter`, changed from the one `word` held: on the same entry when it can, else
+/// on another (whose reference it takes, dropping `word`'s). `None` when it no longer fits; `word`
+/// keeps its reference then.
+pub fn recompact(word: u64, limiter: &Limiter) -> Option<u64> {
+    let at = index(word);
+    if let Some(same) = TABLE[at].word(at, limiter) {
+        return Some(same);
+    }
+    let moved = compact(limiter)?;
+    release(word);
+    Some(moved)
+}
+
+/// Drops `word`'s reference on its entry (the value is being freed; any thread).
+pub fn release(word: u64) {
+    TABLE[index(word)].refs.fetch_sub(1, Ordering::Release);
+}
+
+/// The algorithm of the limiter `word` holds.
+pub fn algorithm(word: u64) -> Algorithm {
+    TABLE[index(word)]
+        .shape()
+        .map_or(Algorithm::TokenBucket, |shape| shape.algorithm)
+}
+
+/// The limiter `word` holds.
+pub fn expand(word: u64) -> Limiter {
+    let entry = &TABLE[index(word)];
+    // A word always names an entry it holds a reference on, so the entry is assigned.
+    let shape = entry
+        .shape()
+        .expect("a compact word names an assigned entry");
+    let params = entry.params();
+    let payload = word >> PAYLOAD_AT;
+    let last_ms = entry.epoch_ms.load(Ordering::Relaxed) + (payload & mask(shape.time_bits));
+    let amount = payload >> shape.time_bits;
+    let state = match shape.algorithm {
+        Algorithm::TokenBucket => State::TokenBucket {
+            tokens_scaled: amount.into(),
+        },
+        Algorithm::LeakyBucket => State::LeakyBucket {
+            level_scaled: amount.into(),
+        },
+        Algorithm::Gcra => State::Gcra {
+            ahead_scaled: amount.into(),
+        },
+        Algorithm::FixedWindow => State::FixedWindow {
+            window_start_ms: params.window_start(last_ms),
+            count: amount,
+        },
+        Algorithm::SlidingWindow => State::SlidingWindow {
+            window_start_ms: params.window_start(last_ms),
+            current: amount & mask(shape.amount_bits),
+            previous: amount >> shape.amount_bits,
+        },
+        Algorithm::SlidingLog => unreachable!("a log is never compact (Shape::of)"),
+    };
+    Limiter {
+        params,
+        last_ms,
+        state,
+    }
+}
+
+/// What identifies an entry.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct EntryKey {
+    algorithm: u8,
+    limit: u64,
+    period_ms: u64,
+    capacity: u64,
+    epoch_ms: u64,
+}
+
+/// A multiply-rotate hash: the keys are a few integers, and hashing runs on every new key.
+#[derive(Default)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(byte.into());
+        }
+    }
+
+    fn write_u8(&mut self, value: u8) {
+        self.write_u64(value.into());
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Which slot holds which entry, and where to look for a free slot next (main thread only).
+struct Slots {
+    by_key: HashMap<EntryKey, usize, BuildHasherDefault<Mix>>,
+    cursor: usize,
+}
+
+static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
+
+/// The slot of the entry `(shape, params, epoch_ms)`, assigned now if there is none (`None`: no
+/// free slot among the next [`PROBES`]). The caller takes the reference.
+fn assign(shape: Shape, params: Params, epoch_ms: u64) -> Option<usize> {
+    let key = EntryKey {
+        algorithm: shape.algorithm.index() as u8,
+        limit: params.limit,
+        period_ms: params.period_ms,
+        capacity: params.capacity,
+        epoch_ms,
+    };
+    let mut guard = SLOTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let slots = guard.get_or_insert_with(|| Slots {
+        by_key: HashMap::default(),
+        cursor: 0,
+    });
+    if let Some(&index) = slots.by_key.get(&key) {
+        return Some(index);
+    }
+    let index = (0..PROBES)
+        .map(|i| (slots.cursor + i) % ENTRIES)
+        .find(|&i| TABLE[i].refs.load(Ordering::Acquire) == 0)?;
+    let entry = &TABLE[index];
+    if let Some(old) = entry.shape() {
+        let params = entry.params();
+        slots.by_key.remove(&EntryKey {
+            algorithm: old.algorithm.index() as u8,
+            limit: params.limit,
+            period_ms: params.period_ms,
+            capacity: params.capacity,
+            epoch_ms: entry.epoch_ms.load(Ordering::Relaxed),
+        });
+    }
+    entry.limit.store(params.limit, Ordering::Relaxed);
+    entry.period_ms.store(params.period_ms, Ordering::Relaxed);
+    entry.capacity.store(params.capacity, Ordering::Relaxed);
+    entry.epoch_ms.store(epoch_ms, Ordering::Relaxed);
+    entry.shape.store(shape.encode(), Ordering::Relaxed);
+    slots.by_key.insert(key, index);
+    slots.cursor = (index + 1) % ENTRIES;
+    Some(index)
+}
+
+/// Entries in use (with at least one reference).
+#[cfg(test)]
+pub fn entries_in_use() -> usize {
+    TABLE
+        .iter()
+        .filter(|entry| entry.refs.load(Ordering::Relaxed) > 0)
+        .count()
+}
+
+/// Tests that use the table (it is global) take turns.
+#[cfg(test)]
+pub(crate) fn test_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{check, Request, Write, MAX_AMOUNT, MAX_PERIOD_MS};
+
+    use super::test_turn as turn;
+
+    /// A limiter as a first call at `now_ms` leaves it.
+    fn limiter(
+        algorithm: Algorithm,
+        (limit, period_ms, burst): (u64, u64, Option<u64>),
+        now_ms: u64,
+    ) -> Limiter {
+        let request = Request {
+            algorithm,
+            params: Params::new(limit, period_ms, burst).unwrap(),
+            cost: 1,
+            now_ms,
+        };
+        match check(None, &request, true).unwrap().1 {
+            Write::Created(limiter) => limiter,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn refs(word: u64) -> u64 {
+        TABLE[index(word)].refs.load(Ordering::Relaxed)
+    }
+
+    const COMPACT: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+    ];
+
+    #[test]
+    fn every_algorithm_but_the_log_round_trips() {
+        let _turn = turn();
+        for (i, algorithm) in COMPACT.into_iter().enumerate() {
+            let burst = algorithm.is_bucket().then_some(40);
+            let mut original =
+                limiter(algorithm, (30 + i as u64, 60_000, burst), 1_796_000_000_123);
+            if let State::SlidingWindow { previous, .. } = &mut original.state {
+                *previous = 29;
+            }
+            let word = compact(&original).unwrap_or_else(|| panic!("{}", algorithm.name()));
+            assert!(is_compact(word));
+            assert_eq!(expand(word), original, "{}", algorithm.name());
+            assert_eq!(super::algorithm(word), algorithm);
+            release(word);
+        }
+        let log = limiter(Algorithm::SlidingLog, (3, 1_000, None), 5_000);
+        assert_eq!(compact(&log), None);
+    }
+
+    #[test]
+    fn keys_of_one_parameter_set_share_an_entry_and_hold_references_on_it() {
+        let _turn = turn();
+        let a = limiter(Algorithm::Gcra, (7, 3_000, Some(11)), 1_000_000);
+        let b = limiter(Algorithm::Gcra, (7, 3_000, Some(11)), 1_000_250);
+        let (first, second) = (compact(&a).unwrap(), compact(&b).unwrap());
+        assert_eq!(index(first), index(second));
+        assert_eq!(refs(first), 2);
+        assert_eq!((expand(first), expand(second)), (a.clone(), b));
+        release(second);
+        assert_eq!(refs(first), 1);
+        // Another parameter set, another entry.
+        let other = compact(&limiter(Algorithm::Gcra, (7, 3_000, Some(12)), 1_000_000)).unwrap();
+        assert_ne!(index(other), index(first));
+        release(other);
+        // A released entry that nobody reassigned yet is found again by its parameters.
+        release(first);
+        assert_eq!(refs(first), 0);
+        let again = compact(&a).unwrap();
+        assert_eq!((index(again), refs(again)), (index(first), 1));
+        release(again);
+    }
+
+    #[test]
+    fn a_change_stays_in_its_entry_until_it_leaves_the_epoch_or_the_parameters() {
+        let _turn = turn();
+        let params = (100, 1_000, Some(100));
+        let shape = Shape::of(
+            Algorithm::TokenBucket,
+            &Params::new(100, 1_000, Some(100)).unwrap(),
+        )
+        .unwrap();
+        // The last millisecond of an epoch.
+        let end = (5 << shape.time_bits) - 1;
+        let mut limiter = limiter(Algorithm::TokenBucket, params, end - 10);
+        let word = compact(&limiter).unwrap();
+        limiter.last_ms = end;
+        let same = recompact(word, &limiter).unwrap();
+        assert_eq!((index(same), refs(same)), (index(word), 1));
+        assert_eq!(expand(same), limiter);
+        // One millisecond later: the next epoch's entry; the old one loses its reference.
+        limiter.last_ms = end + 1;
+        let moved = recompact(same, &limiter).unwrap();
+        assert_ne!(index(moved), index(same));
+        assert_eq!((refs(same), refs(moved)), (0, 1));
+        assert_eq!(expand(moved), limiter);
+        // New parameters: another entry again.
+        limiter.params.capacity = 50;
+        if let State::TokenBucket { tokens_scaled } = &mut limiter.state {
+            *tokens_scaled = 50 * 1_000;
+        }
+        let changed = recompact(moved, &limiter).unwrap();
+        assert_eq!((refs(moved), refs(changed)), (0, 1));
+        assert_eq!(expand(changed), limiter);
+        // A state beyond what the word holds: no word; the old one keeps its reference.
+        if let State::TokenBucket { tokens_scaled } = &mut limiter.state {
+            *tokens_scaled = 1 << 50;
+        }
+        assert_eq!(recompact(changed, &limiter), None);
+        assert_eq!(refs(changed), 1);
+        release(changed);
+    }
+
+    #[test]
+    fn what_does_not_fit_a_word() {
+        let _turn = turn();
+        let shape = |algorithm, limit, period_ms, burst| {
+            Shape::of(algorithm, &Params::new(limit, period_ms, burst).unwrap())
+        };
+        // A bucket's C·P beyond 2^50 leaves no bits for the time.
+        assert_eq!(
+            shape(Algorithm::Gcra, 1, MAX_PERIOD_MS, Some(MAX_AMOUNT)),
+            None
+        );
+        // A bucket refilling for longer than 2^(T+3) ms would spread over too many epochs.
+        assert_eq!(
+            shape(Algorithm::TokenBucket, 1, 86_400_000, Some(1_000)),
+            None
+        );
+        // Common limits fit, with room to spare.
+        for (algorithm, limit, period_ms, burst) in [
+            (Algorithm::Gcra, 30, 60_000, Some(16)),
+            (Algorithm::TokenBucket, 1_000, 1_000, Some(2_000)),
+            (Algorithm::LeakyBucket, 100, 3_600_000, Some(100)),
+            (Algorithm::FixedWindow, 10_000, 86_400_000, None),
+            (Algorithm::SlidingWindow, 1_000, 60_000, None),
+        ] {
+            let found = shape(algorithm, limit, period_ms, burst);
+            assert!(
+                found.is_some_and(|s| s.time_bits >= 20),
+                "{algorithm:?} {found:?}"
+            );
+        }
+        // A window whose start is not the window of `last_ms` keeps the 32-byte form too.
+        let mut window = limiter(Algorithm::FixedWindow, (5, 1_000, None), 10_500);
+        if let State::FixedWindow {
+            window_start_ms, ..
+        } = &mut window.state
+        {
+            *window_start_ms = 9_000;
+        }
+        assert_eq!(compact(&window), None);
+    }
+
+    #[test]
+    fn a_full_table_refuses_and_frees_up_as_keys_go() {
+        let _turn = turn();
+        let words: Vec<u64> = (0..)
+            .map(|i| {
+                compact(&limiter(
+                    Algorithm::FixedWindow,
+                    (1_000 + i, 1_000, None),
+                    7_000,
+                ))
+            })
+            .take_while(Option::is_some)
+            .map(Option::unwrap)
+            .take(ENTRIES + 1)
+            .collect();
+        // Every slot is used, or the next free one is beyond the probes.
+        assert!(words.len() <= ENTRIES, "{}", words.len());
+        assert!(words.len() >= ENTRIES - PROBES, "{}", words.len());
+        let in_use = entries_in_use();
+        assert!(in_use >= words.len(), "{in_use}");
+        // Those stored are intact, and one more parameter set does not fit.
+        for (i, &word) in words.iter().enumerate() {
+            assert_eq!(expand(word).params.limit, 1_000 + i as u64);
+        }
+        let late = limiter(Algorithm::FixedWindow, (999, 1_000, None), 7_000);
+        assert_eq!(compact(&late), None);
+        for word in words {
+            release(word);
+        }
+        let word = compact(&late).expect("room again");
+        assert_eq!(expand(word), late);
+        release(word);
+    }
+
+    proptest::proptest! {
+        /// Any state the cores produce for parameters that fit a word comes back whole.
+        #[test]
+        fn states_from_random_calls_round_trip(
+            algorithm in 0usize..5,
+            limit in 1u64..=1_000_000,
+            period in 1u64..=86_400_000,
+            burst in 1u64..=10_000,
+            calls in proptest::collection::vec((0u64..=100_000, 0u64..=1_000), 1..20),
+        ) {
+            let algorithm = COMPACT[algorithm];
+            let params = Params::new(limit, period, algorithm.is_bucket().then_some(burst)).unwrap();
+            proptest::prop_assume!(Shape::of(algorithm, &params).is_some());
+            let _turn = turn();
+            let mut stored: Option<Limiter> = None;
+            let mut now = 1_796_000_000_000u64;
+            for (gap, cost) in calls {
+                now += gap;
+                let request = Request { algorithm, params, cost: cost.min(limit), now_ms: now };
+                if let (_, Write::Created(limiter)) = check(stored.as_mut(), &request, true).unwrap() {
+                    stored = Some(limiter);
+                }
+                if let Some(limiter) = &stored {
+                    let word = compact(limiter);
+                    proptest::prop_assert!(word.is_some());
+                    proptest::prop_assert_eq!(&expand(word.unwrap()), limiter);
+                    release(word.unwrap());
+                }
+            }
+        }
+    }
+}
