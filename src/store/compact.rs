@@ -14,13 +14,17 @@
 //! `A` is the width of the largest amount the parameters allow (`C·P` for a bucket, `L` for a
 //! window count) and `T = 50 − A` (`50 − 2A` for a sliding window). An epoch is an aligned span of
 //! `2^T` ms, so a key's `last_ms` is exact, and its entry is `(algorithm, L, P, C, epoch)`.
-//! Parameters are stored once per entry instead of once per key: a key costs an 8-byte
-//! allocation instead of 32. A limiter that does not fit (parameters too wide for the 50 bits, a
+//! Parameters are stored once per entry instead of once per key. A limiter that does not fit (parameters too wide for the 50 bits, a
 //! state beyond its parameters' bounds, a full table) keeps the 32-byte form of `value.rs`.
 //!
-//! Entries are reference-counted by the words that use them. Only Redis's main thread assigns
-//! them; a background thread (a lazy `FLUSHALL ASYNC`) may only drop references, so counts are
-//! atomics and a slot is reassigned only once its count is seen at zero.
+//! The word is the module value itself: Redis keeps a module value as an opaque pointer and only
+//! ever hands it back to the type's callbacks, so a word whose low bits (`110`) no aligned pointer
+//! has is stored in place of one, and a key costs no allocation of its own.
+//!
+//! Entries are reference-counted by the words that use them (each word holds one reference).
+//! Only Redis's main thread assigns them; a background thread (a lazy `FLUSHALL ASYNC`) may only
+//! drop references, so counts are atomics and a slot is reassigned only once its count is seen
+//! at zero.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -195,11 +199,17 @@ fn index(word: u64) -> usize {
     (word >> TAG_BITS) as usize & (ENTRIES - 1)
 }
 
-/// The compact word for a new value holding `limiter`, taking a reference on its entry; `None`
-/// when it does not fit (see the module comment).
-pub fn compact(limiter: &Limiter) -> Option<u64> {
+/// The compact word for `limiter`, taking a reference on its entry: first tried on the entry of
+/// `near` (the word the key held before a change), then on the entry used last, then on the
+/// table. `None` when it does not fit (see the module comment); nothing is taken then.
+pub fn compact(limiter: &Limiter, near: Option<u64>) -> Option<u64> {
+    let near = near.map(index);
     let recent = RECENT.load(Ordering::Relaxed) as usize % ENTRIES;
-    let word = match TABLE[recent].word(recent, limiter) {
+    let word = match near
+        .into_iter()
+        .chain([recent])
+        .find_map(|at| TABLE[at].word(at, limiter))
+    {
         Some(word) => word,
         None => {
             let shape = Shape::of(limiter.algorithm(), &limiter.params)?;
@@ -214,20 +224,7 @@ pub fn compact(limiter: &Limiter) -> Option<u64> {
     Some(word)
 }
 
-/// The word for `limiter`, changed from the one `word` held: on the same entry when it can, else
-/// on another (whose reference it takes, dropping `word`'s). `None` when it no longer fits; `word`
-/// keeps its reference then.
-pub fn recompact(word: u64, limiter: &Limiter) -> Option<u64> {
-    let at = index(word);
-    if let Some(same) = TABLE[at].word(at, limiter) {
-        return Some(same);
-    }
-    let moved = compact(limiter)?;
-    release(word);
-    Some(moved)
-}
-
-/// Drops `word`'s reference on its entry (the value is being freed; any thread).
+/// Drops `word`'s reference on its entry (the word is being freed or replaced; any thread).
 pub fn release(word: u64) {
     TABLE[index(word)].refs.fetch_sub(1, Ordering::Release);
 }
@@ -427,14 +424,14 @@ mod tests {
             if let State::SlidingWindow { previous, .. } = &mut original.state {
                 *previous = 29;
             }
-            let word = compact(&original).unwrap_or_else(|| panic!("{}", algorithm.name()));
+            let word = compact(&original, None).unwrap_or_else(|| panic!("{}", algorithm.name()));
             assert!(is_compact(word));
             assert_eq!(expand(word), original, "{}", algorithm.name());
             assert_eq!(super::algorithm(word), algorithm);
             release(word);
         }
         let log = limiter(Algorithm::SlidingLog, (3, 1_000, None), 5_000);
-        assert_eq!(compact(&log), None);
+        assert_eq!(compact(&log, None), None);
     }
 
     #[test]
@@ -442,20 +439,24 @@ mod tests {
         let _turn = turn();
         let a = limiter(Algorithm::Gcra, (7, 3_000, Some(11)), 1_000_000);
         let b = limiter(Algorithm::Gcra, (7, 3_000, Some(11)), 1_000_250);
-        let (first, second) = (compact(&a).unwrap(), compact(&b).unwrap());
+        let (first, second) = (compact(&a, None).unwrap(), compact(&b, None).unwrap());
         assert_eq!(index(first), index(second));
         assert_eq!(refs(first), 2);
         assert_eq!((expand(first), expand(second)), (a.clone(), b));
         release(second);
         assert_eq!(refs(first), 1);
         // Another parameter set, another entry.
-        let other = compact(&limiter(Algorithm::Gcra, (7, 3_000, Some(12)), 1_000_000)).unwrap();
+        let other = compact(
+            &limiter(Algorithm::Gcra, (7, 3_000, Some(12)), 1_000_000),
+            None,
+        )
+        .unwrap();
         assert_ne!(index(other), index(first));
         release(other);
         // A released entry that nobody reassigned yet is found again by its parameters.
         release(first);
         assert_eq!(refs(first), 0);
-        let again = compact(&a).unwrap();
+        let again = compact(&a, None).unwrap();
         assert_eq!((index(again), refs(again)), (index(first), 1));
         release(again);
     }
@@ -472,14 +473,23 @@ mod tests {
         // The last millisecond of an epoch.
         let end = (5 << shape.time_bits) - 1;
         let mut limiter = limiter(Algorithm::TokenBucket, params, end - 10);
-        let word = compact(&limiter).unwrap();
+        let word = compact(&limiter, None).unwrap();
+        // What a key does with a change: a word for the new state near the old one, which it
+        // then releases.
+        let change = |word: u64, limiter: &Limiter| {
+            let changed = compact(limiter, Some(word));
+            if changed.is_some() {
+                release(word);
+            }
+            changed
+        };
         limiter.last_ms = end;
-        let same = recompact(word, &limiter).unwrap();
+        let same = change(word, &limiter).unwrap();
         assert_eq!((index(same), refs(same)), (index(word), 1));
         assert_eq!(expand(same), limiter);
         // One millisecond later: the next epoch's entry; the old one loses its reference.
         limiter.last_ms = end + 1;
-        let moved = recompact(same, &limiter).unwrap();
+        let moved = change(same, &limiter).unwrap();
         assert_ne!(index(moved), index(same));
         assert_eq!((refs(same), refs(moved)), (0, 1));
         assert_eq!(expand(moved), limiter);
@@ -488,14 +498,14 @@ mod tests {
         if let State::TokenBucket { tokens_scaled } = &mut limiter.state {
             *tokens_scaled = 50 * 1_000;
         }
-        let changed = recompact(moved, &limiter).unwrap();
+        let changed = change(moved, &limiter).unwrap();
         assert_eq!((refs(moved), refs(changed)), (0, 1));
         assert_eq!(expand(changed), limiter);
-        // A state beyond what the word holds: no word; the old one keeps its reference.
+        // A state beyond what the word holds: no word, nothing taken.
         if let State::TokenBucket { tokens_scaled } = &mut limiter.state {
             *tokens_scaled = 1 << 50;
         }
-        assert_eq!(recompact(changed, &limiter), None);
+        assert_eq!(change(changed, &limiter), None);
         assert_eq!(refs(changed), 1);
         release(changed);
     }
@@ -538,7 +548,7 @@ mod tests {
         {
             *window_start_ms = 9_000;
         }
-        assert_eq!(compact(&window), None);
+        assert_eq!(compact(&window, None), None);
     }
 
     #[test]
@@ -546,11 +556,8 @@ mod tests {
         let _turn = turn();
         let words: Vec<u64> = (0..)
             .map(|i| {
-                compact(&limiter(
-                    Algorithm::FixedWindow,
-                    (1_000 + i, 1_000, None),
-                    7_000,
-                ))
+                let window = limiter(Algorithm::FixedWindow, (1_000 + i, 1_000, None), 7_000);
+                compact(&window, None)
             })
             .take_while(Option::is_some)
             .map(Option::unwrap)
@@ -566,11 +573,11 @@ mod tests {
             assert_eq!(expand(word).params.limit, 1_000 + i as u64);
         }
         let late = limiter(Algorithm::FixedWindow, (999, 1_000, None), 7_000);
-        assert_eq!(compact(&late), None);
+        assert_eq!(compact(&late, None), None);
         for word in words {
             release(word);
         }
-        let word = compact(&late).expect("room again");
+        let word = compact(&late, None).expect("room again");
         assert_eq!(expand(word), late);
         release(word);
     }
@@ -598,7 +605,7 @@ mod tests {
                     stored = Some(limiter);
                 }
                 if let Some(limiter) = &stored {
-                    let word = compact(limiter);
+                    let word = compact(limiter, None);
                     proptest::prop_assert!(word.is_some());
                     proptest::prop_assert_eq!(&expand(word.unwrap()), limiter);
                     release(word.unwrap());

@@ -18,7 +18,7 @@ use redis_module::raw;
 use crate::algorithms::{Algorithm, Limiter};
 use crate::api::rm;
 use crate::stats;
-use value::{LimiterRef, Spill, Value};
+use value::{Holder, LimiterRef, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
 pub const ENCODING_VERSION: c_int = 1;
@@ -80,14 +80,22 @@ fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     })
 }
 
-/// Hands a new limiter to Redis as a module value pointer: to a compact word when it fits one,
-/// else to a 32-byte [`Value`].
+/// Hands a new limiter to Redis as a module value pointer: a compact word when it fits one (the
+/// word itself, in place of a pointer: see `compact.rs`), else a pointer to a 32-byte [`Value`].
 pub(crate) fn into_value(limiter: Limiter) -> *mut c_void {
     stats::key_created(limiter.algorithm());
-    match compact::compact(&limiter) {
-        Some(word) => Box::into_raw(Box::new(word)).cast(),
+    match compact::compact(&limiter, None) {
+        Some(word) => word_value(word),
         None => Box::into_raw(Box::new(Value::new(limiter))).cast(),
     }
+}
+
+// A word travels as a pointer-sized value.
+const _: () = assert!(std::mem::size_of::<*mut c_void>() == std::mem::size_of::<u64>());
+
+/// A compact word as a module value (never dereferenced: Redis only hands it back to us).
+fn word_value(word: u64) -> *mut c_void {
+    word as usize as *mut c_void
 }
 
 /// A module value pointer's target, read-only.
@@ -137,18 +145,17 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     })
 }
 
-/// The stored value behind a module value pointer.
+/// The stored value behind a module value.
 ///
 /// # Safety
-/// `value` must be a pointer made by [`into_value`] and still owned by Redis.
+/// `value` must be a value made by [`into_value`] and still owned by Redis.
 unsafe fn stored<'a>(value: *const c_void) -> Stored<'a> {
-    // SAFETY: guaranteed by the caller: either form starts with an aligned u64 (`Value` is
-    // `repr(C)` with its words first).
-    let first = unsafe { *value.cast::<u64>() };
-    if compact::is_compact(first) {
-        Stored::Compact(first)
+    let bits = value as usize as u64;
+    if compact::is_compact(bits) {
+        Stored::Compact(bits)
     } else {
-        // SAFETY: not a compact word, so a `Value` made by `into_value`.
+        // SAFETY: not a compact word (whose low bits no aligned pointer has), so a pointer to a
+        // `Value` made by `into_value`, valid as long as Redis owns it (guaranteed by the caller).
         Stored::Full(unsafe { &*value.cast::<Value>() })
     }
 }
@@ -164,8 +171,6 @@ unsafe fn free_value(value: *mut c_void) -> Algorithm {
             // Read before the release: once released, the entry may be reassigned.
             let algorithm = compact::algorithm(word);
             compact::release(word);
-            // SAFETY: a compact value is a `Box<u64>` made by `into_value`, released once here.
-            drop(unsafe { Box::from_raw(value.cast::<u64>()) });
             algorithm
         }
         Stored::Full(_) => {
@@ -212,7 +217,8 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     guarded("mem_usage", 0, || {
         // SAFETY: Redis passes a value of our type.
         match unsafe { stored(value) } {
-            Stored::Compact(_) => std::mem::size_of::<u64>(),
+            // The word is the module value: no allocation of its own.
+            Stored::Compact(_) => 0,
             Stored::Full(value) => value.memory_bytes(),
         }
     })
@@ -309,8 +315,7 @@ impl Key {
             // SAFETY: valid while the key is open; `&self` ties the borrow to it, and commands
             // hold one handle at a time.
             Ok(Some(value)) => Slot::Limiter(match unsafe { stored(value) } {
-                // SAFETY: as above; a compact value is the word itself.
-                Stored::Compact(_) => LimiterRef::compact(unsafe { &mut *value.cast() }, self),
+                Stored::Compact(word) => LimiterRef::compact(word, self),
                 // SAFETY: as above.
                 Stored::Full(_) => unsafe { &mut *value.cast::<Value>() }.limiter(),
             }),
@@ -367,26 +372,38 @@ impl Key {
     }
 }
 
-impl Spill for Key {
-    /// Replaces the key's compact value with `value` (same limiter, wider form) and frees the
-    /// word. Only a write-opened key has a limiter that changed.
-    fn spill(&self, value: Value) {
-        let new = Box::into_raw(Box::new(value)).cast::<c_void>();
+impl Key {
+    /// Puts `new` in the key in place of its value, which is freed; false (nothing changed) if
+    /// Redis refused: only a key opened for writing takes a new value.
+    fn replace_value(&self, new: *mut c_void) -> bool {
         let mut old = ptr::null_mut();
-        // SAFETY: an open key holding our type; on success Redis hands back the old pointer,
-        // ours from then on, and keeps `new`.
+        // SAFETY: an open key holding our type; on success Redis keeps `new` and hands back the
+        // value it held, ours from then on.
         let status =
             unsafe { rm!(RedisModule_ModuleTypeReplaceValue)(self.key, raw_type(), new, &mut old) };
-        if status == raw::REDISMODULE_OK as c_int && !old.is_null() {
-            // SAFETY: the replaced value, made by `into_value` and no longer in the key. The
-            // algorithm stays the same, so the key counts are unchanged.
-            unsafe { free_value(old) };
-        } else {
-            log_warning("ratelimit: could not replace a compact value; the change is lost");
+        if status != raw::REDISMODULE_OK as c_int {
+            return false;
+        }
+        // SAFETY: the replaced value, made by `into_value` and no longer in the key. The algorithm
+        // stays the same, so the key counts are unchanged.
+        unsafe { free_value(old) };
+        self.written.set(true);
+        true
+    }
+}
+
+impl Holder for Key {
+    fn store_word(&self, word: u64) -> bool {
+        self.replace_value(word_value(word))
+    }
+
+    fn store_full(&self, value: Value) {
+        let new = Box::into_raw(Box::new(value)).cast::<c_void>();
+        if !self.replace_value(new) {
+            log_warning("ratelimit: a key refused its changed limiter; the change is lost");
             // SAFETY: Redis refused `new`, so it is still ours.
             unsafe { free_value(new) };
         }
-        self.written.set(true);
     }
 }
 

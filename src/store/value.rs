@@ -297,10 +297,13 @@ impl Drop for Value {
     }
 }
 
-/// What takes over a compact value whose limiter no longer fits a word: the open key, which
-/// replaces the value with this 32-byte one and frees the word.
-pub trait Spill {
-    fn spill(&self, value: Value);
+/// Where a compact word is stored: the open key, whose module value the word is.
+pub trait Holder {
+    /// Replaces the key's value with `word` (which holds its own reference), releasing the word
+    /// it replaces; false if the key refused it (it is still the caller's then).
+    fn store_word(&self, word: u64) -> bool;
+    /// Replaces the key's compact value with `value` (the same limiter, in the wider form).
+    fn store_full(&self, value: Value);
 }
 
 /// A limiter borrowed from a stored value; a packed or compact one is written back when this
@@ -312,24 +315,23 @@ pub enum LimiterRef<'a> {
         write_back: bool,
     },
     Boxed(&'a mut Limiter),
-    /// A compact word (`compact.rs`). Once spilled, `word` is freed and never read again.
+    /// A compact word (`compact.rs`), the key's value itself.
     Compact {
-        word: &'a mut u64,
+        word: u64,
         limiter: Limiter,
         write_back: bool,
-        spill: &'a dyn Spill,
+        holder: &'a dyn Holder,
     },
 }
 
 impl<'a> LimiterRef<'a> {
-    /// The limiter in a compact word.
-    pub fn compact(word: &'a mut u64, spill: &'a dyn Spill) -> LimiterRef<'a> {
-        let limiter = compact::expand(*word);
+    /// The limiter in a key's compact word.
+    pub fn compact(word: u64, holder: &'a dyn Holder) -> LimiterRef<'a> {
         LimiterRef::Compact {
             word,
-            limiter,
+            limiter: compact::expand(word),
             write_back: true,
-            spill,
+            holder,
         }
     }
 
@@ -344,11 +346,18 @@ impl<'a> LimiterRef<'a> {
     }
 }
 
-/// Stores a changed limiter in its compact word, or hands it to `spill` when it no longer fits.
-fn store_compact(word: &mut u64, limiter: &Limiter, spill: &dyn Spill) {
-    match compact::recompact(*word, limiter) {
-        Some(changed) => *word = changed,
-        None => spill.spill(Value::new(limiter.clone())),
+/// Stores `limiter`, changed from what `word` held, in its key: as a word when it still fits one,
+/// else in the 32-byte form.
+fn store_compact(word: u64, limiter: &Limiter, holder: &dyn Holder) {
+    match compact::compact(limiter, Some(word)) {
+        // Unchanged: give back the reference just taken.
+        Some(same) if same == word => compact::release(same),
+        Some(changed) => {
+            if !holder.store_word(changed) {
+                compact::release(changed);
+            }
+        }
+        None => holder.store_full(Value::new(limiter.clone())),
     }
 }
 
@@ -372,9 +381,9 @@ impl LimiterRef<'_> {
                 word,
                 limiter,
                 write_back,
-                spill,
+                holder,
             } => {
-                store_compact(word, limiter, *spill);
+                store_compact(*word, limiter, *holder);
                 *write_back = false;
                 pack(limiter)
             }
@@ -421,10 +430,10 @@ impl Drop for LimiterRef<'_> {
             word,
             limiter,
             write_back: true,
-            spill,
+            holder,
         } = self
         {
-            store_compact(word, limiter, *spill);
+            store_compact(*word, limiter, *holder);
         }
     }
 }
@@ -517,48 +526,61 @@ mod tests {
         assert_eq!(value.to_limiter().last_ms, original.last_ms + 1);
     }
 
-    /// Records what a compact handle spilled.
-    #[derive(Default)]
-    struct Spilled(std::cell::RefCell<Vec<Limiter>>);
+    /// A key holding a compact word, as `Key` does in Redis.
+    struct TestKey {
+        word: std::cell::Cell<u64>,
+        full: std::cell::RefCell<Option<Limiter>>,
+    }
 
-    impl Spill for Spilled {
-        fn spill(&self, value: Value) {
-            self.0.borrow_mut().push(value.to_limiter());
+    impl Holder for TestKey {
+        fn store_word(&self, word: u64) -> bool {
+            compact::release(self.word.replace(word));
+            true
+        }
+
+        fn store_full(&self, value: Value) {
+            compact::release(self.word.get());
+            *self.full.borrow_mut() = Some(value.to_limiter());
         }
     }
 
     #[test]
-    fn a_compact_handle_writes_its_word_or_spills_what_no_longer_fits() {
+    fn a_compact_handle_writes_its_word_or_moves_to_the_wider_form() {
         let _turn = compact::test_turn();
         let original = limiter(Algorithm::Gcra, 9, 4_000, Some(3));
-        let mut word = compact::compact(&original).unwrap();
-        let spilled = Spilled::default();
-        // Read and left unchanged: the word stays as it was.
-        let before = word;
-        let handle = LimiterRef::compact(&mut word, &spilled);
-        assert_eq!(*handle, original);
-        handle.unchanged();
-        assert_eq!(word, before);
-        // Changed within its bounds: written back into the word on drop, or by commit_packed
-        // (which returns the 32-byte form to replicate).
-        LimiterRef::compact(&mut word, &spilled).last_ms += 7;
-        assert_eq!(compact::expand(word).last_ms, original.last_ms + 7);
-        let mut handle = LimiterRef::compact(&mut word, &spilled);
-        handle.last_ms += 1;
-        let expected = handle.clone();
-        assert_eq!(handle.commit_packed(), pack(&expected));
-        drop(handle);
-        assert_eq!(compact::expand(word), expected);
-        assert!(spilled.0.borrow().is_empty());
-        // A TAT far beyond what the word holds: the handle spills the limiter instead.
-        let mut handle = LimiterRef::compact(&mut word, &spilled);
-        handle.state = State::Gcra {
+        let key = TestKey {
+            word: compact::compact(&original, None).unwrap().into(),
+            full: None.into(),
+        };
+        let handle = || LimiterRef::compact(key.word.get(), &key);
+        // Read and left unchanged, or written back unchanged: the word stays as it was.
+        let before = key.word.get();
+        assert_eq!(*handle(), original);
+        handle().unchanged();
+        drop(handle());
+        assert_eq!(key.word.get(), before);
+        // Changed within its bounds: written back on drop, or by commit_packed (which returns
+        // the 32-byte form to replicate).
+        handle().last_ms += 7;
+        assert_eq!(
+            compact::expand(key.word.get()).last_ms,
+            original.last_ms + 7
+        );
+        let mut changed = handle();
+        changed.last_ms += 1;
+        let expected = changed.clone();
+        assert_eq!(changed.commit_packed(), pack(&expected));
+        drop(changed);
+        assert_eq!(compact::expand(key.word.get()), expected);
+        assert!(key.full.borrow().is_none());
+        // A TAT far beyond what a word holds: the key takes the wider form.
+        let mut changed = handle();
+        changed.state = State::Gcra {
             ahead_scaled: 1 << 60,
         };
-        let wide = handle.clone();
-        drop(handle);
-        assert_eq!(*spilled.0.borrow(), [wide]);
-        compact::release(word);
+        let wide = changed.clone();
+        drop(changed);
+        assert_eq!(*key.full.borrow(), Some(wide));
     }
 
     proptest::proptest! {
