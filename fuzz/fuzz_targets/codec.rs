@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
         let change = Change::Replace(limiter.clone());
         assert_eq!(Change::decode(&change.to_bytes()), Ok(change));
         let _ = limiter.expires_at_ms();
-        if let Some(word) = compact::compact(&limiter, None) {
+        if let Some(word) = compact::compact(&limiter) {
             assert_eq!(compact::expand(word), limiter, "the compact word");
             compact::release(word);
         }

@@ -199,17 +199,11 @@ fn index(word: u64) -> usize {
     (word >> TAG_BITS) as usize & (ENTRIES - 1)
 }
 
-/// The compact word for `limiter`, taking a reference on its entry: first tried on the entry of
-/// `near` (the word the key held before a change), then on the entry used last, then on the
-/// table. `None` when it does not fit (see the module comment); nothing is taken then.
-pub fn compact(limiter: &Limiter, near: Option<u64>) -> Option<u64> {
-    let near = near.map(index);
+/// The compact word for a new value holding `limiter`, taking a reference on its entry; `None`
+/// when it does not fit (see the module comment).
+pub fn compact(limiter: &Limiter) -> Option<u64> {
     let recent = RECENT.load(Ordering::Relaxed) as usize % ENTRIES;
-    let word = match near
-        .into_iter()
-        .chain([recent])
-        .find_map(|at| TABLE[at].word(at, limiter))
-    {
+    let word = match TABLE[recent].word(recent, limiter) {
         Some(word) => word,
         None => {
             let shape = Shape::of(limiter.algorithm(), &limiter.params)?;
@@ -220,8 +214,26 @@ pub fn compact(limiter: &Limiter, near: Option<u64>) -> Option<u64> {
             TABLE[index].word(index, limiter)?
         }
     };
-    TABLE[index(word)].refs.fetch_add(1, Ordering::Relaxed);
+    retain(word);
     Some(word)
+}
+
+/// The word for `limiter`, changed from the one `word` held, which it takes the place of: on the
+/// same entry the reference passes to it; on another it takes one there and drops `word`'s.
+/// `None` when it no longer fits; `word` keeps its reference then.
+pub fn rewrite(word: u64, limiter: &Limiter) -> Option<u64> {
+    let at = index(word);
+    if let Some(same) = TABLE[at].word(at, limiter) {
+        return Some(same);
+    }
+    let moved = compact(limiter)?;
+    release(word);
+    Some(moved)
+}
+
+/// Takes another reference on `word`'s entry.
+pub fn retain(word: u64) {
+    TABLE[index(word)].refs.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Drops `word`'s reference on its entry (the word is being freed or replaced; any thread).
@@ -424,14 +436,14 @@ mod tests {
             if let State::SlidingWindow { previous, .. } = &mut original.state {
                 *previous = 29;
             }
-            let word = compact(&original, None).unwrap_or_else(|| panic!("{}", algorithm.name()));
+            let word = compact(&original).unwrap_or_else(|| panic!("{}", algorithm.name()));
             assert!(is_compact(word));
             assert_eq!(expand(word), original, "{}", algorithm.name());
             assert_eq!(super::algorithm(word), algorithm);
             release(word);
         }
         let log = limiter(Algorithm::SlidingLog, (3, 1_000, None), 5_000);
-        assert_eq!(compact(&log, None), None);
+        assert_eq!(compact(&log), None);
     }
 
     #[test]
@@ -439,24 +451,20 @@ mod tests {
         let _turn = turn();
         let a = limiter(Algorithm::Gcra, (7, 3_000, Some(11)), 1_000_000);
         let b = limiter(Algorithm::Gcra, (7, 3_000, Some(11)), 1_000_250);
-        let (first, second) = (compact(&a, None).unwrap(), compact(&b, None).unwrap());
+        let (first, second) = (compact(&a).unwrap(), compact(&b).unwrap());
         assert_eq!(index(first), index(second));
         assert_eq!(refs(first), 2);
         assert_eq!((expand(first), expand(second)), (a.clone(), b));
         release(second);
         assert_eq!(refs(first), 1);
         // Another parameter set, another entry.
-        let other = compact(
-            &limiter(Algorithm::Gcra, (7, 3_000, Some(12)), 1_000_000),
-            None,
-        )
-        .unwrap();
+        let other = compact(&limiter(Algorithm::Gcra, (7, 3_000, Some(12)), 1_000_000)).unwrap();
         assert_ne!(index(other), index(first));
         release(other);
         // A released entry that nobody reassigned yet is found again by its parameters.
         release(first);
         assert_eq!(refs(first), 0);
-        let again = compact(&a, None).unwrap();
+        let again = compact(&a).unwrap();
         assert_eq!((index(again), refs(again)), (index(first), 1));
         release(again);
     }
@@ -473,16 +481,8 @@ mod tests {
         // The last millisecond of an epoch.
         let end = (5 << shape.time_bits) - 1;
         let mut limiter = limiter(Algorithm::TokenBucket, params, end - 10);
-        let word = compact(&limiter, None).unwrap();
-        // What a key does with a change: a word for the new state near the old one, which it
-        // then releases.
-        let change = |word: u64, limiter: &Limiter| {
-            let changed = compact(limiter, Some(word));
-            if changed.is_some() {
-                release(word);
-            }
-            changed
-        };
+        let word = compact(&limiter).unwrap();
+        let change = rewrite;
         limiter.last_ms = end;
         let same = change(word, &limiter).unwrap();
         assert_eq!((index(same), refs(same)), (index(word), 1));
@@ -548,7 +548,7 @@ mod tests {
         {
             *window_start_ms = 9_000;
         }
-        assert_eq!(compact(&window, None), None);
+        assert_eq!(compact(&window), None);
     }
 
     #[test]
@@ -557,7 +557,7 @@ mod tests {
         let words: Vec<u64> = (0..)
             .map(|i| {
                 let window = limiter(Algorithm::FixedWindow, (1_000 + i, 1_000, None), 7_000);
-                compact(&window, None)
+                compact(&window)
             })
             .take_while(Option::is_some)
             .map(Option::unwrap)
@@ -573,11 +573,11 @@ mod tests {
             assert_eq!(expand(word).params.limit, 1_000 + i as u64);
         }
         let late = limiter(Algorithm::FixedWindow, (999, 1_000, None), 7_000);
-        assert_eq!(compact(&late, None), None);
+        assert_eq!(compact(&late), None);
         for word in words {
             release(word);
         }
-        let word = compact(&late, None).expect("room again");
+        let word = compact(&late).expect("room again");
         assert_eq!(expand(word), late);
         release(word);
     }
@@ -605,7 +605,7 @@ mod tests {
                     stored = Some(limiter);
                 }
                 if let Some(limiter) = &stored {
-                    let word = compact(limiter, None);
+                    let word = compact(limiter);
                     proptest::prop_assert!(word.is_some());
                     proptest::prop_assert_eq!(&expand(word.unwrap()), limiter);
                     release(word.unwrap());

@@ -84,7 +84,7 @@ fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
 /// word itself, in place of a pointer: see `compact.rs`), else a pointer to a 32-byte [`Value`].
 pub(crate) fn into_value(limiter: Limiter) -> *mut c_void {
     stats::key_created(limiter.algorithm());
-    match compact::compact(&limiter, None) {
+    match compact::compact(&limiter) {
         Some(word) => word_value(word),
         None => Box::into_raw(Box::new(Value::new(limiter))).cast(),
     }
@@ -373,36 +373,39 @@ impl Key {
 }
 
 impl Key {
-    /// Puts `new` in the key in place of its value, which is freed; false (nothing changed) if
-    /// Redis refused: only a key opened for writing takes a new value.
-    fn replace_value(&self, new: *mut c_void) -> bool {
+    /// Puts `new` in the key in place of its value and returns that value (ours from then on);
+    /// `None` (nothing changed) if Redis refused: only a key opened for writing takes a new value.
+    fn replace_value(&self, new: *mut c_void) -> Option<*mut c_void> {
         let mut old = ptr::null_mut();
         // SAFETY: an open key holding our type; on success Redis keeps `new` and hands back the
-        // value it held, ours from then on.
+        // value it held.
         let status =
             unsafe { rm!(RedisModule_ModuleTypeReplaceValue)(self.key, raw_type(), new, &mut old) };
         if status != raw::REDISMODULE_OK as c_int {
-            return false;
+            return None;
         }
-        // SAFETY: the replaced value, made by `into_value` and no longer in the key. The algorithm
-        // stays the same, so the key counts are unchanged.
-        unsafe { free_value(old) };
         self.written.set(true);
-        true
+        Some(old)
     }
 }
 
 impl Holder for Key {
     fn store_word(&self, word: u64) -> bool {
-        self.replace_value(word_value(word))
+        // The old word's reference already passed to the new one: nothing to free.
+        self.replace_value(word_value(word)).is_some()
     }
 
     fn store_full(&self, value: Value) {
         let new = Box::into_raw(Box::new(value)).cast::<c_void>();
-        if !self.replace_value(new) {
-            log_warning("ratelimit: a key refused its changed limiter; the change is lost");
-            // SAFETY: Redis refused `new`, so it is still ours.
-            unsafe { free_value(new) };
+        match self.replace_value(new) {
+            // SAFETY: the replaced word, made by `into_value` and no longer in the key. The
+            // algorithm stays the same, so the key counts are unchanged.
+            Some(old) => drop(unsafe { free_value(old) }),
+            None => {
+                log_warning("ratelimit: a key refused its changed limiter; the change is lost");
+                // SAFETY: Redis refused `new`, so it is still ours.
+                unsafe { free_value(new) };
+            }
         }
     }
 }

@@ -299,10 +299,11 @@ impl Drop for Value {
 
 /// Where a compact word is stored: the open key, whose module value the word is.
 pub trait Holder {
-    /// Replaces the key's value with `word` (which holds its own reference), releasing the word
-    /// it replaces; false if the key refused it (it is still the caller's then).
+    /// Replaces the key's word with `word` (which has taken over its reference, see
+    /// [`compact::rewrite`]); false if the key refused it.
     fn store_word(&self, word: u64) -> bool;
-    /// Replaces the key's compact value with `value` (the same limiter, in the wider form).
+    /// Replaces the key's word with `value` (the same limiter, in the wider form), releasing the
+    /// word.
     fn store_full(&self, value: Value);
 }
 
@@ -349,11 +350,12 @@ impl<'a> LimiterRef<'a> {
 /// Stores `limiter`, changed from what `word` held, in its key: as a word when it still fits one,
 /// else in the 32-byte form.
 fn store_compact(word: u64, limiter: &Limiter, holder: &dyn Holder) {
-    match compact::compact(limiter, Some(word)) {
-        // Unchanged: give back the reference just taken.
-        Some(same) if same == word => compact::release(same),
+    match compact::rewrite(word, limiter) {
+        Some(same) if same == word => {}
         Some(changed) => {
             if !holder.store_word(changed) {
+                // The key keeps `word`: its reference comes back, the new word's goes.
+                compact::retain(word);
                 compact::release(changed);
             }
         }
@@ -534,7 +536,7 @@ mod tests {
 
     impl Holder for TestKey {
         fn store_word(&self, word: u64) -> bool {
-            compact::release(self.word.replace(word));
+            self.word.set(word);
             true
         }
 
@@ -549,7 +551,7 @@ mod tests {
         let _turn = compact::test_turn();
         let original = limiter(Algorithm::Gcra, 9, 4_000, Some(3));
         let key = TestKey {
-            word: compact::compact(&original, None).unwrap().into(),
+            word: compact::compact(&original).unwrap().into(),
             full: None.into(),
         };
         let handle = || LimiterRef::compact(key.word.get(), &key);
