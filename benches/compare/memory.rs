@@ -80,8 +80,8 @@ impl Bench<'_> {
                     "RATELIMIT.CHECK".to_string(),
                     key(i),
                     name.to_string(),
-                    CONSUME_LIMIT.into(),
-                    CONSUME_PERIOD_MS.into(),
+                    MEMORY_LIMIT.into(),
+                    MEMORY_PERIOD_MS.into(),
                 ]
             };
             results.push(self.memory_of(
@@ -95,8 +95,8 @@ impl Bench<'_> {
                     "1".into(),
                     key(i),
                     name.to_string(),
-                    CONSUME_LIMIT.into(),
-                    CONSUME_PERIOD_MS.into(),
+                    MEMORY_LIMIT.into(),
+                    MEMORY_PERIOD_MS.into(),
                 ]
             };
             results.push(self.memory_of(
@@ -113,9 +113,9 @@ impl Bench<'_> {
                     sha.clone(),
                     "1".into(),
                     key(i),
-                    CONSUME_LIMIT.into(),
-                    CONSUME_PERIOD_MS.into(),
-                    CONSUME_LIMIT.into(),
+                    MEMORY_LIMIT.into(),
+                    MEMORY_PERIOD_MS.into(),
+                    MEMORY_LIMIT.into(),
                     "1".into(),
                     String::new(),
                 ]
@@ -128,9 +128,26 @@ impl Bench<'_> {
         // CL.THROTTLE keys: ours (a gcra limiter) and redis-cell's (a string), on its server.
         let throttle = move |i: u64| {
             let mut command = vec!["CL.THROTTLE".to_string(), key(i)];
-            command.extend(THROTTLE_ARGS.iter().map(|a| a.to_string()));
+            command.extend(THROTTLE_MEMORY_ARGS.iter().map(|a| a.to_string()));
             command
         };
+        // The 32-byte form, for parameters too wide for a word (the consuming cases' own).
+        let wide = move |i: u64| {
+            vec![
+                "RATELIMIT.CHECK".to_string(),
+                key(i),
+                "token-bucket".into(),
+                CONSUME_LIMIT.into(),
+                CONSUME_PERIOD_MS.into(),
+            ]
+        };
+        results.push(self.memory_of(
+            kind(
+                "token-bucket/native-wide",
+                &format!("token-bucket native, {CONSUME_LIMIT} per {CONSUME_PERIOD_MS} ms"),
+            ),
+            wide,
+        )?);
         let mut throttles = vec![(Subject::Throttle, Side::Ours)];
         if self.has_cell() {
             throttles.push((Subject::Cell, Side::Cell));

@@ -31,6 +31,14 @@ pub const CONSUME_PERIOD_MS: &str = "60000000000";
 pub const THROTTLE_ARGS: [&str; 4] = ["100000", "100000", "60000000", "1"];
 /// The rejected `CL.THROTTLE`: `max_burst` 0 (a capacity of 1), 1 per 60,000,000 s.
 pub const THROTTLE_REJECT_ARGS: [&str; 4] = ["0", "1", "60000000", "1"];
+/// Limit and period of the memory phase's keys: a common API limit (100 an hour), whose keys the
+/// module keeps as one word beside a shared parameter entry; a key written once lives 36 s, time
+/// enough to measure. The consuming cases' parameters are too wide for a word: the memory phase
+/// measures that form too, on the token bucket.
+pub const MEMORY_LIMIT: &str = "100";
+pub const MEMORY_PERIOD_MS: &str = "3600000";
+/// The memory phase's `CL.THROTTLE`: `max_burst` 15, 30 an hour (a key written once lives 120 s).
+pub const THROTTLE_MEMORY_ARGS: [&str; 4] = ["15", "30", "3600", "1"];
 /// Limit of the rejected cases: one hot key with limit 1 and the same period, exhausted first.
 pub const REJECT_LIMIT: &str = "1";
 /// `SET ... PXAT` expiry: 2100-01-01.

@@ -458,6 +458,15 @@ pub fn markdown(results: &Results) -> String {
              tables included. Per added key: the delta between two counts within the same \
              power-of-two bracket, where those tables keep their size.\n\n",
         );
+        let _ = write!(
+            md,
+            "Each key holds one call: `{MEMORY_LIMIT}` per `{MEMORY_PERIOD_MS}` ms for the module, \
+             the library and the scripts (burst = limit), `CL.THROTTLE key {}` for both \
+             `CL.THROTTLE`s. The module keeps such a key as one word beside an entry shared by \
+             the keys of the same parameters; parameters too wide for a word (the last token-bucket \
+             row) take its 32-byte form.\n\n",
+            THROTTLE_MEMORY_ARGS.join(" "),
+        );
         md.push_str(
             "| keys | count | average / key | per added key | per added key vs SET PXAT | \
              MEMORY USAGE of one key |\n",
@@ -939,6 +948,7 @@ pub fn json(results: &Results) -> String {
         "consume_args": { "limit": CONSUME_LIMIT, "period_ms": CONSUME_PERIOD_MS },
         "reject_args": { "limit": REJECT_LIMIT, "period_ms": CONSUME_PERIOD_MS },
         "throttle_args": THROTTLE_ARGS,
+        "memory_args": { "limit": MEMORY_LIMIT, "period_ms": MEMORY_PERIOD_MS, "throttle": THROTTLE_MEMORY_ARGS },
         "throttle_reject_args": THROTTLE_REJECT_ARGS,
         "cases": cases,
         "memory": memory,
