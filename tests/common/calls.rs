@@ -7,8 +7,9 @@ use redis::{Cmd, Connection, ConnectionLike, RedisResult, Value};
 
 use super::server::{wait_replica_sync, Server};
 
+/// The algorithms that take `BURST` (the buckets and gcra).
 pub fn is_bucket(algorithm: &str) -> bool {
-    algorithm.ends_with("bucket")
+    algorithm.ends_with("bucket") || algorithm == "gcra"
 }
 
 /// One limit as CHECK names it.
