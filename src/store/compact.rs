@@ -44,8 +44,9 @@ const PAYLOAD_AT: u32 = TAG_BITS + INDEX_BITS;
 const PAYLOAD_BITS: u32 = 64 - PAYLOAD_AT;
 /// How many epochs the keys of one parameter set may span: `T` is at least the width of a key's
 /// lifetime (a bucket's full refill, two windows) minus this many bits, so a parameter set's live
-/// keys use at most `2^3 + 1` entries.
-const MAX_EPOCH_SPREAD_BITS: u32 = 3;
+/// keys use at most `2^5 + 1` entries (most use one or two: keys live far shorter than a full
+/// refill).
+const MAX_EPOCH_SPREAD_BITS: u32 = 5;
 /// Free slots are looked for among this many after the last one assigned.
 const PROBES: usize = 64;
 
@@ -521,7 +522,7 @@ mod tests {
             shape(Algorithm::Gcra, 1, MAX_PERIOD_MS, Some(MAX_AMOUNT)),
             None
         );
-        // A bucket refilling for longer than 2^(T+3) ms would spread over too many epochs.
+        // A bucket refilling for longer than 2^(T+5) ms would spread over too many epochs.
         assert_eq!(
             shape(Algorithm::TokenBucket, 1, 86_400_000, Some(1_000)),
             None
@@ -549,6 +550,38 @@ mod tests {
             *window_start_ms = 9_000;
         }
         assert_eq!(compact(&window), None);
+    }
+
+    /// The largest limits that fit a word (burst = limit), as docs/operations.md lists them.
+    #[test]
+    fn the_largest_limits_that_fit_a_word() {
+        let fits = |algorithm: Algorithm, limit: u64, period_ms: u64| {
+            let burst = algorithm.is_bucket().then_some(limit);
+            Shape::of(algorithm, &Params::new(limit, period_ms, burst).unwrap()).is_some()
+        };
+        let (second, minute, hour, day) = (1_000, 60_000, 3_600_000, 86_400_000);
+        for (algorithm, period_ms, largest) in [
+            (Algorithm::TokenBucket, second, 35_184_372_088),
+            (Algorithm::LeakyBucket, minute, 9_162_596),
+            (Algorithm::Gcra, hour, 2_386),
+            (Algorithm::TokenBucket, day, 3),
+            (Algorithm::FixedWindow, minute, 549_755_813_887),
+            (Algorithm::FixedWindow, hour, 8_589_934_591),
+            (Algorithm::FixedWindow, day, 268_435_455),
+            (Algorithm::SlidingWindow, second, 4_194_303),
+            (Algorithm::SlidingWindow, minute, 524_287),
+            (Algorithm::SlidingWindow, hour, 65_535),
+            (Algorithm::SlidingWindow, day, 8_191),
+        ] {
+            assert!(
+                fits(algorithm, largest, period_ms),
+                "{algorithm:?} {largest}"
+            );
+            assert!(
+                !fits(algorithm, largest + 1, period_ms),
+                "{algorithm:?} {largest}"
+            );
+        }
     }
 
     #[test]
