@@ -1,6 +1,6 @@
-//! The 8-byte form of a bucket, a window or a GCRA limiter: one word per key, holding the time of
-//! its last call and its state, beside the index of a shared entry that holds what the keys of
-//! one parameter set have in common (the algorithm, the parameters, an epoch).
+//! The compact form of a bucket, a window or a GCRA limiter: one 64-bit word per key, holding the
+//! time of its last call and its state, beside the index of a shared entry that holds what the
+//! keys of one parameter set have in common (the algorithm, the parameters, an epoch).
 //!
 //! ```text
 //! bits            field
@@ -14,8 +14,9 @@
 //! `A` is the width of the largest amount the parameters allow (`C·P` for a bucket, `L` for a
 //! window count) and `T = 50 − A` (`50 − 2A` for a sliding window). An epoch is an aligned span of
 //! `2^T` ms, so a key's `last_ms` is exact, and its entry is `(algorithm, L, P, C, epoch)`.
-//! Parameters are stored once per entry instead of once per key. A limiter that does not fit (parameters too wide for the 50 bits, a
-//! state beyond its parameters' bounds, a full table) keeps the 32-byte form of `value.rs`.
+//! Parameters are stored once per entry instead of once per key. A limiter that does not fit
+//! (parameters too wide for the 50 bits, a state beyond its parameters' bounds, a full table)
+//! keeps the 32-byte form of `value.rs`. docs/operations.md says which parameters fit.
 //!
 //! The word is the module value itself: Redis keeps a module value as an opaque pointer and only
 //! ever hands it back to the type's callbacks, so a word whose low bits (`110`) no aligned pointer
@@ -50,10 +51,10 @@ const MAX_EPOCH_SPREAD_BITS: u32 = 5;
 /// Free slots are looked for among this many after the last one assigned.
 const PROBES: usize = 64;
 
-/// Whether a value's first word is a compact word (else it starts a 32-byte value).
+/// Whether a module value is a compact word (else it points to a 32-byte value).
 #[inline(always)]
-pub fn is_compact(first_word: u64) -> bool {
-    first_word & 7 == TAG
+pub fn is_compact(value: u64) -> bool {
+    value & 7 == TAG
 }
 
 #[inline(always)]

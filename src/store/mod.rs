@@ -370,9 +370,7 @@ impl Key {
         unsafe { rm!(RedisModule_DeleteKey)(self.key) };
         self.written.set(true);
     }
-}
 
-impl Key {
     /// Puts `new` in the key in place of its value and returns that value (ours from then on);
     /// `None` (nothing changed) if Redis refused: only a key opened for writing takes a new value.
     fn replace_value(&self, new: *mut c_void) -> Option<*mut c_void> {
