@@ -1,18 +1,22 @@
 //! The compact form (src/store/compact.rs): a bucket, window or gcra key of common parameters is
 //! one word beside a shared entry. What it costs (a gcra key: at most 140 bytes, less than
 //! redis-cell's), and that everything still holds where the word does not fit: a limiter whose
-//! change outgrows its word, a full table of entries, entries freed from a background thread.
+//! change outgrows its word, a full table of entries, entries freed from a background thread,
+//! random calls that move keys between the two forms.
 
 mod common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::model::{Model, Spec};
+use common::rng::{seed_from_env, Rng};
 use common::{
     assert_replica_matches, dbsize, decision, digests, future_base_ms, info_int, int, limiter_info,
-    send, Limit, Server,
+    now_ms, reply6, send, Limit, Server,
 };
 use redis::{Cmd, Connection};
+use redis_ratelimit::algorithms::Algorithm;
 
 /// `MEMORY USAGE` of one key.
 fn memory_usage(con: &mut Connection, key: &str) -> i64 {
@@ -202,4 +206,84 @@ fn a_full_table_of_entries_leaves_keys_exact_and_a_background_flush_frees_it() {
         .collect();
     assert!(usage.iter().all(|&u| u == usage[0]), "{usage:?}");
     assert_eq!(usage[0], small);
+}
+
+/// Random calls on keys whose parameters change between sets that fit a word and sets that do
+/// not, so keys move between the two forms (and between entries and epochs) mid-life: every
+/// reply is the model's, and both forms are seen.
+#[test]
+fn random_calls_moving_keys_between_the_two_forms_answer_as_the_model_does() {
+    let mut rng = Rng::new(seed_from_env("COMPACT_SEED", now_ms));
+    let server = Server::start();
+    let mut con = server.client();
+    const DAY: u64 = 86_400_000;
+    // Per algorithm: parameter sets that fit a word, then sets that do not.
+    let specs = |algorithm: Algorithm| -> Vec<Spec> {
+        let spec = |limit, period_ms, burst| Spec {
+            algorithm,
+            limit,
+            period_ms,
+            burst: algorithm.is_bucket().then_some(burst),
+        };
+        let mut specs = vec![
+            spec(3, 1_000, 5),
+            spec(10, 60_000, 4),
+            spec(100, 3_600_000, 100),
+        ];
+        specs.extend(match algorithm {
+            Algorithm::FixedWindow => vec![spec(1_000_000_000_000, 3650 * DAY, 0)],
+            Algorithm::SlidingWindow => vec![spec(1_000_000, 3_600_000, 0)],
+            _ => vec![
+                spec(1, 3650 * DAY, 1_000_000_000_000),
+                spec(100_000, 60_000_000_000, 100_000),
+            ],
+        });
+        specs
+    };
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+    ];
+    let mut model = Model::default();
+    let mut t = future_base_ms();
+    let mut forms = std::collections::HashSet::new();
+    for step in 0..3_000 {
+        let algorithm = rng.pick(&algorithms);
+        // Names of one length, so MEMORY USAGE tells the forms apart.
+        let key = format!("{:_<14}:{}", algorithm.name(), rng.below(3));
+        let spec = *rng.pick_ref(&specs(algorithm));
+        t = match rng.below(10) {
+            0 => t.saturating_sub(rng.below(2_000)),
+            1..=4 => t,
+            5..=8 => t + rng.below(1_500),
+            _ => t + rng.log_uniform(1, 2 * DAY),
+        };
+        let cost = rng.below(4);
+        let mut cmd = redis::cmd("RATELIMIT.CHECK");
+        cmd.arg(&key)
+            .arg(spec.args())
+            .arg("COST")
+            .arg(cost)
+            .arg("AT")
+            .arg(t);
+        let reply: redis::Value = cmd.query(&mut con).unwrap();
+        let expected = model.check(&key, &spec.request(cost, t)).to_array();
+        assert_eq!(
+            reply6(&reply),
+            expected,
+            "step {step}: {key} {spec:?} cost {cost} at {t}"
+        );
+        if let Ok(usage) = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .query::<i64>(&mut con)
+        {
+            forms.insert(usage);
+        }
+    }
+    // A word and the 32-byte form, nothing else.
+    assert_eq!(forms.len(), 2, "MEMORY USAGE seen: {forms:?}");
 }
