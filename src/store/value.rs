@@ -1,4 +1,5 @@
-//! The in-memory form of a stored limiter, sized to its algorithm.
+//! The 32-byte form of a stored limiter (and the payload buckets and windows replicate as), and
+//! the handle commands change a stored limiter through, whatever its form.
 //!
 //! Buckets and windows are bit-packed into 32 bytes (jemalloc's 32-byte class): every field has a
 //! bound (docs/algorithms.md), so its width is fixed. The sliding log, whose entries live on the
@@ -17,7 +18,8 @@
 //! A window's start is not stored: it is the window holding `last_ms` (the codec checks the same).
 //!
 //! Most buckets and windows do not even take these 32 bytes: `compact.rs` stores them in one word
-//! beside an entry shared by the keys of the same parameters. This form is for the rest.
+//! beside an entry shared by the keys of the same parameters. This form is for the rest, and for
+//! the replication payload of every bucket and window.
 
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
