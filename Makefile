@@ -59,7 +59,7 @@ bench: build ## Module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a re
 	cargo bench --bench compare
 
 profile: export RATELIMIT_MODULE := $(MODULE)
-profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3 (~6 min); see target/bench/profile/
+profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word (~7 min); see target/bench/profile/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash benches/profile.sh
 

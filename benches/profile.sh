@@ -166,6 +166,10 @@ attach_replica() {
 }
 
 check() { echo "RATELIMIT.CHECK rl:__rand_int__ $1 100000 60000000000"; }
+# The same with common parameters (100 an hour): keys the module keeps in one word
+# (docs/operations.md, "Memory per key"), where the parameters above are too wide for one.
+check_common() { echo "RATELIMIT.CHECK rl:__rand_int__ $1 100 3600000"; }
+compact_algorithms=(token-bucket leaky-bucket fixed-window sliding-window gcra)
 hot() { echo "RATELIMIT.CHECK hot $1 1 60000000000"; }
 # CL.THROTTLE with the limits of `make bench` (benches/compare/model.rs): 100000 per 60,000,000 s
 # with burst 100000 (every call admitted, no key expires), and burst 0 for the rejected hot key.
@@ -211,6 +215,16 @@ for algorithm in "${algorithms[@]}"; do
         measure "$algorithm-rejected" $(hot "$algorithm")
         measure_resp "$algorithm-rejected-resp2" 2 0 $(hot "$algorithm")
         measure_resp "$algorithm-rejected-resp3" 3 0 $(hot "$algorithm")
+        stop
+    }
+done
+
+for algorithm in "${compact_algorithms[@]}"; do
+    # shellcheck disable=SC2046
+    {
+        start "$algorithm-common"
+        fill "${fill_random[@]}" $(check_common "$algorithm")
+        measure "$algorithm-common" -r "$keys" $(check_common "$algorithm")
         stop
     }
 done
@@ -308,6 +322,20 @@ server_version=$("$server" --version | awk '{print $3}' | tr -d 'v=')
             two=$(lookup "$name-resp2"); three=$(lookup "$name-resp3")
             echo "| $algorithm | $kind | $two | $three | $(ratio "$three" "$two") | $(reply "$name-resp2") / $(reply "$name-resp3") | $(lookup "$name") |"
         done
+    done
+    echo
+    echo "#### Keys of common parameters"
+    echo
+    echo "Consuming calls over $keys random keys at 100 an hour (\`$(check_common "<algorithm>")\`):"
+    echo "keys the module keeps as one word beside an entry their parameters share, against the"
+    echo "consuming calls above, whose parameters are too wide for a word (a 32-byte value per key;"
+    echo "except the fixed window, whose count fits a word either way)."
+    echo
+    echo "| algorithm | 100 an hour | 100000 per 60000000000 ms | common / wide | common vs SET PXAT |"
+    echo "|---|---|---|---|---|"
+    for algorithm in "${compact_algorithms[@]}"; do
+        common=$(lookup "$algorithm-common"); wide=$(lookup "$algorithm")
+        echo "| $algorithm | $common | $wide | $(ratio "$common" "$wide") | $(ratio "$common" "$set_ir") |"
     done
     echo
     echo "#### CL.THROTTLE: the module against redis-cell"

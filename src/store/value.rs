@@ -366,8 +366,8 @@ fn store_compact(word: u64, limiter: &Limiter, holder: &dyn Holder) {
 }
 
 impl LimiterRef<'_> {
-    /// Stores a changed packed limiter now and returns the words stored, to replicate as they
-    /// are. `None` for a boxed limiter (changed in place already) or one that no longer packs
+    /// Stores a changed packed or compact limiter now and returns its packed form, to replicate
+    /// as it is. `None` for a boxed limiter (changed in place already) or one that no longer packs
     /// (never, for one the commands changed), which the drop stores as usual.
     pub fn commit_packed(&mut self) -> Option<[u64; 4]> {
         match self {
