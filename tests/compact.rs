@@ -6,14 +6,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::model::{Model, Spec};
 use common::rng::{seed_from_env, Rng};
 use common::{
     assert_replica_matches, dbsize, decision, digests, future_base_ms, info_int, int, limiter_info,
-    now_ms, reply6, send, Limit, Server,
+    now_ms, redis_cell, reply6, send, Limit, Server,
 };
 use redis::{Cmd, Connection};
 use redis_ratelimit::algorithms::Algorithm;
@@ -56,19 +55,6 @@ fn throttle(key: &str) -> Cmd {
     let mut cmd = redis::cmd("CL.THROTTLE");
     cmd.arg(key).arg(&["15", "30", "3600", "1"]);
     cmd
-}
-
-/// redis-cell 0.5.0, compiled, when ../shared/peers/ is there.
-fn redis_cell() -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/libredis_cell.so");
-    if path.is_file() {
-        Some(path.canonicalize().unwrap())
-    } else {
-        eprintln!(
-            "skipped: ../shared/peers/libredis_cell.so is absent: no comparison with redis-cell"
-        );
-        None
-    }
 }
 
 #[test]

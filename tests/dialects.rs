@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::thread;
 use std::time::Duration;
 
 use common::rng::Rng;
-use common::{future_base_ms, Server};
+use common::{future_base_ms, redis_cell, Server};
 use redis::{Connection, Value};
 
 fn throttle(con: &mut Connection, key: &str, args: &[u64]) -> Vec<i64> {
@@ -33,19 +32,6 @@ fn error(con: &mut Connection, command: &str, args: &[&str]) -> String {
     match redis::cmd(command).arg(args).query::<Value>(con) {
         Ok(value) => panic!("{command} {args:?}: expected an error, got {value:?}"),
         Err(e) => e.to_string(),
-    }
-}
-
-/// redis-cell 0.5.0, compiled, when ../shared/peers/ is there.
-fn redis_cell() -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/libredis_cell.so");
-    if path.is_file() {
-        Some(path.canonicalize().unwrap())
-    } else {
-        eprintln!(
-            "skipped: ../shared/peers/libredis_cell.so is absent: no comparison with redis-cell"
-        );
-        None
     }
 }
 

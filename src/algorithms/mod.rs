@@ -473,6 +473,32 @@ pub(crate) mod testing {
         outcome.decision
     }
 
+    /// The states one key goes through: a committing call per `(gap, cost)`, the time moving on
+    /// by `gap` from `start_ms` and the cost capped at the limit; the stored limiter after each
+    /// call that left one.
+    pub fn states(
+        algorithm: Algorithm,
+        params: Params,
+        start_ms: u64,
+        calls: &[(u64, u64)],
+    ) -> Vec<Limiter> {
+        let mut stored: Option<Limiter> = None;
+        let mut now_ms = start_ms;
+        let mut states = Vec::new();
+        for &(gap, cost) in calls {
+            now_ms += gap;
+            let request = Request {
+                algorithm,
+                params,
+                cost: cost.min(params.limit),
+                now_ms,
+            };
+            apply(&mut stored, &request);
+            states.extend(stored.clone());
+        }
+        states
+    }
+
     /// A non-committing call (PEEK).
     pub fn peek(stored: &Option<Limiter>, request: &Request) -> Decision {
         let mut copy = stored.clone();

@@ -394,6 +394,7 @@ pub(crate) fn test_turn() -> std::sync::MutexGuard<'static, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithms::testing::states;
     use crate::algorithms::{check, Request, Write, MAX_AMOUNT, MAX_PERIOD_MS};
 
     use super::test_turn as turn;
@@ -630,20 +631,11 @@ mod tests {
             let params = Params::new(limit, period, algorithm.is_bucket().then_some(burst)).unwrap();
             proptest::prop_assume!(Shape::of(algorithm, &params).is_some());
             let _turn = turn();
-            let mut stored: Option<Limiter> = None;
-            let mut now = 1_796_000_000_000u64;
-            for (gap, cost) in calls {
-                now += gap;
-                let request = Request { algorithm, params, cost: cost.min(limit), now_ms: now };
-                if let (_, Write::Created(limiter)) = check(stored.as_mut(), &request, true).unwrap() {
-                    stored = Some(limiter);
-                }
-                if let Some(limiter) = &stored {
-                    let word = compact(limiter);
-                    proptest::prop_assert!(word.is_some());
-                    proptest::prop_assert_eq!(&expand(word.unwrap()), limiter);
-                    release(word.unwrap());
-                }
+            for limiter in states(algorithm, params, 1_796_000_000_000, &calls) {
+                let word = compact(&limiter);
+                proptest::prop_assert!(word.is_some());
+                proptest::prop_assert_eq!(expand(word.unwrap()), limiter);
+                release(word.unwrap());
             }
         }
     }

@@ -445,6 +445,7 @@ impl Drop for LimiterRef<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithms::testing::states;
     use crate::algorithms::{check, Request, SlidingLog, Write, MAX_AMOUNT, MAX_PERIOD_MS};
 
     fn limiter(algorithm: Algorithm, limit: u64, period_ms: u64, burst: Option<u64>) -> Limiter {
@@ -599,19 +600,10 @@ mod tests {
         ) {
             let algorithm = Algorithm::from_index(algorithm).unwrap();
             let params = Params::new(limit, period, algorithm.is_bucket().then_some(burst)).unwrap();
-            let mut stored: Option<Limiter> = None;
-            let mut now = 0u64;
-            for (gap, cost) in calls {
-                now += gap;
-                let request = Request { algorithm, params, cost: cost.min(limit), now_ms: now };
-                if let (_, Write::Created(limiter)) = check(stored.as_mut(), &request, true).unwrap() {
-                    stored = Some(limiter);
-                }
-                if let Some(limiter) = &stored {
-                    let value = Value::new(limiter.clone());
-                    proptest::prop_assert!(value.boxed().is_none());
-                    proptest::prop_assert_eq!(&value.to_limiter(), limiter);
-                }
+            for limiter in states(algorithm, params, 0, &calls) {
+                let value = Value::new(limiter.clone());
+                proptest::prop_assert!(value.boxed().is_none());
+                proptest::prop_assert_eq!(value.to_limiter(), limiter);
             }
         }
     }

@@ -51,6 +51,7 @@ pub mod rng;
 mod server;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use calls::*;
@@ -73,6 +74,20 @@ pub const MAX_PERIOD_MS: u64 = 3650 * DAY_MS;
 pub const TIME_LIMIT_MS: u64 = 1 << 53;
 /// `ratelimit.max-log-limit` by default: the largest sliding-log limit.
 pub const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
+
+/// redis-cell 0.5.0, compiled, when ../shared/peers/ (beside the repository) has it; `None`, with
+/// a line saying the comparison is skipped, in a fresh clone.
+pub fn redis_cell() -> Option<PathBuf> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/libredis_cell.so");
+    if path.is_file() {
+        Some(path.canonicalize().unwrap())
+    } else {
+        eprintln!(
+            "skipped: ../shared/peers/libredis_cell.so is absent: no comparison with redis-cell"
+        );
+        None
+    }
+}
 
 /// Wall-clock time in ms since the Unix epoch.
 pub fn now_ms() -> u64 {
