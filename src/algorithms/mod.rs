@@ -88,7 +88,7 @@ impl Algorithm {
 }
 
 /// The parameters of a limiter, validated against the bounds of docs/algorithms.md when built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Params {
     /// `L`: requests allowed per period; also the flow of scaled units per ms.
     pub limit: u64,

@@ -292,11 +292,20 @@ pub fn expand(word: u64) -> Limiter {
 /// What identifies an entry.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct EntryKey {
-    algorithm: u8,
-    limit: u64,
-    period_ms: u64,
-    capacity: u64,
+    algorithm: Algorithm,
+    params: Params,
     epoch_ms: u64,
+}
+
+impl Entry {
+    /// What the entry holds now, if it was ever assigned.
+    fn key(&self) -> Option<EntryKey> {
+        Some(EntryKey {
+            algorithm: self.shape()?.algorithm,
+            params: self.params(),
+            epoch_ms: self.epoch_ms.load(Ordering::Relaxed),
+        })
+    }
 }
 
 /// A multiply-rotate hash: the keys are a few integers, and hashing runs on every new key.
@@ -312,6 +321,14 @@ impl Hasher for Mix {
 
     fn write_u8(&mut self, value: u8) {
         self.write_u64(value.into());
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
+    }
+
+    fn write_isize(&mut self, value: isize) {
+        self.write_u64(value as u64);
     }
 
     fn write_u64(&mut self, value: u64) {
@@ -335,10 +352,8 @@ static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
 /// free slot among the next [`PROBES`]). The caller takes the reference.
 fn assign(shape: Shape, params: Params, epoch_ms: u64) -> Option<usize> {
     let key = EntryKey {
-        algorithm: shape.algorithm.index() as u8,
-        limit: params.limit,
-        period_ms: params.period_ms,
-        capacity: params.capacity,
+        algorithm: shape.algorithm,
+        params,
         epoch_ms,
     };
     let mut guard = SLOTS
@@ -355,15 +370,8 @@ fn assign(shape: Shape, params: Params, epoch_ms: u64) -> Option<usize> {
         .map(|i| (slots.cursor + i) % ENTRIES)
         .find(|&i| TABLE[i].refs.load(Ordering::Acquire) == 0)?;
     let entry = &TABLE[index];
-    if let Some(old) = entry.shape() {
-        let params = entry.params();
-        slots.by_key.remove(&EntryKey {
-            algorithm: old.algorithm.index() as u8,
-            limit: params.limit,
-            period_ms: params.period_ms,
-            capacity: params.capacity,
-            epoch_ms: entry.epoch_ms.load(Ordering::Relaxed),
-        });
+    if let Some(old) = entry.key() {
+        slots.by_key.remove(&old);
     }
     entry.limit.store(params.limit, Ordering::Relaxed);
     entry.period_ms.store(params.period_ms, Ordering::Relaxed);
