@@ -61,11 +61,20 @@ impl Algorithm {
         }
     }
 
-    /// Parses a name case-insensitively.
+    /// Parses a name case-insensitively. Every CHECK parses one, so this is no linear search: the
+    /// length and first letter single out the one name to compare, and [`same_name`] compares it
+    /// 8 bytes at a time (`eq_ignore_ascii_case` on the six in turn cost ~110 instructions a call).
     pub fn parse(name: &[u8]) -> Option<Algorithm> {
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.name().as_bytes().eq_ignore_ascii_case(name))
+        let candidate = match (name.len(), name.first()? | 0x20) {
+            (12, b't') => Algorithm::TokenBucket,
+            (12, b'l') => Algorithm::LeakyBucket,
+            (12, b'f') => Algorithm::FixedWindow,
+            (14, b's') => Algorithm::SlidingWindow,
+            (11, b's') => Algorithm::SlidingLog,
+            (4, b'g') => Algorithm::Gcra,
+            _ => return None,
+        };
+        same_name(name, candidate.name().as_bytes()).then_some(candidate)
     }
 
     /// Decodes the discriminant written by [`Algorithm::index`].
@@ -85,6 +94,29 @@ impl Algorithm {
             Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
         )
     }
+}
+
+/// `name` equals `lower`, an algorithm's name (1 to 16 bytes of lowercase ASCII letters and
+/// `-`), ignoring ASCII case. Eight bytes at a time: where `lower` has a letter (bit 0x40 set) the
+/// case bit 0x20 of `name` is ignored, and only there, so `-` matches `-` alone.
+fn same_name(name: &[u8], lower: &[u8]) -> bool {
+    fn word(bytes: &[u8]) -> u64 {
+        let mut padded = [0u8; 8];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        u64::from_le_bytes(padded)
+    }
+    fn same(name: u64, lower: u64) -> bool {
+        name | ((lower & 0x4040_4040_4040_4040) >> 1) == lower
+    }
+    let n = lower.len();
+    if name.len() != n || !(1..=16).contains(&n) {
+        return false;
+    }
+    if n <= 8 {
+        return same(word(name), word(lower));
+    }
+    // The first and the last 8 bytes: together they cover every byte.
+    same(word(&name[..8]), word(&lower[..8])) && same(word(&name[n - 8..]), word(&lower[n - 8..]))
 }
 
 /// The parameters of a limiter, validated against the bounds of docs/algorithms.md when built.

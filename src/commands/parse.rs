@@ -369,8 +369,48 @@ mod tests {
             b"sliding-bucket",
             b"gcr",
             b"\xff",
+            // The length and first letter of a name, another name's tail or a typo.
+            b"token-window",
+            b"leaky-window",
+            b"fixed-bucket",
+            b"sliding-windov",
+            b"sliding-lag",
+            b"gcrb",
+            b"Tokenxbucket",
         ] {
             assert_eq!(Algorithm::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn algorithm_names_parse_as_a_linear_search_would() {
+        let reference = |name: &[u8]| {
+            Algorithm::ALL
+                .into_iter()
+                .find(|a| a.name().as_bytes().eq_ignore_ascii_case(name))
+        };
+        for algorithm in Algorithm::ALL {
+            let name = algorithm.name().as_bytes();
+            // What the fast comparison relies on: lowercase letters and '-', at most 16 bytes.
+            assert!(name.len() <= 16);
+            assert!(name.iter().all(|b| b.is_ascii_lowercase() || *b == b'-'));
+            // Every byte value at every position, and every name at every other's length.
+            for at in 0..name.len() {
+                for byte in 0..=255u8 {
+                    let mut changed = name.to_vec();
+                    changed[at] = byte;
+                    assert_eq!(
+                        Algorithm::parse(&changed),
+                        reference(&changed),
+                        "{changed:?}"
+                    );
+                }
+            }
+            for other in Algorithm::ALL {
+                let mut mixed = other.name().as_bytes().to_vec();
+                mixed.resize(name.len(), b'-');
+                assert_eq!(Algorithm::parse(&mixed), reference(&mixed), "{mixed:?}");
+            }
         }
     }
 
