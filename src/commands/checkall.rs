@@ -106,12 +106,13 @@ fn run(call: &Call) -> c_int {
         // the ones before it leave, so every one admits again.
         for (i, request) in requests.iter().enumerate() {
             let key = &keys[groups.group[i]];
-            let (outcome, written) = match evaluate(key, request, true) {
+            let mut payload = StackBuf::default();
+            let (outcome, written) = match evaluate(key, request, true, &mut payload) {
                 Ok(evaluated) => evaluated,
                 Err(message) => return call.error(&message),
             };
             debug_assert_eq!(outcome.decision, outcomes[i].decision);
-            if let Some(payload) = written.as_ref().and_then(StackBuf::as_slice) {
+            if let Some(payload) = payload.as_slice().filter(|_| written) {
                 replicate_apply(call, key_name(i), payload);
             }
             outcomes[i] = outcome;
@@ -154,7 +155,7 @@ fn decide(keys: &[Key], groups: &KeyGroups, requests: &[Request]) -> Result<Vec<
     for (request, &group) in requests.iter().zip(&groups.group) {
         let key = &keys[group];
         if occurrences[group] == 1 {
-            outcomes.push(evaluate(key, request, false)?.0);
+            outcomes.push(evaluate(key, request, false, &mut StackBuf::default())?.0);
             continue;
         }
         let copy = match &mut copies[group] {

@@ -328,14 +328,16 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// Decides on one open key and, with `commit`, writes the result into it (state and expiry).
-/// Returns the decision and, for a call that wrote, the write to replicate (`ratelimit.apply`'s
-/// payload), encoded from the limiter in hand. The error is the reply to send (WRONGTYPE, another
-/// algorithm); nothing is written then.
+/// Returns the decision and whether the call wrote; the write to replicate (`ratelimit.apply`'s
+/// payload), encoded from the limiter in hand, is then in `payload` (the caller's, so it is not
+/// moved on the way back). The error is the reply to send (WRONGTYPE, another algorithm); nothing
+/// is written then.
 pub(crate) fn evaluate(
     key: &Key,
     request: &Request,
     commit: bool,
-) -> Result<(Outcome, Option<StackBuf>), String> {
+    payload: &mut StackBuf,
+) -> Result<(Outcome, bool), String> {
     let mut stored = match key.slot() {
         Slot::Empty => None,
         Slot::Limiter(limiter) => Some(limiter),
@@ -345,7 +347,6 @@ pub(crate) fn evaluate(
         algorithms::check(stored.as_deref_mut(), request, commit).map_err(|mismatch| {
             error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
         })?;
-    let mut payload = StackBuf::default();
     let replicated = match (&write, &mut stored) {
         (Write::Nothing, _) => false,
         // A log replicates what it appended, not its whole state.
@@ -355,18 +356,18 @@ pub(crate) fn evaluate(
                 t_ms: outcome.t_ms,
                 cost: request.cost,
             }
-            .encode(&mut payload);
+            .encode(payload);
             true
         }
         (Write::Created(limiter), _) => {
-            encode_write(limiter, &mut payload);
+            encode_write(limiter, payload);
             true
         }
         // An updated bucket or window: pack it once, to store and to replicate.
         (Write::Updated, Some(handle)) => {
             match handle.commit_packed() {
-                Some(words) => encode_packed(&words, &mut payload),
-                None => encode_write(handle, &mut payload),
+                Some(words) => encode_packed(&words, payload),
+                None => encode_write(handle, payload),
             }
             true
         }
@@ -387,7 +388,7 @@ pub(crate) fn evaluate(
         // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
         key.expire_at(outcome.t_ms.saturating_add(outcome.decision.reset_after_ms));
     }
-    Ok((outcome, (written && replicated).then_some(payload)))
+    Ok((outcome, written && replicated))
 }
 
 /// Decides `request` on the call's key (argument 1), as CHECK, PEEK and the dialects do: evaluates
@@ -398,8 +399,9 @@ pub(crate) fn evaluate(
 pub(crate) fn decide(call: &Call, request: &Request, commit: bool) -> Result<Decision, String> {
     let key_name = call.raw_arg(1);
     let key = Key::open(call.ctx, key_name, commit);
-    let (outcome, written) = evaluate(&key, request, commit)?;
-    if let Some(payload) = written.as_ref().and_then(StackBuf::as_slice) {
+    let mut payload = StackBuf::default();
+    let (outcome, written) = evaluate(&key, request, commit, &mut payload)?;
+    if let Some(payload) = payload.as_slice().filter(|_| written) {
         replicate_apply(call, key_name, payload);
     }
     // Closed before the event: a subscriber to keyspace events may touch the key.

@@ -101,7 +101,9 @@ fn put(bits: &mut [u128; 2], at: u32, width: u32, value: u128) -> bool {
 pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
     let mut bits = [0u128; 2];
     let params = &limiter.params;
-    let window_start = params.window_start(limiter.last_ms);
+    // A window's start is not stored: it must be the window of `last_ms` (one division, which
+    // buckets do not pay).
+    let window_start = || params.window_start(limiter.last_ms);
     let mut fits = put(
         &mut bits,
         ALGORITHM_AT,
@@ -120,14 +122,14 @@ pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
         State::FixedWindow {
             window_start_ms,
             count,
-        } if *window_start_ms == window_start => {
+        } if *window_start_ms == window_start() => {
             put(&mut bits, FIRST_AT, AMOUNT_BITS, (*count).into())
         }
         State::SlidingWindow {
             window_start_ms,
             current,
             previous,
-        } if *window_start_ms == window_start => {
+        } if *window_start_ms == window_start() => {
             put(&mut bits, FIRST_AT, AMOUNT_BITS, (*current).into())
                 & put(&mut bits, SECOND_AT, AMOUNT_BITS, (*previous).into())
         }
