@@ -325,20 +325,21 @@ impl Key {
 
     /// The key's value if it holds ours (`None` when empty).
     fn value(&self) -> Result<Option<*mut c_void>, WrongType> {
-        // SAFETY: KeyType accepts NULL (a missing key opened read-only) and answers EMPTY.
-        let kind = unsafe { rm!(RedisModule_KeyType)(self.key) } as isize;
-        if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Ok(None);
+        // Our type first, the common case: ModuleTypeGetType answers NULL for a NULL key (a
+        // missing key opened read-only), an empty key and a key of any other type alike.
+        let ours = raw_type();
+        // SAFETY: an open key or NULL, both accepted.
+        let kind = unsafe { rm!(RedisModule_ModuleTypeGetType)(self.key) };
+        if !ours.is_null() && kind == ours {
+            // SAFETY: the key holds our type, whose values are made by `into_value`.
+            let value = unsafe { rm!(RedisModule_ModuleTypeGetValue)(self.key) };
+            return Ok(Some(value));
         }
-        if kind != raw::REDISMODULE_KEYTYPE_MODULE
-            // SAFETY: a non-empty open key.
-            || unsafe { rm!(RedisModule_ModuleTypeGetType)(self.key) } != raw_type()
-        {
-            return Err(WrongType);
+        // SAFETY: KeyType accepts NULL and answers EMPTY.
+        match unsafe { rm!(RedisModule_KeyType)(self.key) } as isize {
+            raw::REDISMODULE_KEYTYPE_EMPTY => Ok(None),
+            _ => Err(WrongType),
         }
-        // SAFETY: the key holds our type, whose values are made by `into_value`.
-        let value = unsafe { rm!(RedisModule_ModuleTypeGetValue)(self.key) };
-        Ok(Some(value))
     }
 
     /// Stores a new limiter in the (write-opened) key.

@@ -79,12 +79,10 @@ fn get(bits: &[u128; 2], at: u32, width: u32) -> u128 {
     value & mask(width)
 }
 
-/// Sets the `width`-bit field at bit `at` (initially zero); false if `value` is too wide.
+/// Sets the `width`-bit field at bit `at` (initially zero) and returns what of `value` is wider
+/// than the field: zero when it fits. The caller ORs these and drops the bits unless all are zero.
 #[inline(always)]
-fn put(bits: &mut [u128; 2], at: u32, width: u32, value: u128) -> bool {
-    if value & !mask(width) != 0 {
-        return false;
-    }
+fn put(bits: &mut [u128; 2], at: u32, width: u32, value: u128) -> u128 {
     if at >= 128 {
         bits[1] |= value << (at - 128);
     } else {
@@ -93,7 +91,7 @@ fn put(bits: &mut [u128; 2], at: u32, width: u32, value: u128) -> bool {
             bits[1] |= value >> (128 - at);
         }
     }
-    true
+    value >> width
 }
 
 /// The 32-byte packed form of `limiter`, when it has one (every bucket and window within the
@@ -104,20 +102,20 @@ pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
     // A window's start is not stored: it must be the window of `last_ms` (one division, which
     // buckets do not pay).
     let window_start = || params.window_start(limiter.last_ms);
-    let mut fits = put(
+    let mut excess = put(
         &mut bits,
         ALGORITHM_AT,
         ALGORITHM_BITS,
         limiter.algorithm().index() as u128,
-    ) & put(&mut bits, LAST_AT, TIME_BITS, limiter.last_ms.into())
-        & put(&mut bits, LIMIT_AT, AMOUNT_BITS, params.limit.into())
-        & put(&mut bits, PERIOD_AT, PERIOD_BITS, params.period_ms.into());
-    fits &= match &limiter.state {
+    ) | put(&mut bits, LAST_AT, TIME_BITS, limiter.last_ms.into())
+        | put(&mut bits, LIMIT_AT, AMOUNT_BITS, params.limit.into())
+        | put(&mut bits, PERIOD_AT, PERIOD_BITS, params.period_ms.into());
+    excess |= match &limiter.state {
         State::TokenBucket { tokens_scaled: v }
         | State::LeakyBucket { level_scaled: v }
         | State::Gcra { ahead_scaled: v } => {
             put(&mut bits, FIRST_AT, AMOUNT_BITS, params.capacity.into())
-                & put(&mut bits, SECOND_AT, SCALED_BITS, *v)
+                | put(&mut bits, SECOND_AT, SCALED_BITS, *v)
         }
         State::FixedWindow {
             window_start_ms,
@@ -131,11 +129,11 @@ pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
             previous,
         } if *window_start_ms == window_start() => {
             put(&mut bits, FIRST_AT, AMOUNT_BITS, (*current).into())
-                & put(&mut bits, SECOND_AT, AMOUNT_BITS, (*previous).into())
+                | put(&mut bits, SECOND_AT, AMOUNT_BITS, (*previous).into())
         }
-        _ => false,
+        _ => return None,
     };
-    fits.then_some([
+    (excess == 0).then_some([
         bits[0] as u64,
         (bits[0] >> 64) as u64,
         bits[1] as u64,
@@ -461,6 +459,74 @@ mod tests {
         match check(None, &request, true).unwrap().1 {
             Write::Created(limiter) => limiter,
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_field_one_bit_too_wide_is_not_packed() {
+        // Each field at the largest value its width holds packs back whole; one more does not
+        // pack at all (the value stays boxed), whichever field it is.
+        let params = Params {
+            limit: 1000,
+            period_ms: 1000,
+            capacity: 1000,
+        };
+        let bucket = |params: Params, last_ms: u64, tokens_scaled: u128| Limiter {
+            params,
+            last_ms,
+            state: State::TokenBucket { tokens_scaled },
+        };
+        let window = |count: u64, previous: u64| Limiter {
+            params,
+            last_ms: 5_000,
+            state: State::SlidingWindow {
+                window_start_ms: 5_000,
+                current: count,
+                previous,
+            },
+        };
+        let max = |bits: u32| (1u64 << bits) - 1;
+        let cases = |extra: u64| {
+            [
+                bucket(params, max(TIME_BITS) + extra, 7),
+                bucket(
+                    Params {
+                        limit: max(AMOUNT_BITS) + extra,
+                        ..params
+                    },
+                    5,
+                    7,
+                ),
+                bucket(
+                    Params {
+                        period_ms: max(PERIOD_BITS) + extra,
+                        ..params
+                    },
+                    5,
+                    7,
+                ),
+                bucket(
+                    Params {
+                        capacity: max(AMOUNT_BITS) + extra,
+                        ..params
+                    },
+                    5,
+                    7,
+                ),
+                bucket(params, 5, (1u128 << SCALED_BITS) - 1 + u128::from(extra)),
+                window(max(AMOUNT_BITS) + extra, 3),
+                window(3, max(AMOUNT_BITS) + extra),
+            ]
+        };
+        for limiter in cases(0) {
+            let packed = pack(&limiter).unwrap_or_else(|| panic!("{limiter:?}"));
+            assert_eq!(unpack(&packed), limiter);
+        }
+        for limiter in cases(1) {
+            assert_eq!(pack(&limiter), None, "{limiter:?}");
+            let mut value = Value::new(limiter.clone());
+            assert!(value.boxed().is_some());
+            assert_eq!(*value.limiter(), limiter);
         }
     }
 
