@@ -310,10 +310,14 @@ impl Change {
         match self {
             Change::Replace(limiter) => encode_replace(limiter, out),
             Change::LogAppend { params, t_ms, cost } => {
-                out.put(&[LOG_APPEND]);
-                for value in [params.limit, params.period_ms, *t_ms, *cost] {
-                    out.put(&value.to_le_bytes());
+                // Built whole and written once: every consuming log call replicates one.
+                let mut bytes = [0u8; 33];
+                bytes[0] = LOG_APPEND;
+                let values = [params.limit, params.period_ms, *t_ms, *cost];
+                for (chunk, value) in bytes[1..].chunks_exact_mut(8).zip(values) {
+                    chunk.copy_from_slice(&value.to_le_bytes());
                 }
+                out.put(&bytes);
             }
         }
     }
