@@ -161,20 +161,20 @@ impl Call {
         // SAFETY: the command's context.
         unsafe { rm!(RedisModule_ReplyWithMap)(self.ctx, (fields.len() + extra) as _) };
         let cached = field_names::get();
-        let name = |i: usize| match cached {
-            // SAFETY: the command's context and a reply made at load and never freed.
-            Some(names) => unsafe {
-                rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[i]);
-            },
-            None => self.reply_name(DECISION_FIELDS[i]),
-        };
-        // `allowed` (the first field) is a boolean, the others integers.
-        name(0);
-        // SAFETY: the command's context.
-        unsafe { rm!(RedisModule_ReplyWithBool)(self.ctx, c_int::from(decision.allowed)) };
-        for (i, value) in fields.into_iter().enumerate().skip(1) {
-            name(i);
-            self.reply_integer(value);
+        for (i, (name, value)) in DECISION_FIELDS.iter().zip(fields).enumerate() {
+            match cached {
+                // SAFETY: the command's context and a reply made at load and never freed.
+                Some(names) => unsafe {
+                    rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[i]);
+                },
+                None => self.reply_name(name),
+            }
+            if *name == c"allowed" {
+                // SAFETY: the command's context.
+                unsafe { rm!(RedisModule_ReplyWithBool)(self.ctx, c_int::from(decision.allowed)) };
+            } else {
+                self.reply_integer(value);
+            }
         }
     }
 }
