@@ -62,7 +62,7 @@ impl Algorithm {
     }
 
     /// Parses a name case-insensitively. Every CHECK parses one, so this is no linear search: the
-    /// length and first letter single out the one name to compare, and [`same_name`] compares it
+    /// length and first letter single out the one name to compare, and `same_name` compares it
     /// 8 bytes at a time (`eq_ignore_ascii_case` on the six in turn cost ~110 instructions a call).
     pub fn parse(name: &[u8]) -> Option<Algorithm> {
         let candidate = match (name.len(), name.first()? | 0x20) {
