@@ -260,8 +260,14 @@ pub fn encode_write(limiter: &Limiter, out: &mut impl Sink) {
 
 /// Writes `Change::Replace` of the limiter packed in `words` (kind `3`).
 pub fn encode_packed(words: &[u64; 4], out: &mut impl Sink) {
+    put_tagged_words(PACKED, *words, out);
+}
+
+/// Writes `tag` and four little-endian words, built on the stack and written at once: the two
+/// changes every consuming call replicates (a packed limiter, a log append) have this shape.
+fn put_tagged_words(tag: u8, words: [u64; 4], out: &mut impl Sink) {
     let mut bytes = [0u8; 33];
-    bytes[0] = PACKED;
+    bytes[0] = tag;
     for (chunk, word) in bytes[1..].chunks_exact_mut(8).zip(words) {
         chunk.copy_from_slice(&word.to_le_bytes());
     }
@@ -309,16 +315,11 @@ impl Change {
     pub fn encode(&self, out: &mut impl Sink) {
         match self {
             Change::Replace(limiter) => encode_replace(limiter, out),
-            Change::LogAppend { params, t_ms, cost } => {
-                // Built whole and written once: every consuming log call replicates one.
-                let mut bytes = [0u8; 33];
-                bytes[0] = LOG_APPEND;
-                let values = [params.limit, params.period_ms, *t_ms, *cost];
-                for (chunk, value) in bytes[1..].chunks_exact_mut(8).zip(values) {
-                    chunk.copy_from_slice(&value.to_le_bytes());
-                }
-                out.put(&bytes);
-            }
+            Change::LogAppend { params, t_ms, cost } => put_tagged_words(
+                LOG_APPEND,
+                [params.limit, params.period_ms, *t_ms, *cost],
+                out,
+            ),
         }
     }
 
