@@ -44,8 +44,11 @@ run: build ## Start redis-server in the foreground with redis.conf and the modul
 	redis-server redis.conf --port $(PORT)
 
 test: export RATELIMIT_MODULE := $(MODULE)
-test: build ## Run every test (unit, property, integration) against the built module
-	cargo test --release
+test: export RATELIMIT_SKIP_LOG := $(CURDIR)/target/test-skips.log
+test: build ## Every test: unit, property, integration against real servers (~5 min fresh, ~1 min after); ends with `N passed, N failed, N skipped`
+	@rm -f $(RATELIMIT_SKIP_LOG)
+	@set -o pipefail; cargo test --release --no-fail-fast 2>&1 | tee target/test.log; \
+	status=$$?; bash tests/summary.sh target/test.log $(RATELIMIT_SKIP_LOG) $$status; exit $$status
 
 fuzz: ## Fuzz the argument parsers and the codec for FUZZ_SECONDS each (installs cargo-fuzz once)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh

@@ -4,9 +4,10 @@
 #
 # Servers: the system `redis-server`; Valkey 8 (`valkey-server`, installed from Debian's
 # bookworm-backports suite when missing, on the mirror the machine's apt sources already use); and
-# each `redis-server` under ../shared/servers/*/ when that folder exists (Redis 7.2, 7.4, 8.0).
-# A test that needs something a server lacks prints `skipped: <server>: <what>` and passes; those
-# lines are the "skipped" column.
+# each `redis-server` and `valkey-server` under ../shared/servers/*/ when that folder exists (Redis
+# 7.2, 7.4, 8.0, Valkey 7.2). A test that needs something a server lacks records a skip
+# (`common::skip`) and returns: the "skipped" column counts those tests, which are not counted as
+# passed (tests/summary.sh, as `make test` counts them).
 #
 # Environment: RATELIMIT_MODULE (set by make), MATRIX_SERVERS (a space-separated list of server
 # binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey).
@@ -15,7 +16,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log_dir=target/matrix
 mkdir -p "$log_dir"
-rm -f "$log_dir"/*.log
+rm -f "$log_dir"/*.log "$log_dir"/*.skips
 
 apt_get() {
     if [ "$(id -u)" = 0 ]; then
@@ -58,7 +59,7 @@ else
         install_valkey || echo "matrix: valkey-server could not be installed; Valkey is not tested" >&2
     fi
     command -v valkey-server >/dev/null 2>&1 && servers+=("$(command -v valkey-server)")
-    for server in ../shared/servers/*/redis-server; do
+    for server in ../shared/servers/*/redis-server ../shared/servers/*/valkey-server; do
         [ -x "$server" ] && servers+=("$(realpath "$server")")
     done
     [ -d ../shared/servers ] || echo "matrix: ../shared/servers is absent: only the local servers are tested"
@@ -94,17 +95,15 @@ for server in "${servers[@]}"; do
     log="$log_dir/${name}-${version}.log"
     echo "matrix: $label ($server)"
     start=$(date +%s)
-    RATELIMIT_SERVER=$server REDIS_CLI=$cli \
-        cargo test --release --tests --quiet -- --nocapture >"$log" 2>&1
+    skips="$log_dir/${name}-${version}.skips"
+    rm -f "$skips"
+    RATELIMIT_SERVER=$server REDIS_CLI=$cli RATELIMIT_SKIP_LOG=$(realpath -m "$skips") \
+        cargo test --release --tests --no-fail-fast >"$log" 2>&1
     status=$?
     seconds=$(( $(date +%s) - start ))
-    passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{ s += $4 } END { print s + 0 }')
-    failures=$(grep -Eo '[0-9]+ failed' "$log" | awk '{ s += $1 } END { print s + 0 }')
-    # (--quiet prints progress dots on the same line as a test's own output)
-    skipped=$(grep -o 'skipped: .*' "$log" | wc -l)
-    if [ $status -ne 0 ] && [ "$failures" = 0 ]; then
-        failures=1 # a test binary that did not finish
-    fi
+    # The closing total, `N passed, N failed, N skipped`, as `make test` prints it.
+    read -r passed failures skipped < <(bash tests/summary.sh "$log" "$skips" "$status" |
+        tail -n 1 | awk '{ print $1, $3, $5 }')
     [ $status -eq 0 ] || failed_servers=$((failed_servers + 1))
     total_passed=$((total_passed + passed))
     total_failed=$((total_failed + failures))
@@ -122,8 +121,8 @@ printf '| %-16s | %-45s | %6s | %6s | %7s | %5s |\n' server binary passed failed
 printf '|%s|%s|%s|%s|%s|%s|\n' ------------------ ----------------------------------------------- -------- -------- --------- -------
 printf '%s\n' "${rows[@]}"
 echo
-echo "skips (server: what the server lacks):"
-grep -ho 'skipped: .*' "$log_dir"/*.log | sort | uniq -c | sed 's/^/  /'
+echo "skips (test: server: what the server lacks):"
+cat "$log_dir"/*.skips 2>/dev/null | sort | uniq -c | sed 's/^/  /'
 echo
 echo "matrix: $total_passed passed, $total_failed failed, $total_skipped skipped"
 if [ $failed_servers -ne 0 ]; then

@@ -32,7 +32,7 @@
 //! `--drive` first it is a load generator that speaks RESP2 or RESP3 (drive.rs), which
 //! `make profile` uses.
 
-#[path = "../../tests/common/mod.rs"]
+#[path = "../../tests/integration/common/mod.rs"]
 mod common;
 mod drive;
 mod machine;

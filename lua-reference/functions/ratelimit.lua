@@ -11,7 +11,7 @@
 --   FCALL_RO ratelimit_info     1 key
 --
 -- Load it with `redis-cli -x FUNCTION LOAD REPLACE < ratelimit.lua` (`make functions`); the
--- full documentation is docs/functions.md, the proof tests/functions.rs (module and library
+-- full documentation is docs/functions.md, the proof tests/integration/functions.rs (module and library
 -- answer alike on the same calls).
 --
 -- Differences from the module, all forced by Lua or by Functions:

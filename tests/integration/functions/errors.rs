@@ -1,0 +1,291 @@
+//! Every bad argument gets the module's message (with the function's name for the command's),
+//! the library's own refusals (its exact range, FCALL's key count), and `WRONGTYPE` for keys of
+//! the other engine or of another type.
+
+use redis::Value;
+
+use super::engines::{assert_same_error, both_engines, fcall, native, words};
+use crate::common::{dbsize, error_text, int, send, send_one, show_cmd, show_value, try_reply6};
+
+#[test]
+fn every_bad_argument_gets_the_modules_message() {
+    let (_server, mut con) = both_engines();
+    let check_vectors = [
+        "",
+        "token-bucket",
+        "token-bucket 10",
+        "leaky-window 10 1s",
+        "sliding-logs 1 1s",
+        "fixed-window 0 1s",
+        "fixed-window -1 1s",
+        "fixed-window 1000000000001 1s",
+        "fixed-window 99999999999999999999999 1s",
+        "fixed-window 1.0 1s",
+        "fixed-window 10 0",
+        "fixed-window 10 0s",
+        "fixed-window 10 3651d",
+        "fixed-window 10 1w",
+        "fixed-window 10 1.5s",
+        "fixed-window 10 s",
+        "fixed-window 10 -1s",
+        "fixed-window 10 1mss",
+        "fixed-window 10 1s BURST 5",
+        "FIXED-WINDOW 10 1S cost 1 at 5 burst 2",
+        "token-bucket 10 1s BURST 0",
+        "token-bucket 10 1s BURST x",
+        "token-bucket 10 1s BURST",
+        "token-bucket 10 1s BURST 2 BURST 3",
+        "token-bucket 10 1s COST -1",
+        "token-bucket 10 1s COST 1000000000001",
+        "token-bucket 10 1s COST",
+        "token-bucket 10 1s COST 1 COST 2",
+        "token-bucket 10 1s COST x COST 2",
+        "token-bucket 10 1s COST 1 COST x",
+        "token-bucket 10 1s AT 9007199254740992",
+        "token-bucket 10 1s AT 1e3",
+        "token-bucket 10 1s AT",
+        "token-bucket 10 1s AT 1 AT 2",
+        "token-bucket 10 1s LIMIT 3",
+        "token-bucket 10 1s COST 1 AT 2 BURST 3 COST 4",
+        "sliding-log 100001 1s",
+        "sliding-log 1000000000000 1s COST 1",
+        "gcra-bucket 10 1s",
+        "gcra 0 1s",
+        "gcra 10 0ms",
+        "gcra 10 1s BURST 0",
+        "GCRA 10 1s burst 1000000000001",
+        "gcra 10 1s BURST 2 BURST 3",
+        "gcra 10 1s COST 1000000000001",
+    ];
+    for line in check_vectors {
+        let args = words(line);
+        for command in ["check", "peek"] {
+            let (module, library) = (
+                native(command, &["k"], &args),
+                fcall(command, &["k"], &args),
+            );
+            assert_same_error(&mut con, module, library, &format!("{command} k {line}"));
+        }
+    }
+    let checkall_vectors = [
+        ("k", "fixed-window 1"),
+        ("", "k fixed-window 1 1s"),
+        ("a b c d", ""),
+        (
+            "a b",
+            "fixed-window 1 1s fixed-window 1 1s fixed-window 1 1s",
+        ),
+        ("a b c", "fixed-window 1 1s fixed-window 1 1s"),
+        ("a b", "fixed-window 1 1s COST 1 AT 5 x"),
+        ("a b", "fixed-window 1 1s fixed-window 1"),
+        ("a b", "token-bucket 1 1s BURST 2 BURST 3 fixed-window 1 1s"),
+        ("a b", "fixed-window 1 1s BURST 2 fixed-window 1 1s"),
+        ("a b", "token-bucket 1 1s fixed-window 1 1s BURST 2"),
+        ("a b", "token-bucket 1 1s BURST"),
+        ("a b", "token-bucket 1 1s BURST x fixed-window 1 1s"),
+        ("a b", "leaky-window 1 1s fixed-window 1 1s"),
+        ("a b", "fixed-window 1 1s sliding-logs 1 1s"),
+        ("a b", "fixed-window 1 0 fixed-window 1 1s"),
+        (
+            "a b c",
+            "fixed-window 1 1s fixed-window 0 1s fixed-window 1 1s",
+        ),
+        ("a b", "fixed-window 1 1s fixed-window 1 1s COST 1 COST 2"),
+        ("a b", "fixed-window 1 1s fixed-window 1 1s COST x"),
+        ("a b", "fixed-window 1 1s fixed-window 1 1s AT"),
+        ("a b", "fixed-window 1 1s fixed-window 1 1s LIMIT 2"),
+        ("a b", "sliding-log 100001 1s fixed-window 1 1s"),
+        (
+            "a b",
+            "fixed-window 1 1s token-bucket 1 1s COST 1 BURST 2 BURST 3",
+        ),
+        ("k", "token-bucket 10 1s at 5 cost 2 burst 0"),
+        ("a b", "gcra 1 1s BURST x fixed-window 1 1s"),
+        ("a b", "fixed-window 1 1s gcra 1 1s BURST 2 BURST 3"),
+        ("k", "fixed-window 10 1s BURST 5"),
+    ];
+    for (keys, line) in checkall_vectors {
+        let keys = words(keys);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let args = words(line);
+        let (module, library) = (
+            native("checkall", &keys, &args),
+            fcall("checkall", &keys, &args),
+        );
+        assert_same_error(
+            &mut con,
+            module,
+            library,
+            &format!("CHECKALL {keys:?} {line}"),
+        );
+    }
+    for (command, keys, args) in [
+        ("info", vec!["k"], words("extra")),
+        ("reset", vec![], vec![]),
+    ] {
+        let (module, library) = (native(command, &keys, &args), fcall(command, &keys, &args));
+        assert_same_error(&mut con, module, library, command);
+    }
+    assert_eq!(dbsize(&mut con), 0, "an error created a key");
+
+    // Where only the library refuses: its exact range, and FCALL's own key count.
+    let lua_only = [
+        (
+            fcall(
+                "check",
+                &["k"],
+                &words("token-bucket 10 1d BURST 1000000000000"),
+            ),
+            "ERR BURST (or limit, without BURST) times the period in ms must be below 2^53",
+        ),
+        (
+            fcall("peek", &["k"], &words("leaky-bucket 1000000000000 10s")),
+            "ERR BURST (or limit, without BURST) times the period in ms must be below 2^53",
+        ),
+        (
+            fcall("check", &["k"], &words("gcra 1 1d BURST 1000000000000")),
+            "ERR BURST (or limit, without BURST) times the period in ms must be below 2^53",
+        ),
+        (
+            fcall("check", &["k"], &words("sliding-window 1000000000000 10s")),
+            "ERR limit times the period in ms must be below 2^53",
+        ),
+        (
+            fcall(
+                "checkall",
+                &["a", "b"],
+                &words("fixed-window 1 1s sliding-window 1000000000 1d"),
+            ),
+            "ERR limit spec 2 (key 'b'): limit times the period in ms must be below 2^53",
+        ),
+        (
+            fcall("check", &[], &words("fixed-window 1 1s")),
+            "ERR ratelimit_check takes exactly one key",
+        ),
+        (
+            fcall("info", &["a", "b"], &[]),
+            "ERR ratelimit_info takes exactly one key",
+        ),
+    ];
+    for (cmd, prefix) in lua_only {
+        let error = error_text(&send_one(&mut con, &cmd)).unwrap_or_default();
+        assert!(error.starts_with(prefix), "{}: {error}", show_cmd(&cmd));
+    }
+    // The same limits are fine where the product stays below 2^53.
+    for (i, line) in [
+        "token-bucket 10 9007ms BURST 1000000000000",
+        "gcra 1000000000000 9007ms",
+        "fixed-window 1000000000000 3650d COST 1000000000000",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (fkey, nkey) = (format!("ok{i}"), format!("ok{i}n"));
+        let args = words(line);
+        let replies = send(
+            &mut con,
+            &[
+                fcall("check", &[&fkey], &args),
+                native("check", &[&nkey], &args),
+            ],
+        );
+        assert!(
+            try_reply6(&replies[0]).is_some(),
+            "{line}: {}",
+            show_value(&replies[0])
+        );
+        assert_eq!(replies[0], replies[1], "{line}");
+    }
+}
+
+#[test]
+fn keys_of_the_other_engine_or_type_are_wrongtype_and_reset_counts_like_del() {
+    let (_server, mut con) = both_engines();
+    let args = words("token-bucket 5 1h");
+    let setup = [
+        native("check", &["module-key"], &args),
+        fcall("check", &["library-key"], &args),
+        fcall("check", &["library-log"], &words("sliding-log 5 1h")),
+        redis::cmd("HSET").arg(&["hash", "f", "v"]).clone(),
+        redis::cmd("SET").arg(&["plain", "hello"]).clone(),
+        redis::cmd("SET").arg(&["empty", ""]).clone(),
+        redis::cmd("SET").arg(&["lookalike", "rl:tb 1 2"]).clone(),
+        redis::cmd("SET").arg(&["lookalike-log", "rl:sl"]).clone(),
+    ];
+    let replies = send(&mut con, &setup);
+    assert!(replies.iter().all(|r| error_text(r).is_none()));
+    const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    for key in [
+        "module-key",
+        "hash",
+        "plain",
+        "empty",
+        "lookalike",
+        "lookalike-log",
+    ] {
+        for cmd in [
+            fcall("check", &[key], &args),
+            fcall("peek", &[key], &args),
+            fcall("info", &[key], &[]),
+            fcall(
+                "checkall",
+                &["library-key", key],
+                &words("token-bucket 5 1h token-bucket 5 1h"),
+            ),
+            fcall("reset", &["library-key", key], &[]),
+        ] {
+            assert_eq!(
+                error_text(&send_one(&mut con, &cmd)).as_deref(),
+                Some(WRONGTYPE),
+                "{key}: {}",
+                show_cmd(&cmd)
+            );
+        }
+    }
+    for cmd in [
+        native("check", &["library-key"], &args),
+        native("info", &["library-log"], &[]),
+        native("reset", &["module-key", "library-key"], &[]),
+    ] {
+        assert_eq!(
+            error_text(&send_one(&mut con, &cmd)).as_deref(),
+            Some(WRONGTYPE),
+            "{}",
+            show_cmd(&cmd)
+        );
+    }
+    // Another algorithm on a limiter key: the module's message, with the function's name.
+    let log = words("sliding-log 5 1h");
+    assert_same_error(
+        &mut con,
+        native("check", &["module-key"], &log),
+        fcall("check", &["library-key"], &log),
+        "another algorithm",
+    );
+    let library = error_text(&send_one(
+        &mut con,
+        &fcall("check", &["library-log"], &args),
+    ));
+    assert_eq!(
+        library.as_deref(),
+        Some("ERR key holds a sliding-log limiter, not token-bucket: ratelimit_reset it to change algorithm")
+    );
+    // RESET: a key named twice counts once, a missing one not at all; nothing else is touched.
+    assert_eq!(
+        send_one(&mut con, &fcall("info", &["missing"], &[])),
+        Value::Nil
+    );
+    let removed = send_one(
+        &mut con,
+        &fcall(
+            "reset",
+            &["library-key", "missing", "library-key", "library-log"],
+            &[],
+        ),
+    );
+    assert_eq!(removed, Value::Int(2));
+    let exists = redis::cmd("EXISTS")
+        .arg(&["library-key", "library-log", "module-key", "hash", "plain"])
+        .clone();
+    assert_eq!(int(&mut con, &exists), 3);
+}

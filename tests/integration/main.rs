@@ -1,0 +1,28 @@
+//! The integration tests: black-box tests of the module through real clients against real
+//! `redis-server` processes, one module per concern, all in one test crate (one binary to build
+//! and link instead of one per file).
+//!
+//! `common` is the harness (servers on free loopback ports, killed on Drop; calls and replies; a
+//! seeded generator; the model of stored keys). Run one concern with a filter, e.g.
+//! `cargo test --test integration checkall::`; `make test` runs them all and prints one total.
+
+mod common;
+
+mod checkall;
+mod cluster;
+mod commands;
+mod compact;
+mod compat;
+mod contention;
+mod dialects;
+mod equivalence;
+mod functions;
+mod harness;
+mod hostile_input;
+mod invisible;
+mod memcheck;
+mod memory;
+mod module_configs;
+mod operations;
+mod persistence;
+mod time;
