@@ -59,7 +59,7 @@ test-matrix: build ## The integration suites once per server found (Redis 7.0-8.
 
 bench: export RATELIMIT_MODULE := $(MODULE)
 bench: build ## Module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a replica; RESP3 (~4 min; BENCH_QUICK=1: ~2); see target/bench/
-	cargo bench --bench compare
+	cargo bench --config profile.bench.opt-level=3 --bench compare
 
 profile: export RATELIMIT_MODULE := $(MODULE)
 profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word (~7 min); see target/bench/profile/

@@ -31,7 +31,7 @@ done
 started=$SECONDS
 
 # The bench's load generator (the `compare` bench binary, `--drive` mode).
-driver=$(cargo bench --bench compare --no-run --message-format=json 2>/dev/null | python3 -c '
+driver=$(cargo bench --config profile.bench.opt-level=3 --bench compare --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
