@@ -27,7 +27,7 @@ pub const MAX_PERIOD_MS: u64 = 3650 * 86_400_000;
 /// `AT` (and every time) must stay below 2^53 ms.
 pub const TIME_LIMIT_MS: u64 = 1 << 53;
 
-/// The five algorithms, in the order used for statistics and encodings.
+/// The six algorithms, in the order used for statistics and encodings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     TokenBucket = 0,

@@ -430,7 +430,7 @@ pub(crate) fn notify_rejected(call: &Call, key_name: *mut raw::RedisModuleString
     };
 }
 
-/// Replicates (and appends to the AOF) `rl.ap key payload` (`ratelimit.apply`'s short name).
+/// Replicates (and appends to the AOF) `rla key payload` (`ratelimit.apply`'s short name).
 pub(crate) fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]) {
     // SAFETY: a registered command; "sb" = a key string and a buffer, both valid for the call.
     let status = unsafe {
