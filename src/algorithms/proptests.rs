@@ -494,7 +494,7 @@ proptest! {
         })?;
     }
 
-    /// Proves retry_after is exact for all five algorithms (fixed parameters): a request rejected
+    /// Proves retry_after is exact for all six algorithms (fixed parameters): a request rejected
     /// at t with retry_after r > 0 is admitted at t + r and still rejected at t + r − 1.
     #[test]
     fn retry_after_is_exactly_the_wait_until_the_same_request_is_admitted(s in fixed(ALL)) {

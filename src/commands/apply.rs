@@ -5,7 +5,7 @@
 //! [`Change`]: a whole limiter, or a sliding log's appended entries.
 //! Not meant to be called by applications.
 //!
-//! A command writes it under its short name, [`SHORT`] (`rl.ap`): Redis looks the name up on every
+//! A command writes it under its short name, [`SHORT`] (`rla`): Redis looks the name up on every
 //! replicated write, and a short name is cheaper to find. Both names run the same handler, so old
 //! AOF files and older masters' streams (`ratelimit.apply`) keep loading. AOF rewrites use the
 //! long name.

@@ -2,7 +2,7 @@
 //!
 //! - `CL.THROTTLE key max_burst count_per_period period_s [quantity]`, redis-cell's command;
 //! - `GCRA key max_burst tokens_per_period period [TOKENS count]`, the command proposed for Redis
-//!   8.8 (registered only where the server has no `GCRA` of its own).
+//!   8.8 and since withdrawn (registered only where the server has no `GCRA` of its own).
 //!
 //! Both answer `[limited, max_burst + 1, remaining, retry_after_s, reset_after_s]`: `limited` 1 when
 //! rejected; `retry_after_s` -1 when admitted and when the request can never pass (a cost above

@@ -2,17 +2,18 @@
 //!
 //! Layout (little-endian), encoding version 1:
 //! ```text
-//! u8  algorithm            0 token-bucket .. 4 sliding-log
+//! u8  algorithm            0 token-bucket .. 4 sliding-log, 5 gcra
 //! u64 limit, u64 period_ms, u64 capacity, u64 last_ms
 //! token-bucket:   u128 tokens_scaled
 //! leaky-bucket:   u128 level_scaled
 //! fixed-window:   u64 window_start_ms, u64 count
 //! sliding-window: u64 window_start_ms, u64 current, u64 previous
 //! sliding-log:    u64 runs, then per run u64 timestamp_ms, u64 count (oldest first)
+//! gcra:           u128 ahead_scaled
 //! ```
 //! A replicated or rewritten write is a [`Change`]: a kind byte, then either a whole limiter
 //! (`1`), or, for the sliding log whose whole state can be large, the entries one call appended
-//! (`2`: u64 limit, u64 period_ms, u64 t_ms, u64 cost), or a bucket or window in the 32 bytes
+//! (`2`: u64 limit, u64 period_ms, u64 t_ms, u64 cost), or a bucket, window or gcra in the 32 bytes
 //! (four little-endian u64) it takes in memory (`3`, see `value.rs`): 33 bytes in all, so Redis
 //! keeps the replicated argument in one allocation (it does up to 44 bytes). Commands replicate
 //! `3` where it fits and `1` otherwise; AOF rewrites write `1`.
