@@ -1,5 +1,5 @@
-//! `CL.THROTTLE` (redis-cell) and `GCRA` (the Redis 8.8 proposal) on the module's `gcra` limiter:
-//! the same replies as redis-cell on random sequences (when ../shared/peers/ has it), the
+//! `CL.THROTTLE` (redis-cell) and `GCRA` (the withdrawn Redis 8.8 proposal) on the module's `gcra`
+//! limiter: the same replies as redis-cell on random sequences (when ../shared/peers/ has it), the
 //! proposal's worked examples, one key type behind all three front ends, and what redis-cell gets
 //! wrong answered as a Redis command should (WRONGTYPE, OOM).
 

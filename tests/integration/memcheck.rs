@@ -10,7 +10,7 @@
 //! the business of the other suites. Where the right answer is still being decided (a key named
 //! twice in CHECKALL or RESET) nothing is asserted but that the server survives.
 //!
-//! Covered: CHECK and PEEK on all five algorithms (BURST, COST 0, AT, rejections, parameter
+//! Covered: CHECK and PEEK on all six algorithms (BURST, COST 0, AT, rejections, parameter
 //! changes, time going backwards, a sliding log of many runs), every argument error once, binary
 //! and huge arguments, WRONGTYPE, algorithm mismatch, RESP3 replies, CHECKALL (rejections, errors,
 //! repeated keys, COMMAND GETKEYS), RESET (repeated and missing keys), INFO, APPLY (valid, crafted
