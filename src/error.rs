@@ -3,8 +3,8 @@
 use crate::algorithms::ParamsError;
 
 pub const WRONG_TYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
-pub const UNKNOWN_ALGORITHM: &str = "ERR unknown algorithm: expected token-bucket, leaky-bucket, \
-     fixed-window, sliding-window, sliding-log or gcra";
+pub const UNKNOWN_ALGORITHM: &str = "expected token-bucket, leaky-bucket, fixed-window, \
+     sliding-window, sliding-log or gcra";
 pub const LIMIT: &str = "ERR limit must be an integer from 1 to 1000000000000";
 pub const PERIOD: &str = "ERR period must be an integer from 1 ms to 3650 days, in ms or \
      with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)";
@@ -13,15 +13,20 @@ pub const BURST_ON_WINDOW: &str = "ERR BURST applies only to token-bucket, leaky
 pub const COST: &str = "ERR COST must be an integer from 0 to 1000000000000";
 pub const AT: &str = "ERR AT must be a time in ms since the Unix epoch, below 2^53";
 pub const NUMKEYS: &str = "ERR numkeys must be an integer from 1 to the number of keys given";
-pub const UNKNOWN_OPTION: &str = "ERR unknown option: expected BURST, COST or AT";
+pub const UNKNOWN_OPTION: &str = "expected BURST, COST or AT";
 pub const STATE: &str = "ERR invalid limiter state payload";
 pub const INTERNAL: &str = "ERR internal error in ratelimit module (see the server log)";
 
-/// A malformed argument vector.
+/// A malformed argument vector. A variant that names an argument holds its position in the
+/// arguments its message is given (see [`ArgError::message`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgError {
     WrongArity,
-    UnknownAlgorithm,
+    /// `args[at]` is no algorithm; `after_period`: it comes right after a spec's period.
+    UnknownAlgorithm {
+        at: usize,
+        after_period: bool,
+    },
     Limit,
     Period,
     Burst,
@@ -29,7 +34,16 @@ pub enum ArgError {
     Cost,
     At,
     NumKeys,
-    UnknownOption,
+    /// `args[at]` is no option; `after_period`: it comes right after the spec's period.
+    UnknownOption {
+        at: usize,
+        after_period: bool,
+    },
+    /// A CHECKALL of `keys` keys with `specs` limit specs.
+    SpecCount {
+        keys: usize,
+        specs: usize,
+    },
     /// The option was given without its value.
     MissingValue(&'static str),
     /// The option was given more than once.
@@ -53,8 +67,10 @@ impl From<ParamsError> for ArgError {
 
 impl ArgError {
     /// The error reply, `ERR ...` (for arity: Redis's own wording, given the command name).
-    pub fn message(&self, command: &str) -> String {
-        let fixed = match self {
+    /// `args` are the arguments the positions of [`ArgError::UnknownAlgorithm`] and
+    /// [`ArgError::UnknownOption`] refer to (the parser's input; `&[]` for the other variants).
+    pub fn message(&self, command: &str, args: &[&[u8]]) -> String {
+        let fixed = match *self {
             ArgError::WrongArity => {
                 return format!("ERR wrong number of arguments for '{command}' command")
             }
@@ -65,7 +81,24 @@ impl ArgError {
                     "ERR sliding-log limit {limit} exceeds ratelimit.max-log-limit {max}"
                 )
             }
-            ArgError::UnknownAlgorithm => UNKNOWN_ALGORITHM,
+            ArgError::UnknownAlgorithm { at, after_period } => {
+                return unknown("algorithm", UNKNOWN_ALGORITHM, args, at, after_period)
+            }
+            ArgError::UnknownOption { at, after_period } => {
+                return unknown("option", UNKNOWN_OPTION, args, at, after_period)
+            }
+            ArgError::SpecCount { keys, specs } => {
+                let (noun, verb) = if keys == 1 {
+                    ("key", "needs")
+                } else {
+                    ("keys", "need")
+                };
+                let plural = if keys == 1 { "" } else { "s" };
+                return format!(
+                    "ERR {keys} {noun} {verb} {keys} limit spec{plural} (one per key, in order); \
+                     found {specs}"
+                );
+            }
             ArgError::Limit => LIMIT,
             ArgError::Period => PERIOD,
             ArgError::Burst => BURST,
@@ -73,10 +106,93 @@ impl ArgError {
             ArgError::Cost => COST,
             ArgError::At => AT,
             ArgError::NumKeys => NUMKEYS,
-            ArgError::UnknownOption => UNKNOWN_OPTION,
         };
         fixed.to_string()
     }
+
+    /// The same error, its position `by` arguments further on (the parser saw a tail of them).
+    pub fn shifted(self, by: usize) -> ArgError {
+        match self {
+            ArgError::UnknownAlgorithm { at, after_period } => ArgError::UnknownAlgorithm {
+                at: at + by,
+                after_period,
+            },
+            ArgError::UnknownOption { at, after_period } => ArgError::UnknownOption {
+                at: at + by,
+                after_period,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The longest part of an argument an error shows.
+const SHOWN_BYTES: usize = 32;
+
+/// An argument as an error shows it: its first [`SHOWN_BYTES`] bytes, each byte outside
+/// printable ASCII as `?`, then `...` if it was longer.
+pub fn shown(bytes: &[u8]) -> String {
+    let mut text: String = bytes
+        .iter()
+        .take(SHOWN_BYTES)
+        .map(|&b| {
+            if (0x20..0x7f).contains(&b) {
+                b as char
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    if bytes.len() > SHOWN_BYTES {
+        text.push_str("...");
+    }
+    text
+}
+
+/// `ERR unknown <what> '<arg>': <expected>`, with a hint when the word follows a period given
+/// as a bare number (`1 minute`): the unit belongs in the period's own argument.
+fn unknown(what: &str, expected: &str, args: &[&[u8]], at: usize, after_period: bool) -> String {
+    let word = args.get(at).copied().unwrap_or_default();
+    let mut message = format!("ERR unknown {what} '{}': {expected}", shown(word));
+    let period = at.checked_sub(1).and_then(|i| args.get(i)).copied();
+    if let Some(number) = period.filter(|p| after_period && is_digits(p)) {
+        let number = shown(number);
+        match unit_meant(word) {
+            Some(unit) => message.push_str(&format!(
+                "; a period takes its unit in the same argument: {number}{unit}, not '{number} {}'",
+                shown(word)
+            )),
+            None => message.push_str(&format!(
+                "; a period takes its unit in the same argument: {number}ms, {number}s, \
+                 {number}m, {number}h or {number}d"
+            )),
+        }
+    }
+    message
+}
+
+fn is_digits(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && bytes.iter().all(u8::is_ascii_digit)
+}
+
+/// The period unit a word spells out (`minute`, `secs`, `h`...), if any.
+fn unit_meant(word: &[u8]) -> Option<&'static str> {
+    const UNITS: [(&str, &[&str]); 5] = [
+        (
+            "ms",
+            &["ms", "msec", "msecs", "millisecond", "milliseconds"],
+        ),
+        ("s", &["s", "sec", "secs", "second", "seconds"]),
+        ("m", &["m", "min", "mins", "minute", "minutes"]),
+        ("h", &["h", "hr", "hrs", "hour", "hours"]),
+        ("d", &["d", "day", "days"]),
+    ];
+    UNITS.into_iter().find_map(|(unit, words)| {
+        words
+            .iter()
+            .any(|w| w.as_bytes().eq_ignore_ascii_case(word))
+            .then_some(unit)
+    })
 }
 
 /// The error for a key holding another algorithm than the call names.

@@ -48,12 +48,13 @@
 -- The standard library as upvalues: a function's globals are looked up through its library's
 -- environment on every access, and they do not exist while the library loads, so they are
 -- bound by the first call.
-local floor, max, min, byte, char, find, format, lower, match, strsub, upper, pack, unpack_bytes
+local floor, max, min, byte, char, find, format, lower, match, strsub, upper, gsub, pack
+local unpack_bytes
 local bound = false
 local function bind()
   floor, max, min = math.floor, math.max, math.min
-  byte, char, find, format, lower, match, strsub, upper = string.byte, string.char, string.find,
-    string.format, string.lower, string.match, string.sub, string.upper
+  byte, char, find, format, lower, match, strsub, upper, gsub = string.byte, string.char,
+    string.find, string.format, string.lower, string.match, string.sub, string.upper, string.gsub
   pack, unpack_bytes = struct.pack, struct.unpack
   bound = true
 end
@@ -77,8 +78,8 @@ local OPTIONS = { BURST = 'BURST', COST = 'COST', AT = 'AT' }
 -- Error replies: the module's texts (src/error.rs).
 
 local WRONG_TYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
-local E_ALGORITHM = 'ERR unknown algorithm: expected token-bucket, leaky-bucket, '
-  .. 'fixed-window, sliding-window, sliding-log or gcra'
+local E_ALGORITHM = 'expected token-bucket, leaky-bucket, fixed-window, sliding-window, '
+  .. 'sliding-log or gcra'
 local E_LIMIT = 'ERR limit must be an integer from 1 to 1000000000000'
 local E_PERIOD = 'ERR period must be an integer from 1 ms to 3650 days, in ms or '
   .. 'with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)'
@@ -87,7 +88,7 @@ local E_BURST_ON_WINDOW = 'ERR BURST applies only to token-bucket, leaky-bucket 
 local E_COST = 'ERR COST must be an integer from 0 to 1000000000000'
 local E_AT = 'ERR AT must be a time in ms since the Unix epoch, below 2^53'
 local E_NUMKEYS = 'ERR numkeys must be an integer from 1 to the number of keys given'
-local E_OPTION = 'ERR unknown option: expected BURST, COST or AT'
+local E_OPTION = 'expected BURST, COST or AT'
 -- Lua's own bounds (the module computes these products in 128 bits).
 local E_EXACT_BUCKET = 'ERR BURST (or limit, without BURST) times the period in ms must be '
   .. 'below 2^53 for exact arithmetic in the ratelimit functions library (the module has no '
@@ -98,6 +99,49 @@ local E_CORRUPT = 'ERR corrupt sliding-log state'
 
 local function arity(name)
   return 'ERR wrong number of arguments for \'' .. name .. '\' command'
+end
+
+-- An argument as an error shows it: its first 32 bytes, each outside printable ASCII as `?`,
+-- then `...` if it was longer.
+local function shown(s)
+  local text = gsub(strsub(s, 1, 32), '[^ -~]', '?')
+  if #s > 32 then text = text .. '...' end
+  return text
+end
+
+-- The period unit a word spells out.
+local UNIT_WORDS = {
+  ms = 'ms', msec = 'ms', msecs = 'ms', millisecond = 'ms', milliseconds = 'ms',
+  s = 's', sec = 's', secs = 's', second = 's', seconds = 's',
+  m = 'm', min = 'm', mins = 'm', minute = 'm', minutes = 'm',
+  h = 'h', hr = 'h', hrs = 'h', hour = 'h', hours = 'h',
+  d = 'd', day = 'd', days = 'd',
+}
+
+-- `ERR unknown <what> '<word>': <expected>`, with a hint when the word follows a period given
+-- as a bare number (`period`: that argument, or nil when the word does not follow a period).
+local function unknown(what, expected, word, period)
+  local msg = 'ERR unknown ' .. what .. ' \'' .. shown(word) .. '\': ' .. expected
+  if period and find(period, '^%d+$') then
+    local n, unit = shown(period), UNIT_WORDS[lower(word)]
+    if unit then
+      msg = msg .. '; a period takes its unit in the same argument: ' .. n .. unit .. ', not \''
+        .. n .. ' ' .. shown(word) .. '\''
+    else
+      msg = msg .. '; a period takes its unit in the same argument: ' .. n .. 'ms, ' .. n .. 's, '
+        .. n .. 'm, ' .. n .. 'h or ' .. n .. 'd'
+    end
+  end
+  return msg
+end
+
+-- A CHECKALL of `keys` keys with `specs` limit specs.
+local function spec_count(keys, specs)
+  if keys == 1 then
+    return 'ERR 1 key needs 1 limit spec (one per key, in order); found ' .. specs
+  end
+  return 'ERR ' .. keys .. ' keys need ' .. keys .. ' limit specs (one per key, in order); found '
+    .. specs
 end
 
 local function one_key(name)
@@ -238,8 +282,9 @@ local function option_value(option, s)
   return v
 end
 
--- `algorithm limit period` at args[i]: a head (memoized).
-local function parse_head(args, i)
+-- `algorithm limit period` at args[i]: a head (memoized). `after`: the argument before it when
+-- that is the previous spec's period (for the hint of an unknown algorithm), else nil.
+local function parse_head(args, i, after)
   local alg_s, limit_s, period_s = args[i], args[i + 1], args[i + 2]
   if period_s == nil then return nil, ARITY end
   local by_limit = heads[alg_s]
@@ -250,7 +295,9 @@ local function parse_head(args, i)
   local algorithm = alg_s
   if not ALGORITHMS[algorithm] then
     algorithm = lower(algorithm)
-    if not ALGORITHMS[algorithm] then return nil, bad(E_ALGORITHM) end
+    if not ALGORITHMS[algorithm] then
+      return nil, bad(unknown('algorithm', E_ALGORITHM, alg_s, after))
+    end
   end
   local limit = parse_amount(limit_s, 1)
   if not limit then return nil, bad(E_LIMIT) end
@@ -292,15 +339,21 @@ local function finish_spec(head, burst)
 end
 
 -- `algorithm limit period [BURST c] [COST n] [AT ms]` from args[i] on, options in any order,
--- each once. Returns spec, cost, at (nil: the server's clock) or nil, error.
-local function parse_check(args, i)
-  local head, err = parse_head(args, i)
+-- each once. Returns spec, cost, at (nil: the server's clock) or nil, error (an unknown option's
+-- error has its position in `at`). `after` as for parse_head.
+local function parse_check(args, i, after)
+  local head, err = parse_head(args, i, after)
   if not head then return nil, err end
   local burst, cost, at
   local j = i + 3
   while args[j] ~= nil do
     local option = OPTIONS[args[j]] or OPTIONS[upper(args[j])]
-    if not option then return nil, bad(E_OPTION, true) end
+    if not option then
+      local period = j == i + 3 and args[i + 2] or nil
+      local e = bad(unknown('option', E_OPTION, args[j], period), true)
+      e.at = j
+      return nil, e
+    end
     local shared = option ~= 'BURST'
     if args[j + 1] == nil then return nil, bad('ERR ' .. option .. ' needs a value', shared) end
     local value, verr = option_value(option, args[j + 1])
@@ -331,11 +384,33 @@ local function parse_checkall(keys, args, name)
   if n == 0 then return nil, E_NUMKEYS end
   if total < 4 then return nil, arity(name) end
   if n >= total then return nil, E_NUMKEYS end
-  if n * 4 > total then return nil, arity(name) end
+
+  -- How many specs the arguments hold, read as the grammar reads them: an option name and its
+  -- value, or a spec's three arguments.
+  local function count_specs()
+    local specs, j = 0, 1
+    while args[j] ~= nil do
+      if OPTIONS[args[j]] or OPTIONS[upper(args[j])] then
+        j = j + 2
+      else
+        specs, j = specs + 1, j + 3
+      end
+    end
+    return specs
+  end
+  -- A wrong number of arguments that is a wrong number of specs says so.
+  local function wrong_count(err)
+    if err.arity then
+      local specs = count_specs()
+      if specs ~= n then return { msg = spec_count(n, specs), whole = true } end
+    end
+    return err
+  end
+  if n * 4 > total then return nil, wrong_count(ARITY).msg or arity(name) end
 
   local function in_spec(err, s)
     if err.arity then return arity(name) end
-    if s == 0 then return err.msg end
+    if s == 0 or err.whole then return err.msg end
     return 'ERR limit spec ' .. s .. ' (key \'' .. keys[s] .. '\'): ' .. strsub(err.msg, 5)
   end
   -- Where a spec must start: COST or AT there means a spec is missing; BURST there is a second
@@ -352,9 +427,9 @@ local function parse_checkall(keys, args, name)
   local burst
   for s = 1, n - 1 do
     local err = spec_start(i, burst ~= nil)
-    if err then return nil, in_spec(err, s - 1) end
+    if err then return nil, in_spec(wrong_count(err), s - 1) end
     local head, spec
-    head, err = parse_head(args, i)
+    head, err = parse_head(args, i, s > 1 and burst == nil and args[i - 1] or nil)
     if not head then return nil, in_spec(err, s) end
     i = i + 3
     burst = nil
@@ -369,9 +444,13 @@ local function parse_checkall(keys, args, name)
     specs[s] = spec
   end
   local err = spec_start(i, burst ~= nil)
-  if err then return nil, in_spec(err, n - 1) end
-  local spec, cost, at = parse_check(args, i)
+  if err then return nil, in_spec(wrong_count(err), n - 1) end
+  local spec, cost, at = parse_check(args, i, n > 1 and burst == nil and args[i - 1] or nil)
   if not spec then
+    -- Another spec after the last one: more specs than keys.
+    if cost.at and ALGORITHMS[lower(args[cost.at])] then
+      return nil, spec_count(n, count_specs())
+    end
     if cost.shared then return nil, cost.msg end
     return nil, in_spec(cost, n)
   end

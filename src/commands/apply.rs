@@ -59,7 +59,7 @@ pub(crate) const SHORT: Command = Command {
 
 fn run(call: &Call) -> c_int {
     if call.argc() != 3 {
-        return call.error(&ArgError::WrongArity.message("ratelimit.apply"));
+        return call.error(&ArgError::WrongArity.message("ratelimit.apply", &[]));
     }
     let Ok(change) = Change::decode(call.bytes(2)) else {
         return call.error(error::STATE);

@@ -70,7 +70,7 @@ pub fn parse_call(call: &Call, first: usize, name: &str) -> Result<CheckArgs, St
     } else {
         parse_check(&slices[..count], max_log_limit())
     };
-    result.map_err(|error| error.message(name))
+    result.map_err(|error| error.message(name, &slices[..count]))
 }
 
 fn run(call: &Call, commit: bool) -> c_int {

@@ -66,28 +66,34 @@ pub fn parse_gcra(args: &[&[u8]]) -> Result<DialectCall, String> {
     if !(3..=5).contains(&args.len()) {
         return Err("ERR wrong number of arguments for 'gcra' command".to_string());
     }
-    let integer = |bytes: &[u8]| {
+    // The proposal's error texts, each naming the argument it is about.
+    let integer = |bytes: &[u8], name: &str| {
         std::str::from_utf8(bytes)
             .ok()
             .and_then(|text| text.parse::<i64>().ok())
-            .ok_or_else(|| "ERR value is not an integer or out of range".to_string())
+            .ok_or_else(|| format!("ERR {name} is not an integer or out of range"))
     };
-    let max_burst = integer(args[0])?;
+    let at_least_one = |value: i64, name: &str| {
+        if value < 1 {
+            Err(format!(
+                "ERR {name} is out of range, must be between 1 and {}",
+                i64::MAX
+            ))
+        } else {
+            Ok(value)
+        }
+    };
+    let max_burst = integer(args[0], "max_burst")?;
     if max_burst < 0 {
-        return Err("ERR value is out of range, must be positive".to_string());
+        return Err("ERR max_burst is out of range, must be 0 or more".to_string());
     }
-    let tokens_per_period = integer(args[1])?;
-    if tokens_per_period < 1 {
-        return Err(format!(
-            "ERR value is out of range, value must between 1 and {}",
-            i64::MAX
-        ));
-    }
+    let tokens_per_period =
+        at_least_one(integer(args[1], "tokens_per_period")?, "tokens_per_period")?;
     let period = std::str::from_utf8(args[2])
         .ok()
         .and_then(|text| text.trim().parse::<f64>().ok())
         .filter(|value| !value.is_nan())
-        .ok_or_else(|| "ERR value is not a valid float".to_string())?;
+        .ok_or_else(|| "ERR period is not a valid float".to_string())?;
     if !(period > 0.0 && period < 1e12) {
         return Err("ERR period must be > 0 and < 1e12".to_string());
     }
@@ -97,16 +103,7 @@ pub fn parse_gcra(args: &[&[u8]]) -> Result<DialectCall, String> {
             return Err("ERR syntax error".to_string())
         }
         [_] => return Err("ERR Missing TOKENS value".to_string()),
-        [_, count] => {
-            let count = integer(count)?;
-            if count < 1 {
-                return Err(format!(
-                    "ERR value is out of range, value must between 1 and {}",
-                    i64::MAX
-                ));
-            }
-            count as u64
-        }
+        [_, count] => at_least_one(integer(count, "TOKENS")?, "TOKENS")? as u64,
         _ => unreachable!("at most five arguments"),
     };
     // The emission interval in µs, rounded to the nearest (at least 1), as the proposal does.
@@ -291,9 +288,28 @@ mod tests {
         assert_eq!(parse_gcra(&args("2 1 0.5 tokens 3")).unwrap().cost, 3);
         for (line, error) in [
             ("4 10", "ERR wrong number of arguments for 'gcra' command"),
-            ("x 10 1", "ERR value is not an integer or out of range"),
-            ("-1 10 1", "ERR value is out of range, must be positive"),
-            ("1 10 abc", "ERR value is not a valid float"),
+            ("x 10 1", "ERR max_burst is not an integer or out of range"),
+            (
+                "-1 10 1",
+                "ERR max_burst is out of range, must be 0 or more",
+            ),
+            (
+                "4 0 1",
+                "ERR tokens_per_period is out of range, must be between 1 and 9223372036854775807",
+            ),
+            (
+                "4 1.5 1",
+                "ERR tokens_per_period is not an integer or out of range",
+            ),
+            (
+                "1 10 1 TOKENS 0",
+                "ERR TOKENS is out of range, must be between 1 and 9223372036854775807",
+            ),
+            (
+                "1 10 1 TOKENS x",
+                "ERR TOKENS is not an integer or out of range",
+            ),
+            ("1 10 abc", "ERR period is not a valid float"),
             ("1 10 0", "ERR period must be > 0 and < 1e12"),
             ("1 10 1e12", "ERR period must be > 0 and < 1e12"),
             ("1 10 1 COUNT 2", "ERR syntax error"),
@@ -301,12 +317,6 @@ mod tests {
         ] {
             assert_eq!(parse_gcra(&args(line)).unwrap_err(), error, "{line}");
         }
-        assert!(parse_gcra(&args("1 0 1"))
-            .unwrap_err()
-            .contains("out of range"));
-        assert!(parse_gcra(&args("1 10 1 TOKENS 0"))
-            .unwrap_err()
-            .contains("out of range"));
         assert!(parse_gcra(&args("1 1 999999999999"))
             .unwrap_err()
             .contains("at most"));

@@ -67,7 +67,7 @@ fn own_fields(limiter: &Limiter) -> Vec<(&'static CStr, u64)> {
 
 fn run(call: &Call) -> c_int {
     if call.argc() != 2 {
-        return call.error(&ArgError::WrongArity.message("ratelimit.info"));
+        return call.error(&ArgError::WrongArity.message("ratelimit.info", &[]));
     }
     let key = Key::open(call.ctx, call.raw_arg(1), false);
     let limiter = match key.slot() {

@@ -104,7 +104,10 @@ fn parse_spec_head(args: &[&[u8]]) -> Result<(Algorithm, u64, u64), ArgError> {
     let [algorithm, limit, period, ..] = args else {
         return Err(ArgError::WrongArity);
     };
-    let algorithm = Algorithm::parse(algorithm).ok_or(ArgError::UnknownAlgorithm)?;
+    let algorithm = Algorithm::parse(algorithm).ok_or(ArgError::UnknownAlgorithm {
+        at: 0,
+        after_period: false,
+    })?;
     let limit = amount(limit, 1, ArgError::Limit)?;
     let period = parse_period(period).ok_or(ArgError::Period)?;
     Ok((algorithm, limit, period))
@@ -198,10 +201,14 @@ impl Options {
 pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgError> {
     let (algorithm, limit, period_ms) = parse_spec_head(args)?;
     let mut options = Options::default();
-    let mut rest = args[3..].iter();
-    while let Some(name) = rest.next() {
-        let option = option(name).ok_or(ArgError::UnknownOption)?;
-        options.set(option, rest.next())?;
+    let mut i = 3;
+    while let Some(name) = args.get(i) {
+        let option = option(name).ok_or(ArgError::UnknownOption {
+            at: i,
+            after_period: i == 3,
+        })?;
+        options.set(option, args.get(i + 1))?;
+        i += 2;
     }
     let spec = finish_spec(algorithm, limit, period_ms, options.burst, max_log_limit)?;
     Ok(CheckArgs {
@@ -225,16 +232,27 @@ pub struct CheckAllArgs {
 }
 
 /// `numkeys` of a CHECKALL, given how many arguments follow it: an integer from 1 to the number
-/// of keys given (some argument must follow the keys). Keys that leave too few arguments for one
-/// three-argument spec each are a wrong number of arguments.
+/// of keys given (some argument must follow the keys).
 pub fn parse_numkeys(numkeys: &[u8], after: usize) -> Result<usize, ArgError> {
-    let numkeys = parse_integer(numkeys)
+    parse_integer(numkeys)
         .filter(|n| *n >= 1 && *n < after as u64)
-        .ok_or(ArgError::NumKeys)? as usize;
-    if numkeys * 4 > after {
-        return Err(ArgError::WrongArity);
+        .map(|n| n as usize)
+        .ok_or(ArgError::NumKeys)
+}
+
+/// How many limit specs the arguments after a CHECKALL's keys hold, read as the grammar reads
+/// them: an option name (`BURST`, `COST`, `AT`) and its value, or a spec's three arguments.
+fn count_specs(args: &[&[u8]]) -> usize {
+    let (mut specs, mut i) = (0, 0);
+    while let Some(word) = args.get(i) {
+        if option(word).is_some() {
+            i += 2;
+        } else {
+            specs += 1;
+            i += 3;
+        }
     }
-    Ok(numkeys)
+    specs
 }
 
 /// `numkeys key [key ...] algorithm limit period [BURST capacity] [...] [COST cost] [AT unix-ms]`.
@@ -255,14 +273,35 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
         return Err(ArgError::WrongArity.into());
     }
     let numkeys = parse_numkeys(numkeys, rest.len())?;
+    // Too few arguments for one spec a key, or the options where a spec should be: say how many
+    // specs there are (a spec whose own arguments are missing is a wrong number of arguments).
+    let wrong_count = |error: ArgError| match count_specs(&rest[numkeys..]) {
+        specs if error == ArgError::WrongArity && specs != numkeys => ArgError::SpecCount {
+            keys: numkeys,
+            specs,
+        },
+        _ => error,
+    };
+    if numkeys * 4 > rest.len() {
+        return Err(wrong_count(ArgError::WrongArity).into());
+    }
     let mut specs = Vec::with_capacity(numkeys);
     let mut i = numkeys;
     let mut burst = None;
     for spec in 1..numkeys {
-        let in_spec = |error: ArgError| CheckAllError::in_spec(error, spec);
+        // Positions in `args`, whose first argument is numkeys.
+        let offset = 1 + i;
+        let in_spec = move |error: ArgError| CheckAllError::in_spec(error.shifted(offset), spec);
         let head = spec_start(&rest[i..], burst.is_some())
-            .map_err(|error| CheckAllError::in_spec(error, spec - 1))?;
-        let (algorithm, limit, period_ms) = parse_spec_head(head).map_err(in_spec)?;
+            .map_err(|error| CheckAllError::in_spec(wrong_count(error), spec - 1))?;
+        let (algorithm, limit, period_ms) = parse_spec_head(head).map_err(|error| match error {
+            // A word where an algorithm should be, right after the last spec's period.
+            ArgError::UnknownAlgorithm { at, .. } => in_spec(ArgError::UnknownAlgorithm {
+                at,
+                after_period: spec > 1 && burst.is_none(),
+            }),
+            error => in_spec(error),
+        })?;
         i += 3;
         burst = None;
         if rest.get(i).and_then(|name| option(name)) == Some(OptionName::Burst) {
@@ -277,14 +316,29 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
             .push(finish_spec(algorithm, limit, period_ms, burst, max_log_limit).map_err(in_spec)?);
     }
     let tail = spec_start(&rest[i..], burst.is_some())
-        .map_err(|error| CheckAllError::in_spec(error, numkeys - 1))?;
-    let last = parse_check(tail, max_log_limit).map_err(|error| match error {
+        .map_err(|error| CheckAllError::in_spec(wrong_count(error), numkeys - 1))?;
+    let last = parse_check(tail, max_log_limit).map_err(|error| match error.shifted(1 + i) {
+        // Another spec after the last one: more specs than keys.
+        ArgError::UnknownOption { at, .. } if Algorithm::parse(args[at]).is_some() => {
+            ArgError::SpecCount {
+                keys: numkeys,
+                specs: count_specs(&rest[numkeys..]),
+            }
+            .into()
+        }
         // The shared options and what follows the last spec belong to no spec.
-        ArgError::Cost
+        error @ (ArgError::Cost
         | ArgError::At
-        | ArgError::UnknownOption
+        | ArgError::UnknownOption { .. }
         | ArgError::MissingValue("COST" | "AT")
-        | ArgError::Duplicate("COST" | "AT") => error.into(),
+        | ArgError::Duplicate("COST" | "AT")) => error.into(),
+        ArgError::UnknownAlgorithm { at, .. } => CheckAllError::in_spec(
+            ArgError::UnknownAlgorithm {
+                at,
+                after_period: numkeys > 1 && burst.is_none(),
+            },
+            numkeys,
+        ),
         error => CheckAllError::in_spec(error, numkeys),
     })?;
     specs.push(last.spec);
@@ -304,16 +358,18 @@ pub struct CheckAllError {
 }
 
 impl CheckAllError {
-    /// `error` in spec `spec` (0: not in a spec; a wrong arity is never a spec's).
+    /// `error` in spec `spec` (0: not in a spec; a wrong arity or count of specs is never a
+    /// spec's).
     fn in_spec(error: ArgError, spec: usize) -> CheckAllError {
-        let spec = (spec > 0 && error != ArgError::WrongArity).then_some(spec);
+        let whole = matches!(error, ArgError::WrongArity | ArgError::SpecCount { .. });
+        let spec = (spec > 0 && !whole).then_some(spec);
         CheckAllError { error, spec }
     }
 
     /// The error reply; one in a spec names the spec and its key (`args` as parsed, numkeys
     /// first), e.g. `ERR limit spec 2 (key 'b'): BURST applies only to ...`.
     pub fn message(&self, command: &str, args: &[&[u8]]) -> String {
-        let message = self.error.message(command);
+        let message = self.error.message(command, args);
         let Some(spec) = self.spec else {
             return message;
         };
@@ -550,13 +606,22 @@ mod tests {
         );
         assert_eq!(
             parse("fixed-window 10 1s LIMIT 3"),
-            Err(ArgError::UnknownOption)
+            Err(ArgError::UnknownOption {
+                at: 3,
+                after_period: true
+            })
         );
     }
 
     #[test]
     fn every_bad_argument_is_named() {
-        assert_eq!(parse("gcra-bucket 10 1s"), Err(ArgError::UnknownAlgorithm));
+        assert_eq!(
+            parse("gcra-bucket 10 1s"),
+            Err(ArgError::UnknownAlgorithm {
+                at: 0,
+                after_period: false
+            })
+        );
         assert_eq!(parse("fixed-window 0 1s"), Err(ArgError::Limit));
         assert_eq!(parse("fixed-window 1000000000001 1s"), Err(ArgError::Limit));
         assert_eq!(parse("fixed-window 10 0"), Err(ArgError::Period));
@@ -634,14 +699,20 @@ mod tests {
             "sliding-log 100001 1s",
             "token-bucket 10 1s AT 9007199254740992",
         ] {
-            let check = parse(tail);
-            let all = parse_all(&format!("1 k {tail}"));
-            match (check, all) {
+            let check_args: Vec<&[u8]> = tail.split(' ').map(str::as_bytes).collect();
+            let line = format!("1 k {tail}");
+            let all_args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            match (parse(tail), parse_checkall(&all_args, 100_000)) {
                 (Ok(check), Ok(all)) => {
                     assert_eq!(all.specs, [check.spec], "{tail}");
                     assert_eq!((all.cost, all.at_ms), (check.cost, check.at_ms), "{tail}");
                 }
-                (check, all) => assert_eq!(check.err(), all.err(), "{tail}"),
+                (Err(check), Err(all)) => assert_eq!(
+                    check.message("c", &check_args),
+                    all.error.message("c", &all_args),
+                    "{tail}"
+                ),
+                (check, all) => panic!("{tail}: {check:?} {all:?}"),
             }
         }
     }
@@ -654,7 +725,7 @@ mod tests {
         assert_eq!(parse_all("x k fixed-window 1 1s"), Err(ArgError::NumKeys));
         assert_eq!(
             parse_all("3 a b fixed-window 1 1s fixed-window 1 1s"),
-            Err(ArgError::WrongArity)
+            Err(ArgError::SpecCount { keys: 3, specs: 2 })
         );
         assert_eq!(parse_all("9 a b c d"), Err(ArgError::NumKeys));
         // A missing spec: the options come where a spec should.
@@ -676,7 +747,7 @@ mod tests {
         );
         assert_eq!(
             parse_all("2 a b token-bucket 1 1s BURST"),
-            Err(ArgError::WrongArity)
+            Err(ArgError::SpecCount { keys: 2, specs: 1 })
         );
         assert_eq!(
             parse_all("2 a b token-bucket 1 1s BURST x fixed-window 1 1s"),
@@ -684,7 +755,10 @@ mod tests {
         );
         assert_eq!(
             parse_all("2 a b gcr 1 1s fixed-window 1 1s"),
-            Err(ArgError::UnknownAlgorithm)
+            Err(ArgError::UnknownAlgorithm {
+                at: 3,
+                after_period: false
+            })
         );
         assert_eq!(
             parse_all("2 a b fixed-window 1 0 fixed-window 1 1s"),
@@ -696,7 +770,7 @@ mod tests {
         );
         assert_eq!(
             parse_all("2 a b fixed-window 1 1s fixed-window 1 1s fixed-window 1 1s"),
-            Err(ArgError::UnknownOption)
+            Err(ArgError::SpecCount { keys: 2, specs: 3 })
         );
         assert_eq!(
             parse_all("2 a b sliding-log 100001 1s fixed-window 1 1s"),
@@ -747,10 +821,105 @@ mod tests {
     }
 
     #[test]
+    fn unknown_words_are_named_and_a_unit_after_a_bare_period_is_explained() {
+        let check = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            parse_check(&args, 100_000)
+                .unwrap_err()
+                .message("ratelimit.check", &args)
+        };
+        assert_eq!(
+            check("sliding-window 100 1 minute"),
+            "ERR unknown option 'minute': expected BURST, COST or AT; a period takes its unit in \
+             the same argument: 1m, not '1 minute'"
+        );
+        assert_eq!(
+            check("fixed-window 5 15 Secs"),
+            "ERR unknown option 'Secs': expected BURST, COST or AT; a period takes its unit in \
+             the same argument: 15s, not '15 Secs'"
+        );
+        assert_eq!(
+            check("fixed-window 5 15 fortnights"),
+            "ERR unknown option 'fortnights': expected BURST, COST or AT; a period takes its unit \
+             in the same argument: 15ms, 15s, 15m, 15h or 15d"
+        );
+        // No hint after a period with its unit, or after another option's value.
+        assert_eq!(
+            check("fixed-window 5 15s minute"),
+            "ERR unknown option 'minute': expected BURST, COST or AT"
+        );
+        assert_eq!(
+            check("fixed-window 5 15s COST 1 minute"),
+            "ERR unknown option 'minute': expected BURST, COST or AT"
+        );
+        assert_eq!(
+            check("sliding-windows 100 1m"),
+            "ERR unknown algorithm 'sliding-windows': expected token-bucket, leaky-bucket, \
+             fixed-window, sliding-window, sliding-log or gcra"
+        );
+        // Long or binary words are shown in part.
+        let long = format!("fixed-window 5 1s {}\u{7}x", "y".repeat(40));
+        assert_eq!(
+            check(&long),
+            format!(
+                "ERR unknown option '{}...': expected BURST, COST or AT",
+                "y".repeat(32)
+            )
+        );
+        assert_eq!(
+            check("fixed-window 5 1s a\u{1}b"),
+            "ERR unknown option 'a?b': expected BURST, COST or AT"
+        );
+    }
+
+    #[test]
+    fn checkall_says_how_many_specs_it_found() {
+        let message = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            parse_checkall(&args, 100_000)
+                .unwrap_err()
+                .message("ratelimit.checkall", &args)
+        };
+        assert_eq!(
+            message("2 a b sliding-window 100 1m"),
+            "ERR 2 keys need 2 limit specs (one per key, in order); found 1"
+        );
+        assert_eq!(
+            message("2 a b sliding-window 100 1m COST 2"),
+            "ERR 2 keys need 2 limit specs (one per key, in order); found 1"
+        );
+        assert_eq!(
+            message("1 a sliding-window 100 1m fixed-window 5 1s"),
+            "ERR 1 key needs 1 limit spec (one per key, in order); found 2"
+        );
+        assert_eq!(
+            message("3 a b c token-bucket 1 1s BURST 2 fixed-window 1 1h AT 5"),
+            "ERR 3 keys need 3 limit specs (one per key, in order); found 2"
+        );
+        // A bare period in a spec that is not the last: its unit is taken for the next spec.
+        assert_eq!(
+            message("2 a b sliding-window 100 1 minute fixed-window 10 1h"),
+            "ERR limit spec 2 (key 'b'): unknown algorithm 'minute': expected token-bucket, \
+             leaky-bucket, fixed-window, sliding-window, sliding-log or gcra; a period takes its \
+             unit in the same argument: 1m, not '1 minute'"
+        );
+        assert_eq!(
+            message("2 a b fixed-window 100 1m fixed-window 10 1 hour"),
+            "ERR unknown option 'hour': expected BURST, COST or AT; a period takes its unit in \
+             the same argument: 1h, not '1 hour'"
+        );
+        // A spec whose own arguments are missing is still a wrong number of arguments.
+        assert_eq!(
+            message("2 a b fixed-window 1 1s fixed-window 1"),
+            "ERR wrong number of arguments for 'ratelimit.checkall' command"
+        );
+    }
+
+    #[test]
     fn numkeys_leaves_room_for_the_specs() {
         assert_eq!(parse_numkeys(b"1", 4), Ok(1));
         assert_eq!(parse_numkeys(b"2", 8), Ok(2));
-        assert_eq!(parse_numkeys(b"2", 7), Err(ArgError::WrongArity));
+        assert_eq!(parse_numkeys(b"2", 7), Ok(2));
         assert_eq!(parse_numkeys(b"7", 7), Err(ArgError::NumKeys));
         assert_eq!(parse_numkeys(b"0", 8), Err(ArgError::NumKeys));
         assert_eq!(parse_numkeys(b"+1", 8), Err(ArgError::NumKeys));

@@ -28,7 +28,7 @@ pub(crate) const COMMAND: Command = Command {
 
 fn run(call: &Call) -> c_int {
     if call.argc() < 2 {
-        return call.error(&ArgError::WrongArity.message("ratelimit.reset"));
+        return call.error(&ArgError::WrongArity.message("ratelimit.reset", &[]));
     }
     // One handle per distinct key: a key named twice is removed once, as DEL counts it, and no
     // handle outlives the value another one deleted.

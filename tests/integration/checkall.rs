@@ -369,10 +369,17 @@ fn errors_change_nothing() {
         ("0 x fixed-window 1 1s", "numkeys"),
         ("x x fixed-window 1 1s", "numkeys"),
         ("9 x y fixed-window 1", "numkeys"),
-        ("2 x y token-bucket 3 1s", "wrong number of arguments"),
+        (
+            "2 x y token-bucket 3 1s",
+            "2 keys need 2 limit specs (one per key, in order); found 1",
+        ),
         (
             "2 x y token-bucket 3 1s COST 1 AT 5",
-            "wrong number of arguments",
+            "2 keys need 2 limit specs (one per key, in order); found 1",
+        ),
+        (
+            "1 x token-bucket 3 1s fixed-window 1 1s",
+            "1 key needs 1 limit spec (one per key, in order); found 2",
         ),
         (
             "2 y x fixed-window 1 1s BURST 2 token-bucket 3 1s",
@@ -380,12 +387,16 @@ fn errors_change_nothing() {
         ),
         (
             "2 y x leaky-window 1 1s token-bucket 3 1s",
-            "unknown algorithm",
+            "unknown algorithm 'leaky-window'",
+        ),
+        (
+            "2 y x fixed-window 1 1 minute token-bucket 3 1s",
+            "limit spec 2 (key 'x'): unknown algorithm 'minute'",
         ),
         ("2 y x fixed-window 1 1s token-bucket 3 1s COST -1", "COST"),
         (
             "2 y x fixed-window 1 1s token-bucket 3 1s LIMIT 1",
-            "unknown option",
+            "unknown option 'LIMIT'",
         ),
         ("2 y str fixed-window 1 1s fixed-window 1 1s", "WRONGTYPE"),
         (

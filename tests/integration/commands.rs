@@ -177,7 +177,15 @@ fn bad_arguments_are_named_and_create_nothing() {
             "RATELIMIT.CHECK k token-bucket 10",
             "wrong number of arguments",
         ),
-        ("RATELIMIT.CHECK k leaky-window 10 1s", "unknown algorithm"),
+        (
+            "RATELIMIT.CHECK k leaky-window 10 1s",
+            "unknown algorithm 'leaky-window'",
+        ),
+        (
+            "RATELIMIT.CHECK k sliding-window 100 1 minute",
+            "unknown option 'minute': expected BURST, COST or AT; a period takes its unit in the \
+             same argument: 1m, not '1 minute'",
+        ),
         ("RATELIMIT.CHECK k token-bucket 0 1s", "limit"),
         ("RATELIMIT.CHECK k token-bucket -1 1s", "limit"),
         ("RATELIMIT.CHECK k token-bucket 1.5 1s", "limit"),
@@ -211,7 +219,7 @@ fn bad_arguments_are_named_and_create_nothing() {
         ("RATELIMIT.CHECK k token-bucket 10 1s AT -5", "AT"),
         (
             "RATELIMIT.CHECK k token-bucket 10 1s NOW 5",
-            "unknown option",
+            "unknown option 'NOW'",
         ),
         ("RATELIMIT.CHECK k sliding-log 100001 1s", "max-log-limit"),
         ("RATELIMIT.PEEK k token-bucket 0 1s", "limit"),

@@ -90,20 +90,30 @@ fn gcra_worked_examples() {
     // A fractional period: 0.5 s per 5 tokens is one every 100,000 µs, burst of 1.
     assert_eq!(gcra(&mut con, "h", &["0", "5", "0.5"]), [0, 1, 0, -1, 1]);
     assert_eq!(gcra(&mut con, "h", &["0", "5", "0.5"]), [1, 1, 0, 1, 1]);
-    // The proposal's errors.
+    // The proposal's errors, each naming its argument.
     for (args, expected) in [
         (&["1", "10"][..], "wrong number of arguments"),
         (
             &["1", "10", "1", "TOKENS", "1", "x"],
             "wrong number of arguments",
         ),
-        (&["x", "10", "1"], "value is not an integer or out of range"),
+        (
+            &["x", "10", "1"],
+            "max_burst is not an integer or out of range",
+        ),
         (
             &["-1", "10", "1"],
-            "value is out of range, must be positive",
+            "max_burst is out of range, must be 0 or more",
         ),
-        (&["1", "0", "1"], "value is out of range"),
-        (&["1", "10", "abc"], "value is not a valid float"),
+        (
+            &["4", "0", "1"],
+            "tokens_per_period is out of range, must be between 1 and",
+        ),
+        (
+            &["1", "10", "1", "TOKENS", "0"],
+            "TOKENS is out of range, must be between 1 and",
+        ),
+        (&["1", "10", "abc"], "period is not a valid float"),
         (&["1", "10", "0"], "period must be > 0 and < 1e12"),
         (&["1", "10", "1e12"], "period must be > 0 and < 1e12"),
         (&["1", "10", "1", "COUNT", "2"], "syntax error"),

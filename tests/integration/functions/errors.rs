@@ -56,6 +56,14 @@ fn every_bad_argument_gets_the_modules_message() {
         "GCRA 10 1s burst 1000000000001",
         "gcra 10 1s BURST 2 BURST 3",
         "gcra 10 1s COST 1000000000001",
+        "sliding-window 100 1 minute",
+        "sliding-window 100 15 Secs COST 1",
+        "sliding-window 100 15 fortnights",
+        "sliding-window 100 15s minute",
+        "sliding-window 100 15 COST 1 minute",
+        "fixed-window 5 1s yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy",
+        "fixed-window 5 1s a\u{1}\u{ff}b",
+        "sliding-windows 100 1m",
     ];
     for line in check_vectors {
         let args = words(line);
@@ -103,6 +111,14 @@ fn every_bad_argument_gets_the_modules_message() {
         ("a b", "gcra 1 1s BURST x fixed-window 1 1s"),
         ("a b", "fixed-window 1 1s gcra 1 1s BURST 2 BURST 3"),
         ("k", "fixed-window 10 1s BURST 5"),
+        ("a b", "sliding-window 100 1m"),
+        ("a b", "sliding-window 100 1m COST 2"),
+        ("a", "sliding-window 100 1m fixed-window 5 1s"),
+        ("a b c", "token-bucket 1 1s BURST 2 fixed-window 1 1h AT 5"),
+        ("a b", "sliding-window 100 1 minute fixed-window 10 1h"),
+        ("a b", "fixed-window 100 1m fixed-window 10 1 hour"),
+        ("a b", "token-bucket 100 1m BURST 5 minute 10 1h"),
+        ("a b", "token-bucket 100 1m fixed-window 10 1h fixed-window 1 1s"),
     ];
     for (keys, line) in checkall_vectors {
         let keys = words(keys);
