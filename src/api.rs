@@ -75,6 +75,14 @@ pub fn missing_required() -> Option<&'static str> {
         RedisModule_DigestEndSequence,
         RedisModule_IsIOError,
         RedisModule_Free,
+        RedisModule_ReplyWithStringBuffer,
+        RedisModule_GetCommand,
+        RedisModule_CreateSubcommand,
+        RedisModule_SubscribeToServerEvent,
+        RedisModule_InfoBeginDictField,
+        RedisModule_InfoEndDictField,
+        RedisModule_CreateString,
+        RedisModule_FreeString,
     );
     None
 }

@@ -37,6 +37,20 @@ pub fn max_log_limit() -> u64 {
     MAX_LOG_LIMIT.load(Relaxed).max(1) as u64
 }
 
+/// Default `ratelimit.max-policies`: how many policies `RATELIMIT.POLICY SET` may define.
+pub const DEFAULT_MAX_POLICIES: i64 = 10_000;
+/// Bounds of `ratelimit.max-policies` (0: no policy can be defined).
+pub const MIN_MAX_POLICIES: i64 = 0;
+pub const MAX_MAX_POLICIES: i64 = 1_000_000;
+
+/// `ratelimit.max-policies`.
+pub static MAX_POLICIES: AtomicI64 = AtomicI64::new(DEFAULT_MAX_POLICIES);
+
+/// The current `ratelimit.max-policies`.
+pub fn max_policies() -> u64 {
+    MAX_POLICIES.load(Relaxed).max(0) as u64
+}
+
 /// One integer config.
 pub struct NumericConfig {
     /// The name without the module prefix, as registered (`max-log-limit`).
@@ -48,16 +62,25 @@ pub struct NumericConfig {
 }
 
 /// How many configs the module registers.
-pub const COUNT: usize = 1;
+pub const COUNT: usize = 2;
 
 /// Every config the module registers.
-pub static NUMERIC: [NumericConfig; COUNT] = [NumericConfig {
-    name: c"max-log-limit",
-    default: DEFAULT_MAX_LOG_LIMIT,
-    min: MIN_MAX_LOG_LIMIT,
-    max: MAX_MAX_LOG_LIMIT,
-    value: &MAX_LOG_LIMIT,
-}];
+pub static NUMERIC: [NumericConfig; COUNT] = [
+    NumericConfig {
+        name: c"max-log-limit",
+        default: DEFAULT_MAX_LOG_LIMIT,
+        min: MIN_MAX_LOG_LIMIT,
+        max: MAX_MAX_LOG_LIMIT,
+        value: &MAX_LOG_LIMIT,
+    },
+    NumericConfig {
+        name: c"max-policies",
+        default: DEFAULT_MAX_POLICIES,
+        min: MIN_MAX_POLICIES,
+        max: MAX_MAX_POLICIES,
+        value: &MAX_POLICIES,
+    },
+];
 
 impl NumericConfig {
     fn short_name(&self) -> &'static str {

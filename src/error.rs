@@ -14,8 +14,25 @@ pub const COST: &str = "ERR COST must be an integer from 0 to 1000000000000";
 pub const AT: &str = "ERR AT must be a time in ms since the Unix epoch, below 2^53";
 pub const NUMKEYS: &str = "ERR numkeys must be an integer from 1 to the number of keys given";
 pub const UNKNOWN_OPTION: &str = "expected BURST, COST or AT";
+pub const UNKNOWN_POLICY_CALL_OPTION: &str = "expected COST or AT";
+pub const UNKNOWN_POLICY_OPTION: &str = "expected BURST or SHADOW";
+pub const BURST_WITH_POLICY: &str =
+    "ERR BURST cannot be given with POLICY: the policy sets the limit";
+pub const POLICY_NAME: &str =
+    "ERR policy name must be 1 to 64 bytes of A-Z, a-z, 0-9, '_', '-' and '.'";
 pub const STATE: &str = "ERR invalid limiter state payload";
 pub const INTERNAL: &str = "ERR internal error in ratelimit module (see the server log)";
+
+/// The options a place in the arguments takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Options {
+    /// A call with a limit spec: `BURST`, `COST`, `AT`.
+    Call,
+    /// A call with `POLICY name`: `COST`, `AT`.
+    PolicyCall,
+    /// `RATELIMIT.POLICY SET`: `BURST`, `SHADOW`.
+    PolicySet,
+}
 
 /// A malformed argument vector. A variant that names an argument holds its position in the
 /// arguments its message is given (see [`ArgError::message`]).
@@ -34,11 +51,17 @@ pub enum ArgError {
     Cost,
     At,
     NumKeys,
-    /// `args[at]` is no option; `after_period`: it comes right after the spec's period.
+    /// `args[at]` is no option (of those `expected`); `after_period`: it comes right after the
+    /// spec's period.
     UnknownOption {
         at: usize,
         after_period: bool,
+        expected: Options,
     },
+    /// `BURST` in a call that names a policy.
+    BurstWithPolicy,
+    /// A policy name outside the rule of [`crate::policy::valid_name`].
+    PolicyName,
     /// A CHECKALL of `keys` keys with `specs` limit specs.
     SpecCount {
         keys: usize,
@@ -84,8 +107,17 @@ impl ArgError {
             ArgError::UnknownAlgorithm { at, after_period } => {
                 return unknown("algorithm", UNKNOWN_ALGORITHM, args, at, after_period)
             }
-            ArgError::UnknownOption { at, after_period } => {
-                return unknown("option", UNKNOWN_OPTION, args, at, after_period)
+            ArgError::UnknownOption {
+                at,
+                after_period,
+                expected,
+            } => {
+                let expected = match expected {
+                    Options::Call => UNKNOWN_OPTION,
+                    Options::PolicyCall => UNKNOWN_POLICY_CALL_OPTION,
+                    Options::PolicySet => UNKNOWN_POLICY_OPTION,
+                };
+                return unknown("option", expected, args, at, after_period);
             }
             ArgError::SpecCount { keys, specs } => {
                 let (noun, verb) = if keys == 1 {
@@ -106,6 +138,8 @@ impl ArgError {
             ArgError::Cost => COST,
             ArgError::At => AT,
             ArgError::NumKeys => NUMKEYS,
+            ArgError::BurstWithPolicy => BURST_WITH_POLICY,
+            ArgError::PolicyName => POLICY_NAME,
         };
         fixed.to_string()
     }
@@ -117,9 +151,14 @@ impl ArgError {
                 at: at + by,
                 after_period,
             },
-            ArgError::UnknownOption { at, after_period } => ArgError::UnknownOption {
+            ArgError::UnknownOption {
+                at,
+                after_period,
+                expected,
+            } => ArgError::UnknownOption {
                 at: at + by,
                 after_period,
+                expected,
             },
             other => other,
         }
@@ -193,6 +232,19 @@ fn unit_meant(word: &[u8]) -> Option<&'static str> {
             .any(|w| w.as_bytes().eq_ignore_ascii_case(word))
             .then_some(unit)
     })
+}
+
+/// A call names a policy that is not defined.
+pub fn no_such_policy(name: &[u8]) -> String {
+    format!("ERR no such policy '{}'", shown(name))
+}
+
+/// A new policy past `ratelimit.max-policies`.
+pub fn too_many_policies(max: u64) -> String {
+    format!(
+        "ERR too many policies: ratelimit.max-policies is {max} (RATELIMIT.POLICY DEL one, or \
+         raise it)"
+    )
 }
 
 /// The error for a key holding another algorithm than the call names.

@@ -11,6 +11,7 @@ pub(crate) mod commands;
 
 pub(crate) mod config;
 pub(crate) mod error;
+pub mod policy;
 pub(crate) mod server;
 pub(crate) mod stats;
 pub(crate) mod store;
@@ -61,6 +62,31 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    commands::resetstat::counted(c"cmdstat_ratelimit.check");
+    commands::resetstat::counted(c"cmdstat_ratelimit.checkall");
+    if let Err(why) = commands::registry::register_container(ctx.ctx, &commands::policy::CONTAINER)
+    {
+        ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
+        return Status::Err;
+    }
+    // A dataset being loaded replaces the policies (store/policies.rs); an AOF rewrite without
+    // an RDB preamble gets them written into it (commands/policy.rs).
+    for (id, callback) in [
+        (
+            raw::REDISMODULE_EVENT_LOADING,
+            on_loading as unsafe extern "C" fn(_, _, _, _),
+        ),
+        (raw::REDISMODULE_EVENT_FORK_CHILD, on_fork),
+    ] {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: the OnLoad context, and callbacks that live as long as the module.
+        let status =
+            unsafe { api::rm!(RedisModule_SubscribeToServerEvent)(ctx.ctx, event, Some(callback)) };
+        if status != raw::REDISMODULE_OK as c_int {
+            ctx.log_warning("ratelimit: cannot follow the server's loading and fork events; the module is not loaded");
+            return Status::Err;
+        }
+    }
     // The dialects, unless the server (GCRA in a future Redis) or another module (redis-cell's
     // CL.THROTTLE) has the name already: theirs stays, and the log says which is in use.
     for command in commands::dialects::COMMANDS {
@@ -71,6 +97,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
                     ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
                     return Status::Err;
                 }
+                if let Ok(line) = std::ffi::CString::new(format!("cmdstat_{name}")) {
+                    // Kept for the module's lifetime, as the command is.
+                    commands::resetstat::counted(Box::leak(line.into_boxed_c_str()));
+                }
                 ctx.log_notice(&format!("ratelimit: {name} is the module's"));
             }
             Some(true) => ctx.log_notice(&format!(
@@ -80,6 +110,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
                 "ratelimit: cannot tell whether the server has {name}; not registered"
             )),
         }
+    }
+    if !commands::resetstat::register(ctx.ctx) {
+        ctx.log_notice("ratelimit: CONFIG RESETSTAT will not reset the module's counters here");
     }
     ctx.log_notice(&format!(
         "ratelimit: loaded on {}; optional APIs in use: {}; ACL category @ratelimit: {}",
@@ -98,8 +131,36 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     Status::Ok
 }
 
+/// Loading a dataset: the policies it holds replace the server's.
+unsafe extern "C" fn on_loading(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut std::ffi::c_void,
+) {
+    let _ = std::panic::catch_unwind(|| store::policies::loading(subevent));
+}
+
+/// A fork: when it is an AOF rewrite without an RDB preamble, the policies are written into the
+/// AOF the rewrite continues (see `commands::policy::reemit`).
+unsafe extern "C" fn on_fork(
+    ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut std::ffi::c_void,
+) {
+    if subevent != raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        if !policy::table().is_empty() && server::aof_rewrite_without_preamble(ctx) {
+            commands::policy::reemit(ctx);
+        }
+    });
+}
+
 /// `INFO ratelimit`: calls, allowed, rejected and live keys per algorithm.
-unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
     /// Field names per algorithm (Redis prefixes them with `ratelimit_`).
     const FIELDS: [[&CStr; 4]; 6] = [
         [
@@ -169,7 +230,53 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
                 unsafe { api::rm!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr(), value) };
             }
         }
+        // Not in a crash report: the table's lock may be held by the code that crashed.
+        if for_crash_report == 0 {
+            // SAFETY: as above.
+            unsafe { policy_fields(ctx) };
+        }
     });
+}
+
+/// `ratelimit_policies:<count>`, then one line per policy in Redis's `cmdstat_` style:
+/// `ratelimit_policy_<name>:calls=..,allowed=..,rejected=..,shadow_rejected=..`, sorted by name.
+///
+/// # Safety
+/// `ctx` must be the INFO callback's context.
+unsafe fn policy_fields(ctx: *mut raw::RedisModuleInfoCtx) {
+    let lines: Vec<(std::ffi::CString, policy::Figures)> = {
+        let table = policy::table();
+        table
+            .sorted()
+            .into_iter()
+            .filter_map(|(name, entry)| {
+                let mut field = b"policy_".to_vec();
+                field.extend_from_slice(name);
+                std::ffi::CString::new(field)
+                    .ok()
+                    .map(|field| (field, entry.counters.figures()))
+            })
+            .collect()
+    };
+    // SAFETY: guaranteed by the caller; the names are static and NUL-terminated.
+    unsafe {
+        api::rm!(RedisModule_InfoAddFieldULongLong)(ctx, c"policies".as_ptr(), lines.len() as u64)
+    };
+    for (field, figures) in lines {
+        // SAFETY: as above; a dict field is opened, filled and closed in turn.
+        unsafe {
+            api::rm!(RedisModule_InfoBeginDictField)(ctx, field.as_ptr());
+            for (name, value) in [
+                (c"calls", figures.calls),
+                (c"allowed", figures.allowed),
+                (c"rejected", figures.rejected),
+                (c"shadow_rejected", figures.shadow_rejected),
+            ] {
+                api::rm!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr(), value);
+            }
+            api::rm!(RedisModule_InfoEndDictField)(ctx);
+        }
+    }
 }
 
 /// Redis's allocator inside redis-server (so module memory counts in `used_memory` and

@@ -94,3 +94,71 @@ fn release(ctx: *mut raw::RedisModuleCtx) -> String {
     unsafe { rm!(RedisModule_FreeServerInfo)(ctx, info) };
     release
 }
+
+/// Whether the fork just made (a `FORK_CHILD` event's parent side) is an AOF rewrite whose AOF
+/// holds commands only (`aof-use-rdb-preamble no`): such a rewrite saves the keys but not the
+/// module's data. When it cannot tell, it answers yes (writing the policies again is harmless).
+pub(crate) fn aof_rewrite_without_preamble(ctx: *mut raw::RedisModuleCtx) -> bool {
+    if !(has!(RedisModule_GetServerInfo)
+        && has!(RedisModule_ServerInfoGetFieldSigned)
+        && has!(RedisModule_FreeServerInfo))
+    {
+        return true;
+    }
+    // SAFETY: the event's context and a static section name; the data is freed below.
+    let info = unsafe { rm!(RedisModule_GetServerInfo)(ctx, c"persistence".as_ptr()) };
+    if info.is_null() {
+        return true;
+    }
+    let mut error = 0;
+    // SAFETY: `info` is live until freed below; the name is static and NUL-terminated.
+    let rewriting = unsafe {
+        rm!(RedisModule_ServerInfoGetFieldSigned)(
+            info,
+            c"aof_rewrite_in_progress".as_ptr(),
+            &mut error,
+        )
+    };
+    // SAFETY: the data GetServerInfo returned, freed once.
+    unsafe { rm!(RedisModule_FreeServerInfo)(ctx, info) };
+    if error == 0 && rewriting != 1 {
+        return false;
+    }
+    preamble_off(ctx).unwrap_or(true)
+}
+
+/// `aof-use-rdb-preamble` is `no` (`None` when it cannot be read).
+fn preamble_off(ctx: *mut raw::RedisModuleCtx) -> Option<bool> {
+    if !(has!(RedisModule_Call)
+        && has!(RedisModule_CallReplyArrayElement)
+        && has!(RedisModule_CallReplyStringPtr)
+        && has!(RedisModule_FreeCallReply))
+    {
+        return None;
+    }
+    // SAFETY: the event's context; "cc" takes two NUL-terminated strings; the reply is freed
+    // below, once, after its elements are read.
+    unsafe {
+        let reply = rm!(RedisModule_Call)(
+            ctx,
+            c"CONFIG".as_ptr(),
+            c"cc".as_ptr(),
+            c"GET".as_ptr(),
+            c"aof-use-rdb-preamble".as_ptr(),
+        );
+        if reply.is_null() {
+            return None;
+        }
+        let value = rm!(RedisModule_CallReplyArrayElement)(reply, 1);
+        let mut len = 0usize;
+        let text = if value.is_null() {
+            std::ptr::null()
+        } else {
+            rm!(RedisModule_CallReplyStringPtr)(value, &mut len)
+        };
+        let off =
+            (!text.is_null()).then(|| std::slice::from_raw_parts(text.cast::<u8>(), len) == b"no");
+        rm!(RedisModule_FreeCallReply)(reply);
+        off
+    }
+}

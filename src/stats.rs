@@ -17,6 +17,22 @@ static REJECTED: [AtomicU64; N] = [ZERO; N];
 /// background thread never wraps.
 static KEYS: [AtomicI64; N] = [ZERO_I; N];
 
+/// Calls of the commands that count decisions (CHECK, CHECKALL and the dialects) since the
+/// counters were last reset: Redis counts the same calls in their `INFO commandstats` lines,
+/// which is how a `CONFIG RESETSTAT` is told from one that was refused (`commands/resetstat.rs`).
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one call of a command that counts decisions, whatever it answers.
+#[inline(always)]
+pub fn count_call() {
+    CALLS.fetch_add(1, Relaxed);
+}
+
+/// The calls counted by [`count_call`] since the last reset.
+pub fn calls() -> u64 {
+    CALLS.load(Relaxed)
+}
+
 /// Counts one decision.
 pub fn count_decision(algorithm: Algorithm, allowed: bool) {
     let table = if allowed { &ALLOWED } else { &REJECTED };
@@ -50,5 +66,34 @@ pub fn figures(algorithm: Algorithm) -> Figures {
         allowed,
         rejected,
         keys: KEYS[i].load(Relaxed).max(0) as u64,
+    }
+}
+
+/// The counters a `CONFIG RESETSTAT` zeroes (not the live keys), at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub calls: u64,
+    allowed: [u64; N],
+    rejected: [u64; N],
+}
+
+/// The counters now.
+pub fn snapshot() -> Snapshot {
+    Snapshot {
+        calls: CALLS.load(Relaxed),
+        allowed: std::array::from_fn(|i| ALLOWED[i].load(Relaxed)),
+        rejected: std::array::from_fn(|i| REJECTED[i].load(Relaxed)),
+    }
+}
+
+/// Takes `earlier` (a [`snapshot`]) off the counters: they then count from that moment on.
+pub fn subtract(earlier: &Snapshot) {
+    let sub = |counter: &AtomicU64, value: u64| {
+        let _ = counter.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(value)));
+    };
+    sub(&CALLS, earlier.calls);
+    for i in 0..N {
+        sub(&ALLOWED[i], earlier.allowed[i]);
+        sub(&REJECTED[i], earlier.rejected[i]);
     }
 }

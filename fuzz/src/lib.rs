@@ -15,6 +15,9 @@ pub mod algorithms;
 #[path = "../../src/error.rs"]
 pub mod error;
 
+#[path = "../../src/policy.rs"]
+pub mod policy;
+
 #[path = "../../src/commands/parse.rs"]
 #[doc(hidden)]
 pub mod parse;

@@ -382,7 +382,7 @@ local function parse_checkall(keys, args, name)
   local n = #keys
   local total = n + #args
   if n == 0 then return nil, E_NUMKEYS end
-  if total < 4 then return nil, arity(name) end
+  if total < 3 then return nil, arity(name) end
   if n >= total then return nil, E_NUMKEYS end
 
   -- How many specs the arguments hold, read as the grammar reads them: an option name and its
@@ -406,7 +406,8 @@ local function parse_checkall(keys, args, name)
     end
     return err
   end
-  if n * 4 > total then return nil, wrong_count(ARITY).msg or arity(name) end
+  -- A key and the shortest spec each (the module's `POLICY name`, two arguments).
+  if n * 3 > total then return nil, wrong_count(ARITY).msg or arity(name) end
 
   local function in_spec(err, s)
     if err.arity then return arity(name) end

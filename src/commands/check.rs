@@ -1,27 +1,28 @@
 //! `RATELIMIT.CHECK key algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`
-//! `RATELIMIT.PEEK  key algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`
+//! `RATELIMIT.CHECK key POLICY name [COST cost] [AT unix-ms]`
+//! `RATELIMIT.PEEK  key ...` (the same arguments)
 
 use std::ffi::c_int;
 
 use redis_module::raw;
 
-use super::parse::{parse_check, CheckArgs};
-use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT_SPEC};
+use super::parse::{parse_call as parse_args, CallArgs};
+use super::policy::resolve;
+use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT};
 use super::{decide, handler, now_ms, Call};
 use crate::algorithms::Request;
 use crate::config::max_log_limit;
 use crate::error::ArgError;
+use crate::policy::{self, Mode};
+use crate::stats;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
 const MAX_ARGS: usize = 11;
 
 /// The arguments of CHECK and PEEK.
-const ARGS: [Arg; 7] = [
+const ARGS: [Arg; 4] = [
     Arg::new(c"key", ArgType::Key),
-    LIMIT_SPEC[0],
-    LIMIT_SPEC[1],
-    LIMIT_SPEC[2],
-    LIMIT_SPEC[3],
+    Arg::one_of(c"limit", &LIMIT),
     Arg::option(c"COST", c"cost", ArgType::Integer),
     Arg::option(c"AT", c"unix-ms", ArgType::UnixTime),
 ];
@@ -29,7 +30,7 @@ const ARGS: [Arg; 7] = [
 pub(crate) const CHECK: Command = Command {
     name: c"ratelimit.check",
     flags: c"write deny-oom fast",
-    arity: -5,
+    arity: -4,
     keys: Keys::First {
         rest: false,
         flags: KEY_UPDATED,
@@ -44,7 +45,7 @@ pub(crate) const CHECK: Command = Command {
 pub(crate) const PEEK: Command = Command {
     name: c"ratelimit.peek",
     flags: c"readonly fast",
-    arity: -5,
+    arity: -4,
     keys: Keys::First {
         rest: false,
         flags: KEY_READ,
@@ -57,7 +58,7 @@ pub(crate) const PEEK: Command = Command {
 };
 
 /// Parses the arguments after the key of a CHECK-shaped call.
-pub fn parse_call(call: &Call, first: usize, name: &str) -> Result<CheckArgs, String> {
+pub fn parse_call<'a>(call: &'a Call, first: usize, name: &str) -> Result<CallArgs<'a>, String> {
     let count = call.argc().saturating_sub(first);
     // Extra arguments are options given twice or unknown: let the parser name them.
     let mut slices: [&[u8]; MAX_ARGS + 2] = [&[]; MAX_ARGS + 2];
@@ -65,10 +66,10 @@ pub fn parse_call(call: &Call, first: usize, name: &str) -> Result<CheckArgs, St
     for (i, slot) in slices[..count].iter_mut().enumerate() {
         *slot = call.bytes(first + i);
     }
-    let result = if call.argc() < 5 {
+    let result = if call.argc() < 4 {
         Err(ArgError::WrongArity)
     } else {
-        parse_check(&slices[..count], max_log_limit())
+        parse_args(&slices[..count], max_log_limit())
     };
     result.map_err(|error| error.message(name, &slices[..count]))
 }
@@ -79,20 +80,35 @@ fn run(call: &Call, commit: bool) -> c_int {
     } else {
         "ratelimit.peek"
     };
+    if commit {
+        // Every call Redis counts in this command's `calls` (see `stats::count_call`).
+        stats::count_call();
+    }
     let args = match parse_call(call, 2, name) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };
+    let resolved = match resolve(&policy::table(), &args.limit) {
+        Ok(resolved) => resolved,
+        Err(message) => return call.error(&message),
+    };
     let request = Request {
-        algorithm: args.spec.algorithm,
-        params: args.spec.params,
+        algorithm: resolved.algorithm,
+        params: resolved.params,
         cost: args.cost,
         now_ms: args.at_ms.unwrap_or_else(now_ms),
     };
-    let decision = match decide(call, &request, commit) {
-        Ok(decision) => decision,
+    let mode = resolved
+        .through
+        .as_ref()
+        .map_or(Mode::Enforce, |(mode, _)| *mode);
+    let (decision, shadowed) = match decide(call, &request, commit, mode) {
+        Ok(decided) => decided,
         Err(message) => return call.error(&message),
     };
+    if let (true, Some((_, counters))) = (commit, &resolved.through) {
+        counters.count(decision.allowed, shadowed);
+    }
     call.reply_decision(&decision, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }

@@ -24,12 +24,17 @@ use std::ffi::c_int;
 use redis_module::raw;
 
 use super::parse::{parse_checkall, parse_integer};
+use super::policy::{resolve, Resolved};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT_SPEC};
-use super::{evaluate, handler, notify_rejected, now_ms, replicate_apply, Call, KeyGroups};
+use super::{
+    evaluate, handler, notify_rejected, notify_shadow_rejected, now_ms, replicate_apply, Call,
+    KeyGroups,
+};
 use crate::algorithms::{self, Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
 use crate::error;
+use crate::policy::{self, Mode};
 use crate::stats;
 use crate::store::codec::StackBuf;
 use crate::store::{Key, Slot};
@@ -66,21 +71,43 @@ fn run(call: &Call) -> c_int {
         report_keys(call);
         return raw::REDISMODULE_OK as c_int;
     }
+    // Every call Redis counts in this command's `calls` (see `stats::count_call`).
+    stats::count_call();
     let args: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
     let parsed = match parse_checkall(&args, max_log_limit()) {
         Ok(parsed) => parsed,
         Err(error) => return call.error(&error.message("ratelimit.checkall", &args)),
     };
     let count = parsed.numkeys;
+    let resolved = {
+        let table = policy::table();
+        parsed
+            .specs
+            .iter()
+            .map(|spec| resolve(&table, spec))
+            .collect::<Result<Vec<Resolved>, String>>()
+    };
+    let resolved = match resolved {
+        Ok(resolved) => resolved,
+        Err(message) => return call.error(&message),
+    };
     let now_ms = parsed.at_ms.unwrap_or_else(now_ms);
-    let requests: Vec<Request> = parsed
-        .specs
+    let requests: Vec<Request> = resolved
         .iter()
-        .map(|spec| Request {
-            algorithm: spec.algorithm,
-            params: spec.params,
+        .map(|limit| Request {
+            algorithm: limit.algorithm,
+            params: limit.params,
             cost: parsed.cost,
             now_ms,
+        })
+        .collect();
+    let modes: Vec<Mode> = resolved
+        .iter()
+        .map(|limit| {
+            limit
+                .through
+                .as_ref()
+                .map_or(Mode::Enforce, |(mode, _)| *mode)
         })
         .collect();
     let key_name = |i: usize| call.raw_arg(FIRST_KEY + i);
@@ -98,13 +125,21 @@ fn run(call: &Call) -> c_int {
         Ok(outcomes) => outcomes,
         Err(message) => return call.error(&message),
     };
-    let admitted = outcomes.iter().all(|outcome| outcome.decision.allowed);
+    // Admitted when every limit enforced admits; a limit in shadow mode never rejects.
+    let admitted = outcomes
+        .iter()
+        .zip(&modes)
+        .all(|(outcome, mode)| outcome.decision.allowed || *mode == Mode::Shadow);
     let mut outcomes = outcomes;
 
     if admitted {
-        // Second pass: consume everywhere, in order. Each limit was just decided on the state
-        // the ones before it leave, so every one admits again.
+        // Second pass: consume from every limit that admits, in order (a shadow limit that
+        // rejects consumes nothing, as a rejected CHECK does). Each limit was just decided on
+        // the state the ones before it leave, so every one admits again.
         for (i, request) in requests.iter().enumerate() {
+            if !outcomes[i].decision.allowed {
+                continue;
+            }
             let key = &keys[groups.group[i]];
             let mut payload = StackBuf::default();
             let (outcome, written) = match evaluate(key, request, true, &mut payload) {
@@ -120,24 +155,39 @@ fn run(call: &Call) -> c_int {
     }
     // Closed before the events: a subscriber to keyspace events may touch the keys.
     drop(keys);
-    if !admitted {
-        // Once per key, for the keys with a limit that rejected.
-        let mut rejected = vec![false; groups.first.len()];
-        for (outcome, &group) in outcomes.iter().zip(&groups.group) {
-            rejected[group] |= !outcome.decision.allowed;
+    // Once per key: `ratelimit.rejected` for the keys with an enforced limit that rejected (when
+    // the request is rejected), `ratelimit.shadow-rejected` for those with a shadow limit that
+    // would have.
+    let mut rejected = vec![false; groups.first.len()];
+    let mut shadowed = vec![false; groups.first.len()];
+    for ((outcome, mode), &group) in outcomes.iter().zip(&modes).zip(&groups.group) {
+        let refused = !outcome.decision.allowed;
+        rejected[group] |= refused && *mode == Mode::Enforce;
+        shadowed[group] |= refused && *mode == Mode::Shadow;
+    }
+    for (i, &first) in groups.first.iter().enumerate() {
+        if rejected[i] && !admitted {
+            notify_rejected(call, key_name(first));
         }
-        for (&first, rejected) in groups.first.iter().zip(rejected) {
-            if rejected {
-                notify_rejected(call, key_name(first));
-            }
+        if shadowed[i] {
+            notify_shadow_rejected(call, key_name(first));
         }
     }
-    // One decision per limit: admitted (consumed) or not, whatever the key alone would say.
-    for request in &requests {
+    // One decision per limit: admitted (consumed) or not, whatever the key alone would say; a
+    // policy also counts what its own limit would have rejected in shadow mode.
+    for ((request, limit), outcome) in requests.iter().zip(&resolved).zip(&outcomes) {
         stats::count_decision(request.algorithm, admitted);
+        if let Some((mode, counters)) = &limit.through {
+            counters.count(admitted, *mode == Mode::Shadow && !outcome.decision.allowed);
+        }
     }
 
-    let decisions: Vec<Decision> = outcomes.iter().map(|outcome| outcome.decision).collect();
+    // Each limit's answer: its own decision, a shadow limit's rejection answered as admitted.
+    let decisions: Vec<Decision> = outcomes
+        .iter()
+        .zip(&modes)
+        .map(|(outcome, mode)| policy::answer(outcome.decision, *mode).0)
+        .collect();
     reply(call, &combine(&decisions), &decisions);
     raw::REDISMODULE_OK as c_int
 }

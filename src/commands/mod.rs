@@ -12,8 +12,10 @@ pub(crate) mod checkall;
 pub mod dialects;
 pub(crate) mod info;
 pub mod parse;
+pub(crate) mod policy;
 pub(crate) mod registry;
 pub(crate) mod reset;
+pub(crate) mod resetstat;
 
 use std::ffi::{c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,6 +25,7 @@ use redis_module::raw;
 use crate::algorithms::{self, Algorithm, Decision, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::error;
+use crate::policy::Mode;
 use crate::stats;
 use crate::store::codec::{encode_packed, encode_write, Change, StackBuf};
 use crate::store::{log_warning, Key, Slot};
@@ -118,6 +121,14 @@ impl Call {
     pub fn reply_integer(&self, value: i64) {
         // SAFETY: the command's context.
         unsafe { rm!(RedisModule_ReplyWithLongLong)(self.ctx, value) };
+    }
+
+    /// A bulk string.
+    pub fn reply_bulk(&self, bytes: &[u8]) {
+        // SAFETY: the command's context and `bytes.len()` readable bytes; Redis copies them.
+        unsafe {
+            rm!(RedisModule_ReplyWithStringBuffer)(self.ctx, bytes.as_ptr().cast(), bytes.len())
+        };
     }
 
     pub fn reply_null(&self) {
@@ -392,12 +403,19 @@ pub(crate) fn evaluate(
 }
 
 /// Decides `request` on the call's key (argument 1), as CHECK, PEEK and the dialects do: evaluates
-/// it, replicates a write, closes the key, then, for a committing call, counts the decision and
-/// raises `ratelimit.rejected`. The error is the reply to send; nothing is written then.
+/// it, replicates a write, closes the key, then, for a committing call, counts the answer and
+/// raises `ratelimit.rejected` (or, for a rejection shadow `mode` admits,
+/// `ratelimit.shadow-rejected`). Answers the decision as `mode` answers it, and whether shadow
+/// mode admitted a rejection. The error is the reply to send; nothing is written then.
 /// Inlined: it is every CHECK's whole path, and a call of its own is measurably dearer
 /// (`make profile`).
 #[inline(always)]
-pub(crate) fn decide(call: &Call, request: &Request, commit: bool) -> Result<Decision, String> {
+pub(crate) fn decide(
+    call: &Call,
+    request: &Request,
+    commit: bool,
+    mode: Mode,
+) -> Result<(Decision, bool), String> {
     let key_name = call.raw_arg(1);
     let key = Key::open(call.ctx, key_name, commit);
     let mut payload = StackBuf::default();
@@ -407,14 +425,16 @@ pub(crate) fn decide(call: &Call, request: &Request, commit: bool) -> Result<Dec
     }
     // Closed before the event: a subscriber to keyspace events may touch the key.
     drop(key);
+    let (answer, shadowed) = crate::policy::answer(outcome.decision, mode);
     if commit {
-        let allowed = outcome.decision.allowed;
-        stats::count_decision(request.algorithm, allowed);
-        if !allowed {
+        stats::count_decision(request.algorithm, answer.allowed);
+        if shadowed {
+            notify_shadow_rejected(call, key_name);
+        } else if !answer.allowed {
             notify_rejected(call, key_name);
         }
     }
-    Ok(outcome.decision)
+    Ok((answer, shadowed))
 }
 
 /// Raises the `ratelimit.rejected` keyspace event (Redis drops it unless module events are on).
@@ -426,6 +446,20 @@ pub(crate) fn notify_rejected(call: &Call, key_name: *mut raw::RedisModuleString
             call.ctx,
             raw::REDISMODULE_NOTIFY_MODULE,
             c"ratelimit.rejected".as_ptr(),
+            key_name,
+        )
+    };
+}
+
+/// Raises the `ratelimit.shadow-rejected` keyspace event: a policy in shadow mode admitted a
+/// request its limit rejects. Call it with the key closed.
+pub(crate) fn notify_shadow_rejected(call: &Call, key_name: *mut raw::RedisModuleString) {
+    // SAFETY: the command's context, a static NUL-terminated event name and the command's key.
+    unsafe {
+        rm!(RedisModule_NotifyKeyspaceEvent)(
+            call.ctx,
+            raw::REDISMODULE_NOTIFY_MODULE,
+            c"ratelimit.shadow-rejected".as_ptr(),
             key_name,
         )
     };

@@ -1,7 +1,8 @@
 //! Argument parsing: pure functions over byte slices, so they can be fuzzed without Redis.
 
 use crate::algorithms::{Algorithm, Params, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
-use crate::error::ArgError;
+use crate::error::{ArgError, Options as Expected};
+use crate::policy;
 
 /// One limit: the algorithm and its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,13 +175,13 @@ fn option_value(option: OptionName, bytes: &[u8]) -> Result<u64, ArgError> {
 
 /// Shared `COST` and `AT` (and, for CHECK, `BURST`) collected from option pairs.
 #[derive(Default)]
-struct Options {
+struct OptionValues {
     burst: Option<u64>,
     cost: Option<u64>,
     at_ms: Option<u64>,
 }
 
-impl Options {
+impl OptionValues {
     fn set(&mut self, option: OptionName, bytes: Option<&&[u8]>) -> Result<(), ArgError> {
         let name = option_name(option);
         let bytes = bytes.ok_or(ArgError::MissingValue(name))?;
@@ -200,12 +201,13 @@ impl Options {
 /// `algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`, options in any order.
 pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgError> {
     let (algorithm, limit, period_ms) = parse_spec_head(args)?;
-    let mut options = Options::default();
+    let mut options = OptionValues::default();
     let mut i = 3;
     while let Some(name) = args.get(i) {
         let option = option(name).ok_or(ArgError::UnknownOption {
             at: i,
             after_period: i == 3,
+            expected: Expected::Call,
         })?;
         options.set(option, args.get(i + 1))?;
         i += 2;
@@ -218,13 +220,125 @@ pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgE
     })
 }
 
+/// The limit a call applies: written out, or a policy's, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitArg<'a> {
+    Inline(LimitSpec),
+    /// `POLICY name`: the name as given (looked up, and checked, by the command).
+    Policy(&'a [u8]),
+}
+
+/// `RATELIMIT.CHECK` / `PEEK` arguments after the key, with a limit spec or a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallArgs<'a> {
+    pub limit: LimitArg<'a>,
+    pub cost: u64,
+    /// `AT`: evaluate at this time instead of the server's clock.
+    pub at_ms: Option<u64>,
+}
+
+/// `POLICY`, the word that starts a spec naming a policy (case-insensitive).
+fn is_policy(word: &[u8]) -> bool {
+    word.eq_ignore_ascii_case(b"POLICY")
+}
+
+/// `algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]` (see [`parse_check`]) or
+/// `POLICY name [COST cost] [AT unix-ms]`, options in any order, each once.
+pub fn parse_call<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<'a>, ArgError> {
+    let Some(name) = args.first().filter(|word| is_policy(word)).and(args.get(1)) else {
+        if args.first().is_some_and(|word| is_policy(word)) {
+            return Err(ArgError::WrongArity);
+        }
+        return parse_check(args, max_log_limit).map(|parsed| CallArgs {
+            limit: LimitArg::Inline(parsed.spec),
+            cost: parsed.cost,
+            at_ms: parsed.at_ms,
+        });
+    };
+    let mut options = OptionValues::default();
+    let mut i = 2;
+    while let Some(word) = args.get(i) {
+        match option(word) {
+            Some(OptionName::Burst) => return Err(ArgError::BurstWithPolicy),
+            Some(option) => options.set(option, args.get(i + 1))?,
+            None => {
+                return Err(ArgError::UnknownOption {
+                    at: i,
+                    after_period: false,
+                    expected: Expected::PolicyCall,
+                })
+            }
+        }
+        i += 2;
+    }
+    Ok(CallArgs {
+        limit: LimitArg::Policy(name),
+        cost: options.cost.unwrap_or(1),
+        at_ms: options.at_ms,
+    })
+}
+
+/// `RATELIMIT.POLICY SET` arguments after `SET`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyDefinition<'a> {
+    pub name: &'a [u8],
+    pub spec: LimitSpec,
+    pub shadow: bool,
+}
+
+/// `name algorithm limit period [BURST capacity] [SHADOW]`, the options in any order, each once.
+pub fn parse_policy_set<'a>(
+    args: &[&'a [u8]],
+    max_log_limit: u64,
+) -> Result<PolicyDefinition<'a>, ArgError> {
+    let Some((&name, spec_args)) = args.split_first() else {
+        return Err(ArgError::WrongArity);
+    };
+    if !policy::valid_name(name) {
+        return Err(ArgError::PolicyName);
+    }
+    let (algorithm, limit, period_ms) = parse_spec_head(spec_args).map_err(|e| e.shifted(1))?;
+    let (mut burst, mut shadow) = (None, false);
+    let mut i = 4;
+    while let Some(word) = args.get(i) {
+        if word.eq_ignore_ascii_case(b"SHADOW") {
+            if shadow {
+                return Err(ArgError::Duplicate("SHADOW"));
+            }
+            shadow = true;
+            i += 1;
+            continue;
+        }
+        if option(word) != Some(OptionName::Burst) {
+            return Err(ArgError::UnknownOption {
+                at: i,
+                after_period: i == 4,
+                expected: Expected::PolicySet,
+            });
+        }
+        let value = args.get(i + 1).ok_or(ArgError::MissingValue("BURST"))?;
+        if burst
+            .replace(option_value(OptionName::Burst, value)?)
+            .is_some()
+        {
+            return Err(ArgError::Duplicate("BURST"));
+        }
+        i += 2;
+    }
+    Ok(PolicyDefinition {
+        name,
+        spec: finish_spec(algorithm, limit, period_ms, burst, max_log_limit)?,
+        shadow,
+    })
+}
+
 /// `RATELIMIT.CHECKALL` arguments after the command name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckAllArgs {
+pub struct CheckAllArgs<'a> {
     /// How many keys follow `numkeys` (at least 1); they are arguments `2 ..= numkeys + 1`.
     pub numkeys: usize,
     /// One limit per key, in the keys' order.
-    pub specs: Vec<LimitSpec>,
+    pub specs: Vec<LimitArg<'a>>,
     /// The shared `COST`.
     pub cost: u64,
     /// The shared `AT`.
@@ -249,19 +363,23 @@ fn count_specs(args: &[&[u8]]) -> usize {
             i += 2;
         } else {
             specs += 1;
-            i += 3;
+            i += if is_policy(word) { 2 } else { 3 };
         }
     }
     specs
 }
 
-/// `numkeys key [key ...] algorithm limit period [BURST capacity] [...] [COST cost] [AT unix-ms]`.
+/// `numkeys key [key ...] spec [spec ...] [COST cost] [AT unix-ms]`, where each spec is
+/// `algorithm limit period [BURST capacity]` or `POLICY name`.
 ///
 /// One spec per key, in order. Every spec but the last is `algorithm limit period` with an
-/// optional `BURST capacity` right after it; the last spec and the shared options follow the
-/// grammar of [`parse_check`] exactly (options in any order, each once), so a CHECKALL of one key
-/// takes the very arguments a CHECK takes after its key.
-pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs, CheckAllError> {
+/// optional `BURST capacity` right after it, or `POLICY name`; the last spec and the shared
+/// options follow the grammar of [`parse_call`] exactly (options in any order, each once), so a
+/// CHECKALL of one key takes the very arguments a CHECK takes after its key.
+pub fn parse_checkall<'a>(
+    args: &[&'a [u8]],
+    max_log_limit: u64,
+) -> Result<CheckAllArgs<'a>, CheckAllError> {
     let Some((numkeys, rest)) = args.split_first() else {
         return Err(ArgError::WrongArity.into());
     };
@@ -269,7 +387,8 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
     if parse_integer(numkeys).is_none_or(|n| n == 0) {
         return Err(ArgError::NumKeys.into());
     }
-    if rest.len() < 4 {
+    // A key and the shortest spec (`POLICY name`).
+    if rest.len() < 3 {
         return Err(ArgError::WrongArity.into());
     }
     let numkeys = parse_numkeys(numkeys, rest.len())?;
@@ -282,28 +401,42 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
         },
         _ => error,
     };
-    if numkeys * 4 > rest.len() {
+    if numkeys * 3 > rest.len() {
         return Err(wrong_count(ArgError::WrongArity).into());
     }
     let mut specs = Vec::with_capacity(numkeys);
     let mut i = numkeys;
     let mut burst = None;
+    // The spec before ended with its period (no BURST, not a policy): the hint of an unknown
+    // algorithm right after it.
+    let mut after_period = false;
     for spec in 1..numkeys {
         // Positions in `args`, whose first argument is numkeys.
         let offset = 1 + i;
         let in_spec = move |error: ArgError| CheckAllError::in_spec(error.shifted(offset), spec);
         let head = spec_start(&rest[i..], burst.is_some())
             .map_err(|error| CheckAllError::in_spec(wrong_count(error), spec - 1))?;
+        burst = None;
+        if head.first().is_some_and(|word| is_policy(word)) {
+            let name = head
+                .get(1)
+                .ok_or_else(|| CheckAllError::in_spec(wrong_count(ArgError::WrongArity), spec))?;
+            specs.push(LimitArg::Policy(name));
+            i += 2;
+            after_period = false;
+            if rest.get(i).and_then(|word| option(word)) == Some(OptionName::Burst) {
+                return Err(in_spec(ArgError::BurstWithPolicy));
+            }
+            continue;
+        }
         let (algorithm, limit, period_ms) = parse_spec_head(head).map_err(|error| match error {
-            // A word where an algorithm should be, right after the last spec's period.
-            ArgError::UnknownAlgorithm { at, .. } => in_spec(ArgError::UnknownAlgorithm {
-                at,
-                after_period: spec > 1 && burst.is_none(),
-            }),
+            ArgError::UnknownAlgorithm { at, .. } => {
+                in_spec(ArgError::UnknownAlgorithm { at, after_period })
+            }
             error => in_spec(error),
         })?;
         i += 3;
-        burst = None;
+        after_period = true;
         if rest.get(i).and_then(|name| option(name)) == Some(OptionName::Burst) {
             let value = rest
                 .get(i + 1)
@@ -311,15 +444,19 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
                 .map_err(in_spec)?;
             burst = Some(option_value(OptionName::Burst, value).map_err(in_spec)?);
             i += 2;
+            after_period = false;
         }
-        specs
-            .push(finish_spec(algorithm, limit, period_ms, burst, max_log_limit).map_err(in_spec)?);
+        let spec =
+            finish_spec(algorithm, limit, period_ms, burst, max_log_limit).map_err(in_spec)?;
+        specs.push(LimitArg::Inline(spec));
     }
     let tail = spec_start(&rest[i..], burst.is_some())
         .map_err(|error| CheckAllError::in_spec(wrong_count(error), numkeys - 1))?;
-    let last = parse_check(tail, max_log_limit).map_err(|error| match error.shifted(1 + i) {
+    let last = parse_call(tail, max_log_limit).map_err(|error| match error.shifted(1 + i) {
         // Another spec after the last one: more specs than keys.
-        ArgError::UnknownOption { at, .. } if Algorithm::parse(args[at]).is_some() => {
+        ArgError::UnknownOption { at, .. }
+            if Algorithm::parse(args[at]).is_some() || is_policy(args[at]) =>
+        {
             ArgError::SpecCount {
                 keys: numkeys,
                 specs: count_specs(&rest[numkeys..]),
@@ -332,16 +469,12 @@ pub fn parse_checkall(args: &[&[u8]], max_log_limit: u64) -> Result<CheckAllArgs
         | ArgError::UnknownOption { .. }
         | ArgError::MissingValue("COST" | "AT")
         | ArgError::Duplicate("COST" | "AT")) => error.into(),
-        ArgError::UnknownAlgorithm { at, .. } => CheckAllError::in_spec(
-            ArgError::UnknownAlgorithm {
-                at,
-                after_period: numkeys > 1 && burst.is_none(),
-            },
-            numkeys,
-        ),
+        ArgError::UnknownAlgorithm { at, .. } => {
+            CheckAllError::in_spec(ArgError::UnknownAlgorithm { at, after_period }, numkeys)
+        }
         error => CheckAllError::in_spec(error, numkeys),
     })?;
-    specs.push(last.spec);
+    specs.push(last.limit);
     Ok(CheckAllArgs {
         numkeys,
         specs,
@@ -608,7 +741,8 @@ mod tests {
             parse("fixed-window 10 1s LIMIT 3"),
             Err(ArgError::UnknownOption {
                 at: 3,
-                after_period: true
+                after_period: true,
+                expected: Expected::Call,
             })
         );
     }
@@ -646,11 +780,11 @@ mod tests {
         assert!(parse("token-bucket 1000000000000 3650d BURST 1000000000000 COST 1000000000000 AT 9007199254740991").is_ok());
     }
 
-    fn parse_all(line: &str) -> Result<CheckAllArgs, ArgError> {
+    fn parse_all(line: &str) -> Result<CheckAllArgs<'_>, ArgError> {
         parse_all_in_spec(line).map_err(|error| error.error)
     }
 
-    fn parse_all_in_spec(line: &str) -> Result<CheckAllArgs, CheckAllError> {
+    fn parse_all_in_spec(line: &str) -> Result<CheckAllArgs<'_>, CheckAllError> {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
         parse_checkall(&args, 100_000)
     }
@@ -665,24 +799,30 @@ mod tests {
         assert_eq!(
             args.specs,
             [
-                LimitSpec {
+                LimitArg::Inline(LimitSpec {
                     algorithm: Algorithm::TokenBucket,
                     params: Params::new(10, 1000, Some(20)).unwrap()
-                },
-                LimitSpec {
+                }),
+                LimitArg::Inline(LimitSpec {
                     algorithm: Algorithm::FixedWindow,
                     params: Params::new(100, 3_600_000, None).unwrap()
-                },
-                LimitSpec {
+                }),
+                LimitArg::Inline(LimitSpec {
                     algorithm: Algorithm::SlidingLog,
                     params: Params::new(5, 60_000, None).unwrap()
-                },
+                }),
             ]
         );
         assert_eq!((args.cost, args.at_ms), (2, Some(7)));
         // The last spec takes its BURST among the options, as CHECK does.
         let args = parse_all("2 a b fixed-window 1 1s leaky-bucket 3 1s COST 0 burst 9").unwrap();
-        assert_eq!(args.specs[1].params, Params::new(3, 1000, Some(9)).unwrap());
+        assert_eq!(
+            args.specs[1],
+            LimitArg::Inline(LimitSpec {
+                algorithm: Algorithm::LeakyBucket,
+                params: Params::new(3, 1000, Some(9)).unwrap()
+            })
+        );
         assert_eq!(args.cost, 0);
     }
 
@@ -704,7 +844,7 @@ mod tests {
             let all_args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
             match (parse(tail), parse_checkall(&all_args, 100_000)) {
                 (Ok(check), Ok(all)) => {
-                    assert_eq!(all.specs, [check.spec], "{tail}");
+                    assert_eq!(all.specs, [LimitArg::Inline(check.spec)], "{tail}");
                     assert_eq!((all.cost, all.at_ms), (check.cost, check.at_ms), "{tail}");
                 }
                 (Err(check), Err(all)) => assert_eq!(
@@ -747,7 +887,7 @@ mod tests {
         );
         assert_eq!(
             parse_all("2 a b token-bucket 1 1s BURST"),
-            Err(ArgError::SpecCount { keys: 2, specs: 1 })
+            Err(ArgError::MissingValue("BURST"))
         );
         assert_eq!(
             parse_all("2 a b token-bucket 1 1s BURST x fixed-window 1 1s"),

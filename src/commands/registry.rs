@@ -8,7 +8,7 @@
 //! be described by the triple: it is registered with `getkeys-api` and answers Redis's key-position
 //! requests itself (see `checkall`).
 
-use std::ffi::{c_int, CStr};
+use std::ffi::{c_int, CStr, CString};
 use std::ptr;
 
 use redis_module::raw;
@@ -40,6 +40,8 @@ pub(crate) enum Keys {
     First { rest: bool, flags: u32 },
     /// A count at argument 1, then that many keys (the command needs `getkeys-api`).
     Counted { flags: u32 },
+    /// No key (a command about the server's policies).
+    None,
 }
 
 impl Keys {
@@ -48,12 +50,15 @@ impl Keys {
         match self {
             Keys::First { rest: false, .. } => (1, 1, 1),
             Keys::First { rest: true, .. } => (1, -1, 1),
-            Keys::Counted { .. } => (0, 0, 0),
+            Keys::Counted { .. } | Keys::None => (0, 0, 0),
         }
     }
 
     fn key_spec(self) -> raw::RedisModuleCommandKeySpec {
         let mut spec: raw::RedisModuleCommandKeySpec = terminator();
+        if matches!(self, Keys::None) {
+            return spec;
+        }
         spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
         spec.bs.index.pos = 1;
         match self {
@@ -65,6 +70,7 @@ impl Keys {
                 spec.fk.range.keystep = 1;
                 spec.fk.range.limit = 0;
             }
+            Keys::None => {}
             Keys::Counted { flags } => {
                 spec.flags = u64::from(flags);
                 spec.notes = c"one limiter key per limit spec, in the same order".as_ptr();
@@ -87,6 +93,8 @@ pub(crate) enum ArgType {
     Integer,
     UnixTime,
     Block,
+    OneOf,
+    PureToken,
 }
 
 /// One argument as `COMMAND DOCS` shows it.
@@ -127,6 +135,28 @@ impl Arg {
         arg
     }
 
+    /// One of several arguments (or groups).
+    pub(crate) const fn one_of(name: &'static CStr, subargs: &'static [Arg]) -> Arg {
+        let mut arg = Arg::new(name, ArgType::OneOf);
+        arg.subargs = subargs;
+        arg
+    }
+
+    /// A `TOKEN value` pair that must be given.
+    pub(crate) const fn keyword(token: &'static CStr, name: &'static CStr, kind: ArgType) -> Arg {
+        let mut arg = Arg::new(name, kind);
+        arg.token = Some(token);
+        arg
+    }
+
+    /// A word alone (`SHADOW`), optional.
+    pub(crate) const fn flag(token: &'static CStr) -> Arg {
+        let mut arg = Arg::new(token, ArgType::PureToken);
+        arg.token = Some(token);
+        arg.optional = true;
+        arg
+    }
+
     /// Given once or more.
     pub(crate) const fn multiple(mut self) -> Arg {
         self.multiple = true;
@@ -146,6 +176,12 @@ pub(crate) const LIMIT_SPEC: [Arg; 4] = [
     Arg::new(c"limit", ArgType::Integer),
     Arg::new(c"period", ArgType::String),
     Arg::option(c"BURST", c"capacity", ArgType::Integer),
+];
+
+/// A limit a call applies: a limit spec, or `POLICY name`.
+pub(crate) const LIMIT: [Arg; 2] = [
+    Arg::block(c"limit-spec", &LIMIT_SPEC),
+    Arg::keyword(c"POLICY", c"name", ArgType::String),
 ];
 
 /// A command of the module.
@@ -186,6 +222,17 @@ pub(crate) fn add_acl_category(ctx: *mut raw::RedisModuleCtx) -> bool {
     added
 }
 
+/// A command whose subcommands are commands of their own (`RATELIMIT.POLICY SET`, ...): each
+/// with its flags, arity, ACL categories and documentation, under the ACL name
+/// `container|subcommand`.
+pub(crate) struct Container {
+    pub name: &'static CStr,
+    pub summary: &'static CStr,
+    /// The subcommands; each [`Command::name`] is the subcommand's own (`set`), and its arity
+    /// counts the container's name too, as Redis counts it.
+    pub subcommands: &'static [&'static Command],
+}
+
 /// Registers `command` (from `RedisModule_OnLoad`). An error means it could not be created; a
 /// refused key spec or documentation only weakens ACL and `COMMAND DOCS`, and is logged.
 pub(crate) fn register(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Result<(), String> {
@@ -206,20 +253,103 @@ pub(crate) fn register(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resu
     if status != raw::REDISMODULE_OK as c_int {
         return Err(format!("could not register {:?}", command.name));
     }
-    if let Err(why) = set_acl_categories(ctx, command) {
-        crate::store::log_warning(&format!("ratelimit: {why} for {:?}", command.name));
-    }
-    if let Err(why) = describe(ctx, command) {
-        crate::store::log_warning(&format!(
-            "ratelimit: {why}; {:?} keeps its legacy key range",
-            command.name
+    finish(ctx, command, command.name);
+    Ok(())
+}
+
+/// Registers a container and its subcommands (from `RedisModule_OnLoad`; Redis 7.0+).
+pub(crate) fn register_container(
+    ctx: *mut raw::RedisModuleCtx,
+    container: &Container,
+) -> Result<(), String> {
+    if !(has!(RedisModule_GetCommand) && has!(RedisModule_CreateSubcommand)) {
+        return Err(format!(
+            "this server cannot register subcommands, so not {:?}",
+            container.name
         ));
+    }
+    // SAFETY: the OnLoad context and static NUL-terminated strings; a container has no handler.
+    let status = unsafe {
+        rm!(RedisModule_CreateCommand)(ctx, container.name.as_ptr(), None, c"".as_ptr(), 0, 0, 0)
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!("could not register {:?}", container.name));
+    }
+    // SAFETY: the OnLoad context and the command just created under this static name.
+    let parent = unsafe { rm!(RedisModule_GetCommand)(ctx, container.name.as_ptr()) };
+    if parent.is_null() {
+        return Err(format!(
+            "RedisModule_GetCommand does not find {:?}",
+            container.name
+        ));
+    }
+    if has!(RedisModule_SetCommandInfo) {
+        let info = raw::RedisModuleCommandInfo {
+            version: &INFO_VERSION,
+            summary: container.summary.as_ptr(),
+            complexity: c"Depends on subcommand".as_ptr(),
+            since: c"0.1.0".as_ptr(),
+            history: ptr::null_mut(),
+            tips: ptr::null(),
+            arity: -2,
+            key_specs: ptr::null_mut(),
+            args: ptr::null_mut(),
+        };
+        // SAFETY: a command of this module and an info struct of static strings; Redis copies
+        // what it keeps.
+        unsafe { rm!(RedisModule_SetCommandInfo)(parent, &info) };
+    }
+    for command in container.subcommands {
+        let (first, last, step) = command.keys.range();
+        // SAFETY: the container just created; static NUL-terminated strings; the handler lives as
+        // long as the module.
+        let status = unsafe {
+            rm!(RedisModule_CreateSubcommand)(
+                parent,
+                command.name.as_ptr(),
+                Some(command.handler),
+                command.flags.as_ptr(),
+                first,
+                last,
+                step,
+            )
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            return Err(format!(
+                "could not register {:?} {:?}",
+                container.name, command.name
+            ));
+        }
+        let full = format!(
+            "{}|{}",
+            container.name.to_string_lossy(),
+            command.name.to_string_lossy()
+        );
+        let full = CString::new(full).map_err(|e| e.to_string())?;
+        finish(ctx, command, &full);
     }
     Ok(())
 }
 
+/// Sets a created command's ACL categories and documentation (`name`: its full name, as
+/// `RedisModule_GetCommand` finds it).
+fn finish(ctx: *mut raw::RedisModuleCtx, command: &Command, name: &CStr) {
+    if let Err(why) = set_acl_categories(ctx, command, name) {
+        crate::store::log_warning(&format!("ratelimit: {why} for {name:?}"));
+    }
+    if let Err(why) = describe(ctx, command, name) {
+        crate::store::log_warning(&format!(
+            "ratelimit: {why}; {name:?} keeps its legacy key range"
+        ));
+    }
+}
+
 /// Puts the command in its ACL categories, where the server has the API.
-fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Result<(), String> {
+fn set_acl_categories(
+    ctx: *mut raw::RedisModuleCtx,
+    command: &Command,
+    name: &CStr,
+) -> Result<(), String> {
     if !(has!(RedisModule_GetCommand) && has!(RedisModule_SetCommandACLCategories)) {
         return Ok(());
     }
@@ -232,8 +362,8 @@ fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resul
         .collect::<Vec<_>>()
         .join(" ");
     let categories = std::ffi::CString::new(categories).map_err(|e| e.to_string())?;
-    // SAFETY: the OnLoad context and a command just created under this static name.
-    let handle = unsafe { rm!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };
+    // SAFETY: the OnLoad context and a command just created under this name.
+    let handle = unsafe { rm!(RedisModule_GetCommand)(ctx, name.as_ptr()) };
     if handle.is_null() {
         return Err("RedisModule_GetCommand does not find it".to_string());
     }
@@ -292,12 +422,16 @@ static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleComman
 };
 
 /// Declares the key spec, arity and documentation, where the server has the API.
-fn describe(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Result<(), &'static str> {
+fn describe(
+    ctx: *mut raw::RedisModuleCtx,
+    command: &Command,
+    name: &CStr,
+) -> Result<(), &'static str> {
     if !(has!(RedisModule_GetCommand) && has!(RedisModule_SetCommandInfo)) {
         return Ok(());
     }
-    // SAFETY: the OnLoad context and a command just created under this static name.
-    let handle = unsafe { rm!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };
+    // SAFETY: the OnLoad context and a command just created under this name.
+    let handle = unsafe { rm!(RedisModule_GetCommand)(ctx, name.as_ptr()) };
     if handle.is_null() {
         return Err("RedisModule_GetCommand does not find it");
     }
@@ -311,7 +445,12 @@ fn describe(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Result<(), &'st
         history: ptr::null_mut(),
         tips: ptr::null(),
         arity: command.arity,
-        key_specs: key_specs.as_mut_ptr(),
+        // A keyless command declares no key spec (the array is its terminator alone).
+        key_specs: if matches!(command.keys, Keys::None) {
+            key_specs[1..].as_mut_ptr()
+        } else {
+            key_specs.as_mut_ptr()
+        },
         args: raw_args(command.args, &mut storage),
     };
     // SAFETY: a command of this module, and an info struct whose pointers (into `key_specs`,
@@ -333,6 +472,8 @@ fn raw_args(
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK as BLOCK,
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER as INTEGER,
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY as KEY,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF as ONEOF,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN as PURE_TOKEN,
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING as STRING,
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_UNIX_TIME as UNIX_TIME,
     };
@@ -356,6 +497,8 @@ fn raw_args(
             ArgType::Integer => INTEGER,
             ArgType::UnixTime => UNIX_TIME,
             ArgType::Block => BLOCK,
+            ArgType::OneOf => ONEOF,
+            ArgType::PureToken => PURE_TOKEN,
         };
         // Every command has one key spec; key arguments refer to it.
         entry.key_spec_index = if matches!(arg.kind, ArgType::Key) {

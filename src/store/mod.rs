@@ -4,6 +4,7 @@
 
 pub mod codec;
 pub mod compact;
+pub mod policies;
 pub mod value;
 
 use std::cell::Cell;
@@ -35,9 +36,10 @@ pub static LIMITER_TYPE: RedisType = RedisType::new(
         mem_usage: Some(mem_usage),
         digest: Some(digest),
         free: Some(free),
-        aux_load: None,
-        aux_save: None,
-        aux_save_triggers: 0,
+        // The policies, before the keys (store/policies.rs).
+        aux_load: Some(policies::aux_load),
+        aux_save: Some(policies::aux_save),
+        aux_save_triggers: raw::REDISMODULE_AUX_BEFORE_RDB as c_int,
         free_effort: None,
         unlink: None,
         copy: Some(copy),
@@ -46,7 +48,7 @@ pub static LIMITER_TYPE: RedisType = RedisType::new(
         free_effort2: None,
         unlink2: None,
         copy2: None,
-        aux_save2: None,
+        aux_save2: Some(policies::aux_save2),
     },
 );
 
@@ -73,7 +75,7 @@ pub fn log_warning(message: &str) {
 }
 
 /// Runs a type callback, turning a panic into `fallback` (never unwinding into Redis).
-fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+pub(crate) fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
         log_warning(&format!("ratelimit: {name} callback panicked"));
         fallback

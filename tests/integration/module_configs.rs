@@ -51,7 +51,15 @@ fn max_log_limit_default_and_effect() {
         .arg("ratelimit.*")
         .query(&mut con)
         .unwrap();
-    assert_eq!(all, ["ratelimit.max-log-limit", "100000"]);
+    assert_eq!(
+        all,
+        [
+            "ratelimit.max-log-limit",
+            "100000",
+            "ratelimit.max-policies",
+            "10000"
+        ]
+    );
 
     assert_eq!(
         check(&mut con, "log:a", &["sliding-log", "100000", "1s"]).unwrap()[0],

@@ -71,8 +71,10 @@ fn info_section_has_every_field() {
         .unwrap();
     assert!(text.starts_with("# ratelimit\r\n"), "{text}");
     let fields = parse_info(&text);
-    // The server and its optional APIs, then four counters per algorithm.
-    assert_eq!(fields.len(), 2 + 4 * Algorithm::ALL.len(), "{text}");
+    // The server and its optional APIs, four counters per algorithm, and the count of policies
+    // (a line each follows when there are some).
+    assert_eq!(fields.len(), 3 + 4 * Algorithm::ALL.len(), "{text}");
+    assert_eq!(fields["ratelimit_policies"], "0");
     assert!(
         fields["ratelimit_server"].starts_with("redis ")
             || fields["ratelimit_server"].starts_with("valkey ")

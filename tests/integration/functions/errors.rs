@@ -118,7 +118,10 @@ fn every_bad_argument_gets_the_modules_message() {
         ("a b", "sliding-window 100 1 minute fixed-window 10 1h"),
         ("a b", "fixed-window 100 1m fixed-window 10 1 hour"),
         ("a b", "token-bucket 100 1m BURST 5 minute 10 1h"),
-        ("a b", "token-bucket 100 1m fixed-window 10 1h fixed-window 1 1s"),
+        (
+            "a b",
+            "token-bucket 100 1m fixed-window 10 1h fixed-window 1 1s",
+        ),
     ];
     for (keys, line) in checkall_vectors {
         let keys = words(keys);
