@@ -96,6 +96,9 @@ local E_EXACT_BUCKET = 'ERR BURST (or limit, without BURST) times the period in 
 local E_EXACT_WINDOW = 'ERR limit times the period in ms must be below 2^53 for exact '
   .. 'arithmetic in the ratelimit functions library (the module has no such bound)'
 local E_CORRUPT = 'ERR corrupt sliding-log state'
+-- Named policies (RATELIMIT.POLICY) are the module's: a library keeps no data outside keys.
+local E_NO_POLICIES = 'ERR the ratelimit functions library has no policies: give the limit '
+  .. 'as algorithm limit period [BURST capacity] (see docs/functions.md)'
 
 local function arity(name)
   return 'ERR wrong number of arguments for \'' .. name .. '\' command'
@@ -286,6 +289,9 @@ end
 -- that is the previous spec's period (for the hint of an unknown algorithm), else nil.
 local function parse_head(args, i, after)
   local alg_s, limit_s, period_s = args[i], args[i + 1], args[i + 2]
+  if alg_s ~= nil and #alg_s == 6 and lower(alg_s) == 'policy' then
+    return nil, bad(E_NO_POLICIES)
+  end
   if period_s == nil then return nil, ARITY end
   local by_limit = heads[alg_s]
   local by_period = by_limit and by_limit[limit_s]

@@ -7,6 +7,38 @@ use redis::Value;
 use super::engines::{assert_same_error, both_engines, fcall, native, words};
 use crate::common::{dbsize, error_text, int, send, send_one, show_cmd, show_value, try_reply6};
 
+/// Policies are the module's: the library refuses a call that names one, in every form.
+#[test]
+fn a_call_naming_a_policy_is_refused_by_the_library() {
+    let (_server, mut con) = both_engines();
+    let text = "the ratelimit functions library has no policies: give the limit as algorithm \
+                limit period [BURST capacity] (see docs/functions.md)";
+    for (command, keys, line, prefix) in [
+        ("check", &["k"][..], "POLICY api", "ERR "),
+        ("peek", &["k"], "policy api COST 0", "ERR "),
+        (
+            "checkall",
+            &["a", "b"],
+            "fixed-window 1 1s POLICY api",
+            "ERR limit spec 2 (key 'b'): ",
+        ),
+        (
+            "checkall",
+            &["a", "b"],
+            "POLICY api fixed-window 1 1s",
+            "ERR limit spec 1 (key 'a'): ",
+        ),
+    ] {
+        let reply = send_one(&mut con, &fcall(command, keys, &words(line)));
+        assert_eq!(
+            error_text(&reply),
+            Some(format!("{prefix}{text}")),
+            "{command} {line}"
+        );
+    }
+    assert_eq!(dbsize(&mut con), 0);
+}
+
 #[test]
 fn every_bad_argument_gets_the_modules_message() {
     let (_server, mut con) = both_engines();
