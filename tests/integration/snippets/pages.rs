@@ -227,9 +227,11 @@ fn parse_one(item: &str) -> Result<Directive, String> {
             Ok(Directive::Config(name.to_string(), value.join(" ")))
         }
         ["at", times @ ..] if !times.is_empty() => {
+            let absolute = !times[0].starts_with('+');
             let (first, gaps) = match times[0].parse::<u64>() {
-                Ok(t) => (Some(t), &times[1..]),
-                Err(_) => (None, times),
+                Ok(t) if absolute => (Some(t), &times[1..]),
+                _ if absolute => return Err(format!("`at`: `{}` is not a time in ms", times[0])),
+                _ => (None, times),
             };
             let gaps = gaps
                 .iter()
@@ -317,6 +319,10 @@ mod tests {
         assert_eq!(
             parse_directives("<!-- snippet: at 1000 +5 +0, continue -->").unwrap(),
             vec![Directive::At(Some(1000), vec![5, 0]), Directive::Continue]
+        );
+        assert_eq!(
+            parse_directives("<!-- snippet: continue, at +114 -->").unwrap(),
+            vec![Directive::Continue, Directive::At(None, vec![114])]
         );
         assert_eq!(
             parse_directives("<!-- snippet: skip (needs a cluster, of 3) -->").unwrap(),

@@ -68,21 +68,41 @@ fn console_steps(block: &Block) -> Result<Vec<Step>, String> {
 }
 
 /// The redis-cli command in a console line (`redis-cli [options] COMMAND args`): its words
-/// from COMMAND on, if the line is one plain redis-cli call.
-fn redis_cli_command(line: &str) -> Option<Vec<&str>> {
-    if line.contains(['|', '<', '>', ';', '&']) {
-        return None;
+/// from COMMAND on (quotes removed), if the line is one plain redis-cli call (no redirection,
+/// pipe or second command outside quotes).
+fn redis_cli_command(line: &str) -> Option<Vec<String>> {
+    let mut words: Vec<String> = Vec::new();
+    let (mut word, mut quote, mut in_word) = (String::new(), None, false);
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => (quote, in_word) = (Some(c), true),
+            (None, '|' | '<' | '>' | ';' | '&' | '$' | '`') => return None,
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                }
+                in_word = false;
+            }
+            (None, c) => {
+                word.push(c);
+                in_word = true;
+            }
+        }
     }
-    let words: Vec<&str> = line.split_whitespace().collect();
-    if words.first() != Some(&"redis-cli") {
+    if in_word {
+        words.push(word);
+    }
+    if words.first().map(String::as_str) != Some("redis-cli") {
         return None;
     }
     let mut i = 1;
     while let Some(word) = words.get(i) {
-        match *word {
+        match word.as_str() {
             "-p" | "-h" | "-a" | "-n" | "-u" | "-s" | "--user" | "--pass" => i += 2,
             w if w.starts_with('-') => i += 1,
-            _ => return Some(words[i..].iter().map(|w| w.trim_matches('\'')).collect()),
+            _ => return Some(words.split_off(i)),
         }
     }
     None
@@ -121,7 +141,9 @@ pub fn run_chain(chain: &[Block]) -> Vec<String> {
             Kind::Console => console_steps(block).map(|steps| {
                 run_steps(block, &steps, &env, &mut clock, |command, clock| {
                     let at = redis_cli_command(command)
-                        .filter(|words| takes_at(words, &env))
+                        .filter(|words| {
+                            takes_at(&words.iter().map(String::as_str).collect::<Vec<_>>(), &env)
+                        })
                         .and_then(|_| clock.next());
                     let sent = match at {
                         Some(at) => format!("{command} AT {at}"),
