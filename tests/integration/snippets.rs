@@ -50,14 +50,26 @@ mod transcripts;
 use crate::common::skip;
 use pages::{all_blocks, chains, Kind};
 
-/// None when the pages' server runs the tests; else why these tests skip.
+/// None when the pages' server runs the tests (the `redis-server` on PATH, also when
+/// `RATELIMIT_SERVER` names it); else why these tests skip.
 fn other_server() -> Option<String> {
     let server = std::env::var("RATELIMIT_SERVER")
         .or_else(|_| std::env::var("REDIS_SERVER"))
         .ok()
-        .filter(|s| !s.is_empty() && s != "redis-server")?;
+        .filter(|s| !s.is_empty())?;
+    let resolve = |name: &str| {
+        let path = if name.contains('/') {
+            Some(name.into())
+        } else {
+            run::find_on_path(name)
+        };
+        path.and_then(|p| std::fs::canonicalize(p).ok())
+    };
+    if resolve(&server).is_some() && resolve(&server) == resolve("redis-server") {
+        return None;
+    }
     Some(format!(
-        "the pages show what the default redis-server answers; RATELIMIT_SERVER={server} is not it"
+        "the pages show what the redis-server on PATH answers; RATELIMIT_SERVER={server} is another"
     ))
 }
 
@@ -91,6 +103,11 @@ fn redis_cli_sessions_and_transcripts_answer_as_the_pages_show() {
     }
     let (blocks, _) = all_blocks();
     let (chains, _) = chains(&blocks, &[Kind::Session, Kind::Console]);
+    let count: usize = chains.iter().map(Vec::len).sum();
+    eprintln!(
+        "snippets: {count} sessions and transcripts, on {} servers",
+        chains.len()
+    );
     let failures = run::parallel(&chains, |chain| transcripts::run_chain(chain));
     report("commands", failures.into_iter().flatten().collect());
 }
@@ -99,6 +116,7 @@ fn run_programs(kind: Kind) {
     let (blocks, _) = all_blocks();
     let (chains, _) = chains(&blocks, &[kind]);
     let blocks: Vec<_> = chains.into_iter().flatten().collect();
+    eprintln!("snippets: {} {}s", blocks.len(), kind.name());
     let failures = run::parallel(&blocks, programs::run_block);
     report("blocks", failures.into_iter().flatten().collect());
 }
