@@ -34,8 +34,8 @@
 //! - `no-module`: a server without the module; `library`: the Functions library loaded;
 //!   `config NAME VALUE`: a line of the server's config file (repeatable).
 //! - `repo` (sh): run in the repository root instead of the server's directory.
-//! - `output`, on a block that never runs (a `text` block) right after a python, js, sh or
-//!   console block: what that block prints to stdout, compared exactly.
+//! - `output`, on a block that never runs (a `text` block) right after a python, js or sh
+//!   block: what that block prints to stdout, compared exactly.
 //!
 //! Comparisons ignore trailing spaces and trailing empty lines. A failure names the page, the
 //! line, the block, what was sent, and the expected and actual output. The pages show what the

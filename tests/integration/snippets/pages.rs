@@ -153,8 +153,7 @@ fn parse_page(page: &str, text: &str) -> (Vec<Block>, Vec<String>) {
         if directives.contains(&Directive::Output) {
             match blocks.last_mut() {
                 Some(previous)
-                    if previous.kind != Kind::Inert
-                        && previous.kind != Kind::Session
+                    if matches!(previous.kind, Kind::Python | Kind::Node | Kind::Shell)
                         && previous.output.is_none()
                         && kind == Kind::Inert =>
                 {
@@ -162,7 +161,7 @@ fn parse_page(page: &str, text: &str) -> (Vec<Block>, Vec<String>) {
                 }
                 _ => problems.push(format!(
                     "{page}:{line}: `output` marks a non-running block right after a python, \
-                     js, sh or console block"
+                     js or sh block"
                 )),
             }
             i = end + 1;

@@ -366,3 +366,33 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"));
     target.join("snippets")
 }
+
+#[test]
+fn the_clock_moves_page_times_by_whole_days_and_moves_them_back_in_replies() {
+    let page = 1_796_006_883_715; // 2026-11-30, 3715 ms into a minute
+    let mut clock = Clock {
+        queue: vec![page + 10, page],
+        ..Clock::default()
+    };
+    let run = clock.next().unwrap();
+    assert_eq!((run - page) % DAY_MS, 0);
+    assert!(run > now_ms() + 59_000 && run <= now_ms() + 60_000 + DAY_MS);
+    assert_eq!(clock.next().unwrap(), run + 10);
+    assert_eq!(
+        clock.next().unwrap(),
+        run + 10,
+        "after the list, the last time"
+    );
+    let reply = format!(
+        "14) (integer) {}\n\"rl:fw 3 900000 1 {}\" 1000000000000",
+        run,
+        run + 5
+    );
+    assert_eq!(
+        clock.unshift(&reply),
+        format!(
+            "14) (integer) {page}\n\"rl:fw 3 900000 1 {}\" 1000000000000",
+            page + 5
+        )
+    );
+}

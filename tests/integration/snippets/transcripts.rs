@@ -219,3 +219,19 @@ fn run_steps(
     }
     failures
 }
+
+#[test]
+fn a_console_line_names_its_redis_cli_command_past_options_and_quotes() {
+    let command = |line| redis_cli_command(line).map(|words| words.join(" "));
+    assert_eq!(
+        command("redis-cli --user u --pass secret -3 RATELIMIT.CHECK 'a b' x").as_deref(),
+        Some("RATELIMIT.CHECK a b x")
+    );
+    assert_eq!(
+        command("redis-cli ACL SETUSER u on '>secret' '~api:*'").as_deref(),
+        Some("ACL SETUSER u on >secret ~api:*")
+    );
+    assert_eq!(command("redis-cli ACL SETUSER u on >secret"), None);
+    assert_eq!(command("redis-cli INFO | head"), None);
+    assert_eq!(command("grep x redis.conf"), None);
+}
