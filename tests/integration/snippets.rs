@@ -35,7 +35,8 @@
 //!   `config NAME VALUE`: a line of the server's config file (repeatable).
 //! - `repo` (sh): run in the repository root instead of the server's directory.
 //! - `output`, on a block that never runs (a `text` block) right after a python, js or sh
-//!   block: what that block prints to stdout, compared exactly.
+//!   block: what that block prints to stdout, compared exactly; with `vary PREFIX`, a number
+//!   right after PREFIX (`vary t=`: a clock-dependent `t=117`) matches any number.
 //!
 //! Comparisons ignore trailing spaces and trailing empty lines. A failure names the page, the
 //! line, the block, what was sent, and the expected and actual output. The pages show what the

@@ -70,6 +70,17 @@ pub enum Directive {
     Config(String, String),
     Repo,
     Output,
+    /// `vary PREFIX` (with `output`): a number right after PREFIX may be any number.
+    Vary(String),
+}
+
+/// What a program must print: the `output` block's line, its text, and the prefixes of the
+/// numbers that may vary.
+#[derive(Clone, Debug)]
+pub struct Expected {
+    pub line: usize,
+    pub text: String,
+    pub vary: Vec<String>,
 }
 
 /// A fenced block of a page.
@@ -81,8 +92,8 @@ pub struct Block {
     pub kind: Kind,
     pub body: Vec<String>,
     pub directives: Vec<Directive>,
-    /// The ```` ```text ```` block marked `output` right after this one: its line and text.
-    pub output: Option<(usize, String)>,
+    /// The ```` ```text ```` block marked `output` right after this one.
+    pub output: Option<Expected>,
 }
 
 impl Block {
@@ -150,6 +161,10 @@ fn parse_page(page: &str, text: &str) -> (Vec<Block>, Vec<String>) {
                  (`text`, `conf`, `console`...)"
             ));
         }
+        let varies = directives.iter().any(|d| matches!(d, Directive::Vary(_)));
+        if varies && !directives.contains(&Directive::Output) {
+            problems.push(format!("{page}:{line}: `vary` goes with `output`"));
+        }
         if directives.contains(&Directive::Output) {
             match blocks.last_mut() {
                 Some(previous)
@@ -157,7 +172,17 @@ fn parse_page(page: &str, text: &str) -> (Vec<Block>, Vec<String>) {
                         && previous.output.is_none()
                         && kind == Kind::Inert =>
                 {
-                    previous.output = Some((line, body.join("\n")));
+                    previous.output = Some(Expected {
+                        line,
+                        text: body.join("\n"),
+                        vary: directives
+                            .iter()
+                            .filter_map(|d| match d {
+                                Directive::Vary(prefix) => Some(prefix.clone()),
+                                _ => None,
+                            })
+                            .collect(),
+                    });
                 }
                 _ => problems.push(format!(
                     "{page}:{line}: `output` marks a non-running block right after a python, \
@@ -221,6 +246,7 @@ fn parse_one(item: &str) -> Result<Directive, String> {
         ["library"] => Ok(Directive::Library),
         ["repo"] => Ok(Directive::Repo),
         ["output"] => Ok(Directive::Output),
+        ["vary", prefix] => Ok(Directive::Vary(prefix.to_string())),
         ["wait", duration] => parse_duration(duration).map(Directive::Wait),
         ["config", name, value @ ..] if !value.is_empty() => {
             Ok(Directive::Config(name.to_string(), value.join(" ")))

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::pages::{repo_root, Block, Directive, Kind};
+use super::pages::{repo_root, Block, Directive, Expected, Kind};
 use super::run::{cache_dir, find_on_path, indent, normalize, path_with, run, start_env};
 
 /// How long one program may run: it must exit by itself (a client left open hangs it).
@@ -186,9 +186,9 @@ pub fn run_block(block: &Block) -> Option<String> {
         Some(false) => return failure(format!("failed\n{}", printed())),
         Some(true) => {}
     }
-    if let Some((line, expected)) = &block.output {
-        let (expected, actual) = (normalize(expected), normalize(&output.stdout));
-        if expected != actual {
+    if let Some(Expected { line, text, vary }) = &block.output {
+        let (expected, actual) = (normalize(text), normalize(&output.stdout));
+        if masked(&expected, vary) != masked(&actual, vary) {
             return failure(format!(
                 "prints other than the output block at line {line}\n  expected (the page):\n{}\n  actual:\n{}",
                 indent(&expected),
@@ -197,4 +197,33 @@ pub fn run_block(block: &Block) -> Option<String> {
         }
     }
     None
+}
+
+/// `text` with every number right after one of the `vary` prefixes replaced by `#`.
+fn masked(text: &str, vary: &[String]) -> String {
+    let mut text = text.to_string();
+    for prefix in vary {
+        let mut result = String::new();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(prefix.as_str()) {
+            let after = at + prefix.len();
+            result.push_str(&rest[..after]);
+            rest = &rest[after..];
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            if digits > 0 {
+                result.push('#');
+                rest = &rest[digits..];
+            }
+        }
+        result.push_str(rest);
+        text = result;
+    }
+    text
+}
+
+#[test]
+fn vary_masks_only_the_numbers_after_its_prefix() {
+    let vary = ["t=".to_string()];
+    assert_eq!(masked("r=99;t=117 t=x", &vary), "r=99;t=# t=x");
+    assert_ne!(masked("r=99;t=117", &vary), masked("r=98;t=117", &vary));
 }
