@@ -40,8 +40,9 @@
 //!
 //! Comparisons ignore trailing spaces and trailing empty lines. A failure names the page, the
 //! line, the block, what was sent, and the expected and actual output. The pages show what the
-//! default redis-server and redis-cli (7.0) print: under another server (`RATELIMIT_SERVER`,
-//! `make test-matrix`) these tests skip.
+//! redis-server and redis-cli on PATH (7.0) print: under another server (`RATELIMIT_SERVER`,
+//! `make test-matrix`) these tests skip, and so do the python and js tests where python3 (with
+//! venv), node or npm, or the package registry for the first install, is out of reach.
 
 mod pages;
 mod programs;
