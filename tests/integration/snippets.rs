@@ -8,8 +8,8 @@
 //! - `console`: a **transcript**: each `$ ` line runs in bash, its stdout compared with the lines
 //!   under it; `redis-cli` there prints as in a terminal.
 //! - `python` (redis-py, in a virtualenv under target/snippets/), `js`/`javascript`/`mjs`
-//!   (node-redis, saved as a `.js` file in an `npm init -y` project under target/snippets/),
-//!   `sh`/`bash`/`shell` (bash -e): programs that must exit 0 within 30 s.
+//!   (node-redis, saved as a `.js` file, `.mjs` for `mjs`, in an `npm init -y` project under
+//!   target/snippets/), `sh`/`bash`/`shell` (bash -e): programs that must exit 0 within 30 s.
 //! - Anything else (`text`, `conf`, `http`, `json`, `lua`, `rust`...) never runs. An untagged
 //!   block that is not a session is an error: tag it.
 //!

@@ -89,6 +89,8 @@ pub struct Block {
     pub page: String,
     /// 1-based line of the opening fence.
     pub line: usize,
+    /// The info string's first word, lowercase (`python`, `mjs`, `text`, or empty).
+    pub tag: String,
     pub kind: Kind,
     pub body: Vec<String>,
     pub directives: Vec<Directive>,
@@ -195,6 +197,7 @@ fn parse_page(page: &str, text: &str) -> (Vec<Block>, Vec<String>) {
         blocks.push(Block {
             page: page.to_string(),
             line,
+            tag,
             kind,
             body,
             directives,

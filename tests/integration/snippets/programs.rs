@@ -132,7 +132,8 @@ pub fn run_block(block: &Block) -> Option<String> {
         }
         Kind::Node => {
             let (project, _) = node_project().as_ref().expect("checked by the test");
-            let file = project.join(format!("{name}.js"));
+            let extension = if block.tag == "mjs" { "mjs" } else { "js" };
+            let file = project.join(format!("{name}.{extension}"));
             let mut node = Command::new("node");
             node.current_dir(project);
             (node, file)
