@@ -229,6 +229,21 @@ for algorithm in "${compact_algorithms[@]}"; do
     }
 done
 
+# The same calls through a policy of the same parameters (`RATELIMIT.CHECK key POLICY name`):
+# fewer arguments to parse, one look-up of the name.
+policy_algorithms=(token-bucket sliding-window)
+for algorithm in "${policy_algorithms[@]}"; do
+    # shellcheck disable=SC2046
+    {
+        start "$algorithm-policy"
+        redis-cli -p "$port" RATELIMIT.POLICY SET api "$algorithm" 100 3600000 >/dev/null
+        fill "${fill_random[@]}" $(check_common "$algorithm")
+        measure "$algorithm-inline" -r "$keys" $(check_common "$algorithm")
+        measure "$algorithm-policy" -r "$keys" RATELIMIT.CHECK rl:__rand_int__ POLICY api
+        stop
+    }
+done
+
 start cl-throttle
 fill "${fill_random[@]}" "${throttle[@]}"
 measure cl-throttle -r "$keys" "${throttle[@]}"
@@ -336,6 +351,19 @@ server_version=$("$server" --version | awk '{print $3}' | tr -d 'v=')
     for algorithm in "${compact_algorithms[@]}"; do
         common=$(lookup "$algorithm-common"); wide=$(lookup "$algorithm")
         echo "| $algorithm | $common | $wide | $(ratio "$common" "$wide") | $(ratio "$common" "$set_ir") |"
+    done
+    echo
+    echo "#### Through a policy"
+    echo
+    echo "Consuming calls over $keys random keys at 100 an hour, in one session: inline"
+    echo "(\`$(check_common "<algorithm>")\`), then the same keys through a policy of the same"
+    echo "parameters (\`RATELIMIT.CHECK rl:<n> POLICY api\`)."
+    echo
+    echo "| algorithm | inline | POLICY api | policy / inline |"
+    echo "|---|---|---|---|"
+    for algorithm in "${policy_algorithms[@]}"; do
+        inline=$(lookup "$algorithm-inline"); through=$(lookup "$algorithm-policy")
+        echo "| $algorithm | $inline | $through | $(ratio "$through" "$inline") |"
     done
     echo
     echo "#### CL.THROTTLE: the module against redis-cell"

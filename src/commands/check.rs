@@ -13,7 +13,7 @@ use super::{decide, handler, now_ms, Call};
 use crate::algorithms::Request;
 use crate::config::max_log_limit;
 use crate::error::ArgError;
-use crate::policy::{self, Mode};
+use crate::policy::Mode;
 use crate::stats;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
@@ -88,7 +88,7 @@ fn run(call: &Call, commit: bool) -> c_int {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };
-    let resolved = match resolve(&policy::table(), &args.limit) {
+    let resolved = match resolve(&args.limit) {
         Ok(resolved) => resolved,
         Err(message) => return call.error(&message),
     };

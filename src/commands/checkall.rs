@@ -79,14 +79,11 @@ fn run(call: &Call) -> c_int {
         Err(error) => return call.error(&error.message("ratelimit.checkall", &args)),
     };
     let count = parsed.numkeys;
-    let resolved = {
-        let table = policy::table();
-        parsed
-            .specs
-            .iter()
-            .map(|spec| resolve(&table, spec))
-            .collect::<Result<Vec<Resolved>, String>>()
-    };
+    let resolved = parsed
+        .specs
+        .iter()
+        .map(resolve)
+        .collect::<Result<Vec<Resolved>, String>>();
     let resolved = match resolved {
         Ok(resolved) => resolved,
         Err(message) => return call.error(&message),

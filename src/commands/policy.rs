@@ -26,7 +26,7 @@ use crate::algorithms::{Algorithm, Params};
 use crate::api::{has, rm};
 use crate::config::{max_log_limit, max_policies, MAX_MAX_LOG_LIMIT, MAX_MAX_POLICIES};
 use crate::error::{self, ArgError};
-use crate::policy::{self, Counters, Mode, Policy, SetOutcome, Table};
+use crate::policy::{self, Counters, Mode, Policy, SetOutcome};
 use crate::store::log_warning;
 
 const SET_ARGS: [Arg; 6] = [
@@ -105,10 +105,11 @@ pub(crate) struct Resolved {
     pub through: Option<(Mode, Arc<Counters>)>,
 }
 
-/// The limit `limit` names: a spec as it is, a policy looked up in `table`. The error is the
-/// reply: an unknown or malformed name, or a sliding-log policy above `ratelimit.max-log-limit`
-/// (which refuses the same limit written inline).
-pub(crate) fn resolve(table: &Table, limit: &LimitArg) -> Result<Resolved, String> {
+/// The limit `limit` names: a spec as it is, a policy looked up in the server's table (locked
+/// only then). The error is the reply: an unknown or malformed name, or a sliding-log policy
+/// above `ratelimit.max-log-limit` (which refuses the same limit written inline).
+#[inline]
+pub(crate) fn resolve(limit: &LimitArg) -> Result<Resolved, String> {
     match *limit {
         LimitArg::Inline(spec) => Ok(Resolved {
             algorithm: spec.algorithm,
@@ -116,7 +117,8 @@ pub(crate) fn resolve(table: &Table, limit: &LimitArg) -> Result<Resolved, Strin
             through: None,
         }),
         LimitArg::Policy(name) => {
-            let Some((found, counters)) = table.get(name) else {
+            let found = policy::table().get(name);
+            let Some((found, counters)) = found else {
                 return Err(if policy::valid_name(name) {
                     error::no_such_policy(name)
                 } else {
