@@ -40,6 +40,13 @@ impl FixedSize for FixedWindow {
         }
     }
 
+    fn refund(counter: Counter, _params: &Params, cost: u64) -> Counter {
+        Counter {
+            count: counter.count.saturating_sub(cost),
+            ..counter
+        }
+    }
+
     fn is_fresh(counter: &Counter, _params: &Params) -> bool {
         counter.count == 0
     }

@@ -26,6 +26,11 @@ impl FixedSize for Gcra {
         ahead.saturating_sub(u128::from(t_ms - last_ms) * u128::from(params.limit))
     }
 
+    /// The TAT `cost` emission intervals earlier (one interval is `P` units), never before `t`.
+    fn refund(ahead: u128, params: &Params, cost: u64) -> u128 {
+        ahead.saturating_sub(params.cost_scaled(cost))
+    }
+
     fn is_fresh(ahead: &u128, _params: &Params) -> bool {
         *ahead == 0
     }

@@ -25,6 +25,10 @@ impl FixedSize for LeakyBucket {
         level.saturating_sub(drained)
     }
 
+    fn refund(level: u128, params: &Params, cost: u64) -> u128 {
+        level.saturating_sub(params.cost_scaled(cost))
+    }
+
     fn is_fresh(level: &u128, _params: &Params) -> bool {
         *level == 0
     }

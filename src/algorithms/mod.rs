@@ -356,7 +356,7 @@ pub fn check(
 
 /// A fixed-size algorithm: its state is `Copy` and the whole call is computed on copies.
 pub(crate) trait FixedSize {
-    type State: Copy;
+    type State: Copy + PartialEq;
     /// The state of a key that does not exist.
     fn fresh(params: &Params, t_ms: u64) -> Self::State;
     /// The state brought from `last` to `t` under the parameters it was stored with.
@@ -368,8 +368,98 @@ pub(crate) trait FixedSize {
     /// The decision at `t` and the state after it (meaningful only when admitted).
     fn decide(state: Self::State, params: &Params, cost: u64, t_ms: u64)
         -> (Decision, Self::State);
+    /// The state with up to `cost` units of what it consumed given back (see [`refund`]).
+    fn refund(state: Self::State, params: &Params, cost: u64) -> Self::State;
     fn load(state: &State) -> Option<Self::State>;
     fn store(state: Self::State) -> State;
+}
+
+/// What [`refund`] did to the stored limiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refunded {
+    /// Nothing was given back (a missing or fresh key, or nothing left to give): nothing changed.
+    Nothing,
+    /// The stored limiter was changed in place.
+    Updated,
+    /// The key is now equivalent to a fresh one: it is to be deleted.
+    Emptied,
+}
+
+/// Gives back up to `request.cost` units of what earlier calls consumed on `stored`, under the
+/// parameters it holds (a refund never changes them), at `t = max(call, last)`:
+/// - token bucket, gcra: `cost` tokens back, never above capacity (gcra: the TAT moves back by
+///   `cost` emission intervals, never below `t`);
+/// - leaky bucket: the level drops by `cost`, never below 0;
+/// - fixed and sliding window: the current window's count drops by `cost`, never below 0;
+/// - sliding log: the `cost` newest entries still in the window are removed.
+///
+/// The decision is what a non-committing call of `request`'s parameters with `COST 0` answers
+/// right after (`t` is its time). A refund that gives back nothing changes nothing.
+pub fn refund(
+    stored: Option<&mut Limiter>,
+    request: &Request,
+) -> Result<(Outcome, Refunded), AlgorithmMismatch> {
+    let Some(limiter) = stored else {
+        let peek = Request {
+            cost: 0,
+            ..*request
+        };
+        return Ok((check(None, &peek, false)?.0, Refunded::Nothing));
+    };
+    let algorithm = limiter.algorithm();
+    if algorithm != request.algorithm {
+        return Err(AlgorithmMismatch { stored: algorithm });
+    }
+    let t_ms = request.now_ms.max(limiter.last_ms);
+    let refunded = match algorithm {
+        Algorithm::TokenBucket => {
+            give_back::<token_bucket::TokenBucket>(limiter, request.cost, t_ms)
+        }
+        Algorithm::LeakyBucket => {
+            give_back::<leaky_bucket::LeakyBucket>(limiter, request.cost, t_ms)
+        }
+        Algorithm::FixedWindow => {
+            give_back::<fixed_window::FixedWindow>(limiter, request.cost, t_ms)
+        }
+        Algorithm::SlidingWindow => {
+            give_back::<sliding_window::SlidingWindow>(limiter, request.cost, t_ms)
+        }
+        Algorithm::SlidingLog => sliding_log::refund(limiter, request.cost, t_ms),
+        Algorithm::Gcra => give_back::<gcra::Gcra>(limiter, request.cost, t_ms),
+    };
+    let peek = Request {
+        cost: 0,
+        now_ms: t_ms,
+        ..*request
+    };
+    let after = match refunded {
+        Refunded::Emptied => None,
+        _ => Some(limiter),
+    };
+    let (outcome, _) = check(after, &peek, false)?;
+    Ok((outcome, refunded))
+}
+
+/// [`refund`] of a fixed-size algorithm, at `t_ms`.
+fn give_back<A: FixedSize>(limiter: &mut Limiter, cost: u64, t_ms: u64) -> Refunded {
+    let params = limiter.params;
+    let Some(state) = A::load(&limiter.state) else {
+        return Refunded::Nothing;
+    };
+    let state = A::advance(state, &params, limiter.last_ms, t_ms);
+    if A::is_fresh(&state, &params) {
+        return Refunded::Nothing;
+    }
+    let refunded = A::refund(state, &params, cost);
+    if refunded == state {
+        return Refunded::Nothing;
+    }
+    if A::is_fresh(&refunded, &params) {
+        return Refunded::Emptied;
+    }
+    limiter.last_ms = t_ms;
+    limiter.state = A::store(refunded);
+    Refunded::Updated
 }
 
 fn drive<A: FixedSize>(

@@ -18,8 +18,8 @@ use proptest::test_runner::TestCaseError;
 
 use super::testing::peek;
 use super::{
-    check, Algorithm, AlgorithmMismatch, Limiter, Outcome, Params, Request, State, Write,
-    MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    check, refund, Algorithm, AlgorithmMismatch, Limiter, Outcome, Params, Refunded, Request,
+    State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 
 /// Cases per property. A case is up to `MAX_STEPS` calls, each with a few probes.
@@ -453,6 +453,42 @@ proptest! {
             Ok(())
         })?;
         admitted_within_capacity_plus_rate(&s)?;
+    }
+
+    /// Proves a REFUND of what an admitted CHECK took, at the same time, leaves every PEEK
+    /// answering as before the CHECK (for several costs), and the key absent where it was
+    /// absent or equivalent to a fresh one; and that a refund gives back no more than was taken.
+    #[test]
+    fn refund_after_an_admitted_check_answers_as_before_it(s in changing(ALL)) {
+        walk(&s, |call| {
+            if !call.outcome.consumed {
+                return Ok(());
+            }
+            let request = at(call.request, call.outcome.t_ms);
+            let mut after = call.after.clone();
+            let (outcome, refunded) = refund(after.as_mut(), &request).expect("same algorithm");
+            prop_assert!(refunded != Refunded::Nothing, "an admitted cost gave nothing back");
+            if refunded == Refunded::Emptied {
+                after = None;
+            }
+            let limit_field = request.params.capacity.max(request.params.limit);
+            for cost in [0, 1, request.cost, limit_field, limit_field + 1] {
+                let probe = Request { cost, ..request };
+                prop_assert_eq!(
+                    peek(&after, &probe),
+                    peek(call.before, &probe),
+                    "PEEK COST {} after CHECK + REFUND", cost
+                );
+            }
+            prop_assert_eq!(outcome.decision, peek(call.before, &Request { cost: 0, ..request }));
+            let was_fresh = peek(call.before, &Request { cost: 0, ..request }).reset_after_ms == 0;
+            prop_assert_eq!(after.is_none(), was_fresh, "absent after the refund iff fresh before");
+            // A second refund finds nothing more to give than the first left.
+            if let Some(mut again) = after.clone() {
+                let _ = refund(Some(&mut again), &request).expect("same algorithm");
+            }
+            Ok(())
+        })?;
     }
 
     /// Proves PEEK equals the CHECK that follows it, on any reachable state (parameters changing

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use super::{Decision, Limiter, Outcome, Params, Request, State, Write};
+use super::{Decision, Limiter, Outcome, Params, Refunded, Request, State, Write};
 
 /// The largest run in the encodings of [`super::super::store`] (a longer run is split there).
 const MAX_RUN: u64 = 2048;
@@ -250,6 +250,26 @@ impl SlidingLog {
         None
     }
 
+    /// Removes the `n` newest entries (fewer than the log holds): the log is written again
+    /// without them, O(runs).
+    fn remove_newest(&mut self, n: u64) {
+        debug_assert!(n < self.total);
+        let mut runs: Vec<(u64, u64)> = self.runs_from(self.start()).collect();
+        let mut left = n;
+        while let Some(last) = runs.last_mut() {
+            if last.1 > left {
+                last.1 -= left;
+                break;
+            }
+            left -= last.1;
+            runs.pop();
+        }
+        *self = SlidingLog::default();
+        for (timestamp_ms, count) in runs {
+            self.push(timestamp_ms, count);
+        }
+    }
+
     /// Drops the runs before `mark`.
     fn drop_front(&mut self, mark: Mark) {
         self.bytes.drain(..mark.pos);
@@ -356,6 +376,29 @@ pub(crate) fn check(
         return (outcome, Write::Nothing);
     }
     (outcome, record(live, expired, params, t_ms, cost))
+}
+
+/// [`super::refund`] of a sliding log at `t_ms`: the `cost` newest entries still in the window
+/// (under the log's own period) are removed; the entries that have left it go too.
+pub fn refund(limiter: &mut Limiter, cost: u64, t_ms: u64) -> Refunded {
+    let Some(mark) = slid_out(limiter, &limiter.params, t_ms) else {
+        return Refunded::Nothing;
+    };
+    let State::SlidingLog(log) = &mut limiter.state else {
+        return Refunded::Nothing;
+    };
+    let live = log.total - mark.entries;
+    let take = cost.min(live);
+    if take == 0 {
+        return Refunded::Nothing;
+    }
+    if take == live {
+        return Refunded::Emptied;
+    }
+    log.drop_front(mark);
+    log.remove_newest(take);
+    limiter.last_ms = t_ms;
+    Refunded::Updated
 }
 
 /// Where `limiter`'s log starts to count at `t_ms`: after the entries gone under the

@@ -95,6 +95,14 @@ impl FixedSize for SlidingWindow {
         }
     }
 
+    /// The current window's count only: what earlier windows counted is spent.
+    fn refund(counters: Counters, _params: &Params, cost: u64) -> Counters {
+        Counters {
+            current: counters.current.saturating_sub(cost),
+            ..counters
+        }
+    }
+
     fn is_fresh(counters: &Counters, _params: &Params) -> bool {
         counters.current == 0 && counters.previous == 0
     }

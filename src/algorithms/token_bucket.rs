@@ -25,6 +25,10 @@ impl FixedSize for TokenBucket {
         params.capacity_scaled().min(tokens.saturating_add(refill))
     }
 
+    fn refund(tokens: u128, params: &Params, cost: u64) -> u128 {
+        (tokens + params.cost_scaled(cost)).min(params.capacity_scaled())
+    }
+
     fn is_fresh(tokens: &u128, params: &Params) -> bool {
         *tokens >= params.capacity_scaled()
     }
