@@ -16,6 +16,7 @@ pub const NUMKEYS: &str = "ERR numkeys must be an integer from 1 to the number o
 pub const UNKNOWN_OPTION: &str = "expected BURST, COST or AT";
 pub const UNKNOWN_POLICY_CALL_OPTION: &str = "expected COST or AT";
 pub const UNKNOWN_POLICY_OPTION: &str = "expected BURST or SHADOW";
+pub const REFUND_COST: &str = "ERR RATELIMIT.REFUND needs COST: how much to give back";
 pub const BURST_WITH_POLICY: &str =
     "ERR BURST cannot be given with POLICY: the policy sets the limit";
 pub const POLICY_NAME: &str =
@@ -60,6 +61,8 @@ pub enum ArgError {
     },
     /// `BURST` in a call that names a policy.
     BurstWithPolicy,
+    /// A `RATELIMIT.REFUND` without `COST`.
+    RefundCost,
     /// A policy name outside the rule of [`crate::policy::valid_name`].
     PolicyName,
     /// A CHECKALL of `keys` keys with `specs` limit specs.
@@ -139,6 +142,7 @@ impl ArgError {
             ArgError::At => AT,
             ArgError::NumKeys => NUMKEYS,
             ArgError::BurstWithPolicy => BURST_WITH_POLICY,
+            ArgError::RefundCost => REFUND_COST,
             ArgError::PolicyName => POLICY_NAME,
         };
         fixed.to_string()

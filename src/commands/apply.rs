@@ -16,7 +16,7 @@ use redis_module::raw;
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
 use super::{handler, replicate_verbatim, Call};
-use crate::algorithms::{sliding_log, Algorithm, Write};
+use crate::algorithms::{sliding_log, Algorithm, Refunded, Write};
 use crate::config::{max_log_limit, MAX_MAX_LOG_LIMIT};
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
@@ -75,7 +75,7 @@ fn run(call: &Call) -> c_int {
             drop(stored);
             let expires_at_ms = limiter.expires_at_ms();
             key.set(limiter);
-            expires_at_ms
+            Some(expires_at_ms)
         }
         Change::LogAppend { params, t_ms, cost } => {
             // Only what an admitted call could have written: a log within its limit after the
@@ -102,10 +102,31 @@ fn run(call: &Call) -> c_int {
             if let Write::Created(limiter) = write {
                 key.set(limiter);
             }
-            t_ms + params.period_ms
+            Some(t_ms + params.period_ms)
+        }
+        Change::LogRefund { t_ms, cost } => {
+            // Only onto a log last written at or before the refund, as the master's was.
+            let Some(limiter) = stored.as_deref_mut().filter(|limiter| {
+                limiter.algorithm() == Algorithm::SlidingLog && limiter.last_ms <= t_ms
+            }) else {
+                return call.error(error::STATE);
+            };
+            let refunded = sliding_log::refund(limiter, cost, t_ms);
+            let expires_at_ms = limiter.expires_at_ms();
+            drop(stored);
+            match refunded {
+                Refunded::Updated => Some(expires_at_ms),
+                Refunded::Emptied => {
+                    key.delete();
+                    None
+                }
+                Refunded::Nothing => return call.error(error::STATE),
+            }
         }
     };
-    key.expire_at(expires_at_ms);
+    if let Some(expires_at_ms) = expires_at_ms {
+        key.expire_at(expires_at_ms);
+    }
     drop(key);
     replicate_verbatim(call);
     call.reply_name(c"OK");

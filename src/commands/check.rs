@@ -59,6 +59,16 @@ pub(crate) const PEEK: Command = Command {
 
 /// Parses the arguments after the key of a CHECK-shaped call.
 pub fn parse_call<'a>(call: &'a Call, first: usize, name: &str) -> Result<CallArgs<'a>, String> {
+    parse_call_with(call, first, name, parse_args)
+}
+
+/// [`parse_call`] with another parser of the same arguments (REFUND's).
+pub fn parse_call_with<'a>(
+    call: &'a Call,
+    first: usize,
+    name: &str,
+    parse: fn(&[&'a [u8]], u64) -> Result<CallArgs<'a>, ArgError>,
+) -> Result<CallArgs<'a>, String> {
     let count = call.argc().saturating_sub(first);
     // Extra arguments are options given twice or unknown: let the parser name them.
     let mut slices: [&[u8]; MAX_ARGS + 2] = [&[]; MAX_ARGS + 2];
@@ -69,7 +79,7 @@ pub fn parse_call<'a>(call: &'a Call, first: usize, name: &str) -> Result<CallAr
     let result = if call.argc() < 4 {
         Err(ArgError::WrongArity)
     } else {
-        parse_args(&slices[..count], max_log_limit())
+        parse(&slices[..count], max_log_limit())
     };
     result.map_err(|error| error.message(name, &slices[..count]))
 }

@@ -13,6 +13,7 @@ pub mod dialects;
 pub(crate) mod info;
 pub mod parse;
 pub(crate) mod policy;
+pub(crate) mod refund;
 pub(crate) mod registry;
 pub(crate) mod reset;
 pub(crate) mod resetstat;
@@ -28,6 +29,7 @@ use crate::error;
 use crate::policy::Mode;
 use crate::stats;
 use crate::store::codec::{encode_packed, encode_write, Change, StackBuf};
+use crate::store::value::LimiterRef;
 use crate::store::{log_warning, Key, Slot};
 
 /// The command handler Redis calls, made from `$body: fn(&Call) -> c_int` run inside [`guard`].
@@ -48,10 +50,11 @@ macro_rules! handler {
 pub(crate) use handler;
 
 /// Every command of the module, in registration order.
-pub(crate) const COMMANDS: [&registry::Command; 7] = [
+pub(crate) const COMMANDS: [&registry::Command; 8] = [
     &check::CHECK,
     &checkall::COMMAND,
     &check::PEEK,
+    &refund::COMMAND,
     &reset::COMMAND,
     &info::COMMAND,
     &apply::COMMAND,
@@ -376,10 +379,7 @@ pub(crate) fn evaluate(
         }
         // An updated bucket or window: pack it once, to store and to replicate.
         (Write::Updated, Some(handle)) => {
-            match handle.commit_packed() {
-                Some(words) => encode_packed(&words, payload),
-                None => encode_write(handle, payload),
-            }
+            encode_update(handle, payload);
             true
         }
         (Write::Updated, None) => false,
@@ -400,6 +400,15 @@ pub(crate) fn evaluate(
         key.expire_at(outcome.t_ms.saturating_add(outcome.decision.reset_after_ms));
     }
     Ok((outcome, written && replicated))
+}
+
+/// Stores a bucket or window changed through `handle` now, and writes the payload that replicates
+/// it: its packed form, or the whole limiter where it has none.
+pub(crate) fn encode_update(handle: &mut LimiterRef, payload: &mut StackBuf) {
+    match handle.commit_packed() {
+        Some(words) => encode_packed(&words, payload),
+        None => encode_write(handle, payload),
+    }
 }
 
 /// Decides `request` on the call's key (argument 1), as CHECK, PEEK and the dialects do: evaluates

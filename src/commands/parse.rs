@@ -278,6 +278,25 @@ pub fn parse_call<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<
     })
 }
 
+/// `RATELIMIT.REFUND` arguments after the key: those of [`parse_call`], `COST` required.
+pub fn parse_refund<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<'a>, ArgError> {
+    let parsed = parse_call(args, max_log_limit)?;
+    // The options come in pairs after the limit (checked by parse_call): a COST among them.
+    let first_option = match parsed.limit {
+        LimitArg::Inline(_) => 3,
+        LimitArg::Policy(_) => 2,
+    };
+    let cost_given = args
+        .iter()
+        .skip(first_option)
+        .step_by(2)
+        .any(|name| option(name) == Some(OptionName::Cost));
+    if !cost_given {
+        return Err(ArgError::RefundCost);
+    }
+    Ok(parsed)
+}
+
 /// `RATELIMIT.POLICY SET` arguments after `SET`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyDefinition<'a> {

@@ -16,7 +16,8 @@
 //! (`2`: u64 limit, u64 period_ms, u64 t_ms, u64 cost), or a bucket, window or gcra in the 32 bytes
 //! (four little-endian u64) it takes in memory (`3`, see `value.rs`): 33 bytes in all, so Redis
 //! keeps the replicated argument in one allocation (it does up to 44 bytes). Commands replicate
-//! `3` where it fits and `1` otherwise; AOF rewrites write `1`.
+//! `3` where it fits and `1` otherwise; AOF rewrites write `1`. A sliding log's refund is `4`:
+//! u64 t_ms, u64 cost, the newest entries it gave back.
 //!
 //! Decoding validates everything a command could never have stored (bounds, ordering, a state
 //! beyond its capacity), so a corrupt RDB payload, RESTORE or AOF line is refused, never trusted.
@@ -305,11 +306,14 @@ pub enum Change {
         t_ms: u64,
         cost: u64,
     },
+    /// A sliding log gave back its `cost` newest entries at `t_ms` (`RATELIMIT.REFUND`).
+    LogRefund { t_ms: u64, cost: u64 },
 }
 
 const REPLACE: u8 = 1;
 const LOG_APPEND: u8 = 2;
 const PACKED: u8 = 3;
+const LOG_REFUND: u8 = 4;
 
 impl Change {
     /// Writes the change to `out`.
@@ -321,6 +325,11 @@ impl Change {
                 [params.limit, params.period_ms, *t_ms, *cost],
                 out,
             ),
+            Change::LogRefund { t_ms, cost } => {
+                out.put(&[LOG_REFUND]);
+                out.put(&t_ms.to_le_bytes());
+                out.put(&cost.to_le_bytes());
+            }
         }
     }
 
@@ -350,6 +359,16 @@ impl Change {
                     Params::new(limit, period_ms, None).map_err(|_| DecodeError::Params)?;
                 require(t_ms < TIME_LIMIT_MS && cost >= 1 && cost <= limit)?;
                 Ok(Change::LogAppend { params, t_ms, cost })
+            }
+            LOG_REFUND => {
+                let mut reader = Reader { bytes: rest };
+                let t_ms = reader.u64()?;
+                let cost = reader.u64()?;
+                if !reader.bytes.is_empty() {
+                    return Err(DecodeError::Length);
+                }
+                require(t_ms < TIME_LIMIT_MS && (1..=MAX_AMOUNT).contains(&cost))?;
+                Ok(Change::LogRefund { t_ms, cost })
             }
             _ => Err(DecodeError::Algorithm),
         }

@@ -1,0 +1,129 @@
+//! `RATELIMIT.REFUND key algorithm limit period [BURST capacity] COST cost [AT unix-ms]`
+//! `RATELIMIT.REFUND key POLICY name COST cost [AT unix-ms]`
+//!
+//! Gives back up to `cost` units that earlier calls consumed (a request that failed, a job that
+//! was cancelled), under the parameters the key holds (see `algorithms::refund`). The reply is
+//! what `PEEK ... COST 0` answers right after. A refund on a missing or fresh key, or one with
+//! nothing to give back, changes nothing (no write, no replication, no keyspace signal); one that
+//! leaves the key equivalent to a fresh one deletes it. The write is replicated as effects: the
+//! packed state (or the whole limiter), a sliding log's `LogRefund`, or `DEL`.
+
+use std::ffi::c_int;
+
+use redis_module::raw;
+
+use super::check::parse_call_with;
+use super::parse::parse_refund;
+use super::policy::resolve;
+use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
+use super::{encode_update, handler, now_ms, replicate_apply, Call};
+use crate::algorithms::{self, Algorithm, Refunded, Request};
+use crate::api::rm;
+use crate::error;
+use crate::policy::Mode;
+use crate::store::codec::{Change, StackBuf};
+use crate::store::{log_warning, Key, Slot};
+
+const ARGS: [Arg; 4] = [
+    Arg::new(c"key", ArgType::Key),
+    Arg::one_of(c"limit", &LIMIT),
+    Arg::keyword(c"COST", c"cost", ArgType::Integer),
+    Arg::option(c"AT", c"unix-ms", ArgType::UnixTime),
+];
+
+pub(crate) const COMMAND: Command = Command {
+    name: c"ratelimit.refund",
+    flags: c"write fast",
+    arity: -5,
+    keys: Keys::First {
+        rest: false,
+        flags: KEY_UPDATED,
+    },
+    summary: c"Gives back cost that earlier calls consumed",
+    complexity: c"O(1); sliding-log: O(log size)",
+    args: &ARGS,
+    acl: "write fast ratelimit",
+    handler: handler!(run),
+};
+
+fn run(call: &Call) -> c_int {
+    let args = match parse_call_with(call, 2, "ratelimit.refund", parse_refund) {
+        Ok(args) => args,
+        Err(message) => return call.error(&message),
+    };
+    let resolved = match resolve(&args.limit) {
+        Ok(resolved) => resolved,
+        Err(message) => return call.error(&message),
+    };
+    let request = Request {
+        algorithm: resolved.algorithm,
+        params: resolved.params,
+        cost: args.cost,
+        now_ms: args.at_ms.unwrap_or_else(now_ms),
+    };
+    let key_name = call.raw_arg(1);
+    let key = Key::open(call.ctx, key_name, true);
+    let mut stored = match key.slot() {
+        Slot::WrongType => return call.error(error::WRONG_TYPE),
+        Slot::Empty => None,
+        Slot::Limiter(limiter) => Some(limiter),
+    };
+    let (outcome, refunded) = match algorithms::refund(stored.as_deref_mut(), &request) {
+        Ok(done) => done,
+        Err(mismatch) => {
+            if let Some(handle) = stored {
+                handle.unchanged();
+            }
+            return call.error(&error::algorithm_mismatch(
+                mismatch.stored.name(),
+                request.algorithm.name(),
+            ));
+        }
+    };
+    let mut payload = StackBuf::default();
+    match (refunded, stored) {
+        (Refunded::Nothing, Some(handle)) => handle.unchanged(),
+        (Refunded::Nothing, None) => {}
+        (Refunded::Updated, Some(mut handle)) => {
+            let expires_at_ms = handle.expires_at_ms();
+            if handle.algorithm() == Algorithm::SlidingLog {
+                Change::LogRefund {
+                    t_ms: outcome.t_ms,
+                    cost: request.cost,
+                }
+                .encode(&mut payload);
+            } else {
+                encode_update(&mut handle, &mut payload);
+            }
+            drop(handle);
+            key.expire_at(expires_at_ms);
+            if let Some(bytes) = payload.as_slice() {
+                replicate_apply(call, key_name, bytes);
+            }
+        }
+        (Refunded::Emptied, handle) => {
+            drop(handle);
+            key.delete();
+            replicate_del(call, key_name);
+        }
+        (Refunded::Updated, None) => {}
+    }
+    drop(key);
+    let mode = resolved
+        .through
+        .as_ref()
+        .map_or(Mode::Enforce, |(mode, _)| *mode);
+    let (answer, _) = crate::policy::answer(outcome.decision, mode);
+    call.reply_decision(&answer, call.resp3(), 0);
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Replicates (and appends to the AOF) `DEL key`: a refund left the key fresh.
+fn replicate_del(call: &Call, key: *mut raw::RedisModuleString) {
+    // SAFETY: the command's context; "s" = the command's key string, valid for the call.
+    let status =
+        unsafe { rm!(RedisModule_Replicate)(call.ctx, c"DEL".as_ptr(), c"s".as_ptr(), key) };
+    if status != raw::REDISMODULE_OK as c_int {
+        log_warning("ratelimit: could not replicate a limiter's removal");
+    }
+}
