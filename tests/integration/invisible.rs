@@ -151,6 +151,10 @@ fn calls_that_change_nothing_signal_nothing() {
             format!("RATELIMIT.CHECKALL 2 {key} {key} {algorithm} 1 1h {algorithm} 1 1h"),
             // A RESET that refuses (another key is a string).
             format!("RATELIMIT.RESET {key} str"),
+            // A REFUND that gives back nothing, or that refuses.
+            format!("RATELIMIT.REFUND {key} {algorithm} 1 1h COST 0"),
+            format!("RATELIMIT.REFUND {key} {other} 1 1h COST 1"),
+            format!("RATELIMIT.REFUND {key} {algorithm} 1 1h"),
         ] {
             assert!(!signals(&server, key, &line), "{line} signalled {key}");
             // Neither was the key of the CHECKALL that had room.
@@ -172,6 +176,7 @@ fn calls_that_change_nothing_signal_nothing() {
         "RATELIMIT.CHECK missing token-bucket 1 1h COST 2",
         "RATELIMIT.PEEK missing sliding-log 1 1h",
         "RATELIMIT.INFO missing",
+        "RATELIMIT.REFUND missing token-bucket 1 1h COST 1",
     ] {
         assert!(!signals(&server, "missing", line), "{line} signalled");
     }
@@ -195,6 +200,8 @@ fn calls_that_change_a_key_signal_it() {
         // Each key once, whichever of its occurrences.
         let twice = format!("RATELIMIT.CHECKALL 2 {key} {key} {algorithm} 10 1h {algorithm} 10 1h");
         assert!(signals(&server, key, &twice), "{twice}");
+        let refund = format!("RATELIMIT.REFUND {key} {algorithm} 10 1h COST 1");
+        assert!(signals(&server, key, &refund), "{refund}");
         let reset = format!("RATELIMIT.RESET {key} {key} missing");
         assert!(signals(&server, key, &reset), "{reset}");
         assert_eq!(run_ok(&mut con, &format!("EXISTS {key}")), Value::Int(0));

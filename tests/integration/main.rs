@@ -25,5 +25,6 @@ mod memory;
 mod module_configs;
 mod operations;
 mod persistence;
+mod refund;
 mod snippets;
 mod time;
