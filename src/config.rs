@@ -99,7 +99,7 @@ fn find(name: &[u8]) -> Option<usize> {
 
 /// A plain decimal integer, by the same rules as every numeric argument of the commands.
 fn parse_integer(text: &[u8]) -> Option<i64> {
-    crate::commands::parse::parse_integer(text).and_then(|value| i64::try_from(value).ok())
+    crate::integer::parse_integer(text).and_then(|value| i64::try_from(value).ok())
 }
 
 /// The initial value of every config in [`NUMERIC`] (its default unless a load argument sets it),

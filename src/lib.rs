@@ -11,6 +11,8 @@ pub(crate) mod commands;
 
 pub(crate) mod config;
 pub(crate) mod error;
+pub(crate) mod integer;
+pub(crate) mod log;
 pub(crate) mod server;
 pub(crate) mod stats;
 pub(crate) mod store;
@@ -262,7 +264,7 @@ fn log_refused_init() {
     // here are set (or None, and then skipped); the name is static and NUL-terminated.
     let busy = unsafe { raw::RedisModule_IsModuleNameBusy }
         .is_some_and(|busy| unsafe { busy(MODULE_NAME.as_ptr()) } != 0);
-    store::log_warning(if busy {
+    log::log_warning(if busy {
         "ratelimit: the module is already loaded (see MODULE LIST); \
          MODULE UNLOAD is refused for modules with a data type, so restart the server to load \
          another build"

@@ -15,6 +15,10 @@ pub mod algorithms;
 #[path = "../../src/error.rs"]
 pub mod error;
 
+#[path = "../../src/integer.rs"]
+#[doc(hidden)]
+pub mod integer;
+
 #[path = "../../src/commands/parse.rs"]
 #[doc(hidden)]
 pub mod parse;

@@ -23,9 +23,10 @@ use redis_module::raw;
 use crate::algorithms::{self, Algorithm, Decision, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::error;
+use crate::log::log_warning;
 use crate::stats;
 use crate::store::codec::{encode_packed, encode_write, Change, StackBuf};
-use crate::store::{log_warning, Key, Slot};
+use crate::store::{Key, Slot};
 
 /// The command handler Redis calls, made from `$body: fn(&Call) -> c_int` run inside [`guard`].
 macro_rules! handler {

@@ -207,10 +207,10 @@ pub(crate) fn register(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resu
         return Err(format!("could not register {:?}", command.name));
     }
     if let Err(why) = set_acl_categories(ctx, command) {
-        crate::store::log_warning(&format!("ratelimit: {why} for {:?}", command.name));
+        crate::log::log_warning(&format!("ratelimit: {why} for {:?}", command.name));
     }
     if let Err(why) = describe(ctx, command) {
-        crate::store::log_warning(&format!(
+        crate::log::log_warning(&format!(
             "ratelimit: {why}; {:?} keeps its legacy key range",
             command.name
         ));

@@ -7,7 +7,7 @@ pub mod compact;
 pub mod value;
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, c_void, CStr};
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -17,11 +17,17 @@ use redis_module::raw;
 
 use crate::algorithms::{Algorithm, Limiter};
 use crate::api::rm;
+use crate::log::log_warning;
 use crate::stats;
 use value::{Holder, LimiterRef, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
 pub const ENCODING_VERSION: c_int = 1;
+
+/// The command an AOF rewrite writes a key as: `ratelimit.apply key payload`, the payload a
+/// [`codec::Change`] replacing the whole limiter. The store owns what it writes; the apply command
+/// registers under this name to read it back.
+pub const APPLY_COMMAND: &CStr = c"ratelimit.apply";
 
 /// The data type, exactly 9 characters as Redis requires.
 pub static LIMITER_TYPE: RedisType = RedisType::new(
@@ -52,24 +58,6 @@ pub static LIMITER_TYPE: RedisType = RedisType::new(
 
 fn raw_type() -> *mut raw::RedisModuleType {
     *LIMITER_TYPE.raw_type.borrow()
-}
-
-/// Logs through Redis's log (the crate's logger allocates a CString; fine off the hot path).
-pub fn log_warning(message: &str) {
-    if let Ok(message) = CString::new(message) {
-        // SAFETY: the API table is written once at load, before any caller, and only read since.
-        if let Some(log) = unsafe { raw::RedisModule_Log } {
-            // SAFETY: a NULL context logs as the module; both strings are NUL-terminated.
-            unsafe {
-                log(
-                    ptr::null_mut(),
-                    c"warning".as_ptr(),
-                    c"%s".as_ptr(),
-                    message.as_ptr(),
-                )
-            };
-        }
-    }
 }
 
 /// Runs a type callback, turning a panic into `fallback` (never unwinding into Redis).
@@ -203,7 +191,7 @@ unsafe extern "C" fn aof_rewrite(
         unsafe {
             rm!(RedisModule_EmitAOF)(
                 aof,
-                crate::commands::apply::LONG_NAME.as_ptr(),
+                APPLY_COMMAND.as_ptr(),
                 c"sb".as_ptr(),
                 key,
                 bytes.as_ptr().cast::<c_char>(),
