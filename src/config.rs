@@ -179,7 +179,7 @@ fn register(ctx: *mut raw::RedisModuleCtx, initial: &[i64; COUNT]) -> Result<(),
                 Some(get_numeric),
                 Some(set_numeric),
                 None,
-                index as *mut c_void,
+                std::ptr::without_provenance_mut(index),
             )
         };
         if status != raw::REDISMODULE_OK as c_int {
@@ -203,7 +203,7 @@ unsafe extern "C" fn get_numeric(
 ) -> c_longlong {
     catch_unwind(|| {
         NUMERIC
-            .get(privdata as usize)
+            .get(privdata.addr())
             .map_or(0, |config| config.value.load(Relaxed))
     })
     .unwrap_or(0)
@@ -217,7 +217,7 @@ unsafe extern "C" fn set_numeric(
 ) -> c_int {
     let result = catch_unwind(AssertUnwindSafe(|| {
         let config = NUMERIC
-            .get(privdata as usize)
+            .get(privdata.addr())
             .ok_or_else(|| "unknown ratelimit config".to_string())?;
         // Redis checks the registered bounds before calling us; check again so a value out of
         // range can never reach the hot path.

@@ -81,9 +81,10 @@ pub(crate) fn into_value(limiter: Limiter) -> *mut c_void {
 // A word travels as a pointer-sized value.
 const _: () = assert!(std::mem::size_of::<*mut c_void>() == std::mem::size_of::<u64>());
 
-/// A compact word as a module value (never dereferenced: Redis only hands it back to us).
+/// A compact word as a module value: a pointer without provenance, never dereferenced (Redis only
+/// hands it back to us, and `stored` reads its address).
 fn word_value(word: u64) -> *mut c_void {
-    word as usize as *mut c_void
+    ptr::without_provenance_mut(word as usize)
 }
 
 /// A module value pointer's target, read-only.
@@ -138,7 +139,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 /// # Safety
 /// `value` must be a value made by [`into_value`] and still owned by Redis.
 unsafe fn stored<'a>(value: *const c_void) -> Stored<'a> {
-    let bits = value as usize as u64;
+    let bits = value.addr() as u64;
     if compact::is_compact(bits) {
         Stored::Compact(bits)
     } else {
