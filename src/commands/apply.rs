@@ -62,7 +62,7 @@ fn run(call: &Call) -> c_int {
     let Ok(change) = Change::decode(call.bytes(2)) else {
         return call.error(error::STATE);
     };
-    let key = Key::open(call.ctx, call.raw_arg(1), true);
+    let mut key = Key::open(call.ctx, call.raw_arg(1), true);
     let mut stored = match key.slot() {
         Slot::WrongType => return call.error(error::WRONG_TYPE),
         Slot::Empty => None,

@@ -334,7 +334,7 @@ pub(crate) fn now_ms() -> u64 {
 /// moved on the way back). The error is the reply to send (WRONGTYPE, another algorithm); nothing
 /// is written then.
 pub(crate) fn evaluate(
-    key: &Key,
+    key: &mut Key,
     request: &Request,
     commit: bool,
     payload: &mut StackBuf,
@@ -400,9 +400,9 @@ pub(crate) fn evaluate(
 #[inline(always)]
 pub(crate) fn decide(call: &Call, request: &Request, commit: bool) -> Result<Decision, String> {
     let key_name = call.raw_arg(1);
-    let key = Key::open(call.ctx, key_name, commit);
+    let mut key = Key::open(call.ctx, key_name, commit);
     let mut payload = StackBuf::default();
-    let (outcome, written) = evaluate(&key, request, commit, &mut payload)?;
+    let (outcome, written) = evaluate(&mut key, request, commit, &mut payload)?;
     if let Some(payload) = payload.as_slice().filter(|_| written) {
         replicate_apply(call, key_name, payload);
     }

@@ -297,15 +297,17 @@ impl Key {
         }
     }
 
-    /// The key's content.
-    pub fn slot(&self) -> Slot<'_> {
+    /// The key's content. `&mut self`: the view it hands out may change the value, so there is
+    /// one at a time per handle (and one handle per key, see [`Key`]).
+    pub fn slot(&mut self) -> Slot<'_> {
         match self.value() {
             Ok(None) => Slot::Empty,
-            // SAFETY: valid while the key is open; `&self` ties the borrow to it, and commands
-            // hold one handle at a time.
+            // SAFETY: the key's value, made by `into_value` and valid while the key is open and
+            // holds it; the returned view borrows this handle mutably, so no other view of it
+            // exists and the value cannot be replaced through the handle while the view lives.
             Ok(Some(value)) => Slot::Limiter(match unsafe { stored(value) } {
-                Stored::Compact(word) => LimiterRef::compact(word, self),
-                // SAFETY: as above.
+                Stored::Compact(word) => LimiterRef::compact(word, &*self),
+                // SAFETY: as above: not a compact word, so a `Value` of ours, borrowed once.
                 Stored::Full(_) => unsafe { &mut *value.cast::<Value>() }.limiter(),
             }),
             Err(WrongType) => Slot::WrongType,
