@@ -743,4 +743,151 @@ mod tests {
             }
         }
     }
+
+    /// The payloads of tests/integration/fixtures/formats.txt, as redis-server wrote them (its
+    /// README.md says how), per key in order.
+    fn golden_payloads() -> Vec<(&'static str, Vec<u8>)> {
+        let text = include_str!("../../tests/integration/fixtures/formats.txt");
+        let mut key = "";
+        let mut payloads = Vec::new();
+        for line in text.lines() {
+            match line.split_once(' ') {
+                Some(("key", name)) => key = name,
+                Some(("payload", hex)) => {
+                    let bytes = (0..hex.len())
+                        .step_by(2)
+                        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                        .collect();
+                    payloads.push((key, bytes));
+                }
+                _ => {}
+            }
+        }
+        payloads
+    }
+
+    /// The stored formats, pinned: each golden payload decodes to the limiter (or the append) the
+    /// commands that made it left, and this build encodes that value back to the same bytes, in
+    /// the same kind. A failure here means users' RDB files, AOF files or replication streams
+    /// would read differently: that takes a new encoding version, not new fixtures.
+    #[test]
+    fn golden_payloads_decode_to_what_made_them_and_encode_back_the_same() {
+        const T: u64 = 4_102_444_800_000; // 2100-01-01
+        let limiter = |limit, period_ms, capacity, last_ms, state| {
+            Change::Replace(Limiter {
+                params: Params {
+                    limit,
+                    period_ms,
+                    capacity,
+                },
+                last_ms,
+                state,
+            })
+        };
+        let fixed = |window_start_ms, count| State::FixedWindow {
+            window_start_ms,
+            count,
+        };
+        let sliding = |window_start_ms, current, previous| State::SlidingWindow {
+            window_start_ms,
+            current,
+            previous,
+        };
+        let log = State::SlidingLog(SlidingLog::from_runs([(T, 2), (T + 5, 1)]).unwrap());
+        let appended = |t_ms, cost| Change::LogAppend {
+            params: Params::new(5, 10_000, None).unwrap(),
+            t_ms,
+            cost,
+        };
+        let states = |key: &str| -> Vec<Change> {
+            let tb = |limit, period, capacity, tokens_scaled| {
+                limiter(
+                    limit,
+                    period,
+                    capacity,
+                    T,
+                    State::TokenBucket { tokens_scaled },
+                )
+            };
+            match key {
+                "word:tb" => vec![tb(10, 1_000, 20, 17_000)],
+                "word:lb" => vec![limiter(
+                    10,
+                    60_000,
+                    10,
+                    T,
+                    State::LeakyBucket {
+                        level_scaled: 120_000,
+                    },
+                )],
+                "word:gc" => vec![limiter(
+                    30,
+                    60_000,
+                    5,
+                    T,
+                    State::Gcra {
+                        ahead_scaled: 120_000,
+                    },
+                )],
+                "word:fw" => vec![limiter(100, 3_600_000, 100, T + 250, fixed(T, 5))],
+                // After its first call (in the window before), then after its second.
+                "word:sw" => vec![
+                    limiter(100, 60_000, 100, T - 30_000, sliding(T - 60_000, 7, 0)),
+                    limiter(100, 60_000, 100, T + 15_000, sliding(T, 3, 7)),
+                ],
+                "wide:tb" => vec![tb(1, 86_400_000, 1_000, 999 * 86_400_000)],
+                "wide:fw" => vec![limiter(
+                    MAX_AMOUNT,
+                    315_360_000_000,
+                    MAX_AMOUNT,
+                    T,
+                    fixed(4_099_680_000_000, 1),
+                )],
+                "wide:sw" => vec![limiter(
+                    1_000_000,
+                    3_600_000,
+                    1_000_000,
+                    T,
+                    sliding(T, 5, 0),
+                )],
+                "log:sl" => vec![appended(T, 2), appended(T + 5, 1)],
+                other => panic!("formats.txt: unknown key {other}"),
+            }
+        };
+        let payloads = golden_payloads();
+        assert_eq!(payloads.len(), 20);
+        let mut kinds = [0; 4];
+        let mut seen = std::collections::HashMap::<&str, usize>::new();
+        for (key, bytes) in &payloads {
+            let kind = bytes[0];
+            kinds[usize::from(kind)] += 1;
+            let decoded = Change::decode(bytes).unwrap_or_else(|e| panic!("{key}: {e:?}"));
+            // Kind 1 is the rewrite's whole limiter: the key's final state (for the log, what
+            // its appends built); kinds 2 and 3 are the commands' writes, one per call.
+            let expected = match (kind, key) {
+                (1, &"log:sl") => limiter(5, 10_000, 5, T + 5, log.clone()),
+                (1, _) => states(key).pop().unwrap(),
+                _ => {
+                    let call = seen.entry(key).or_default();
+                    *call += 1;
+                    states(key).swap_remove(*call - 1)
+                }
+            };
+            assert_eq!(decoded, expected, "{key} kind {kind}");
+            let again = match (&decoded, kind) {
+                (Change::Replace(limiter), 3) => {
+                    let mut packed = Vec::new();
+                    encode_write(limiter, &mut packed);
+                    packed
+                }
+                _ => decoded.to_bytes(),
+            };
+            assert_eq!(&again, bytes, "{key} kind {kind}: encoded differently");
+            // The RDB encoding is kind 1 without its kind byte.
+            if let (Change::Replace(limiter), 1) = (&decoded, kind) {
+                assert_eq!(to_bytes(limiter), bytes[1..], "{key}: the RDB encoding");
+            }
+        }
+        assert_eq!(kinds, [0, 9, 2, 9], "payloads per kind");
+    }
 }

@@ -22,6 +22,11 @@
 //! ever hands it back to the type's callbacks, so a word whose low bits (`110`) no aligned pointer
 //! has is stored in place of one, and a key costs no allocation of its own.
 //!
+//! Stored formats: the word is not one. It never leaves the process (RDB, AOF, replication, DUMP
+//! and digests encode the limiter through `codec.rs`), so it may change from one build to the
+//! next without an encoding version; the formats that are stored are pinned by
+//! tests/integration/fixtures/.
+//!
 //! Entries are reference-counted by the words that use them (each word holds one reference).
 //! Only Redis's main thread assigns entries and takes references. Redis's lazyfree thread frees
 //! values too, and so drops references: every value of a `FLUSHALL`/`FLUSHDB ASYNC`, of a plain

@@ -22,6 +22,11 @@ use crate::stats;
 use value::{Holder, LimiterRef, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
+///
+/// Stored formats: the RDB encoding (`codec.rs`) is what users' RDB files hold, and the AOF
+/// rewrite's `APPLY_COMMAND` payload what their AOF files hold; changing either needs a new
+/// encoding version (or `Change` kind), with every older one still read.
+/// tests/integration/fixtures/ pins version 1 byte for byte.
 pub const ENCODING_VERSION: c_int = 1;
 
 /// The command an AOF rewrite writes a key as: `ratelimit.apply key payload`, the payload a

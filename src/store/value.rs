@@ -20,6 +20,10 @@
 //! Most buckets and windows do not even take these 32 bytes: `compact.rs` stores them in one word
 //! beside an entry shared by the keys of the same parameters. This form is for the rest, and for
 //! the replication payload of every bucket and window.
+//!
+//! Stored formats: this layout is also payload kind `3` (`codec.rs`), which replication streams
+//! and AOF files hold: changing it needs a new `Change` kind (the old one still decoded) and so
+//! an encoding change; tests/integration/fixtures/ pins it byte for byte.
 
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
