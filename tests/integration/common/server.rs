@@ -443,12 +443,10 @@ impl Server {
     /// (the kernel queues them) but answers nothing.
     pub fn pause(&self) {
         let pid = self.running_pid("pause");
-        // SAFETY: kill(2) has no memory effects; pid is our own unreaped child.
-        assert_eq!(
-            unsafe { libc::kill(pid, libc::SIGSTOP) },
-            0,
-            "SIGSTOP {pid}"
-        );
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours; pid is our own
+        // child, not yet reaped (`self.child` holds it), so it names no other process.
+        let status = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        assert_eq!(status, 0, "SIGSTOP {pid}");
         self.paused.store(true, Ordering::SeqCst);
         // Signals are delivered asynchronously: wait until the process is really stopped.
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -461,7 +459,7 @@ impl Server {
     pub fn resume(&self) {
         if self.paused.swap(false, Ordering::SeqCst) {
             if let Some(child) = &self.child {
-                // SAFETY: as in pause.
+                // SAFETY: as in pause: our own child, not yet reaped.
                 unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
             }
         }
