@@ -35,11 +35,20 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // Module configs (`ratelimit.*`): load arguments set their initial values, then Redis applies
-    // the `ratelimit.*` directives; any bad value refuses the load.
-    if let Err(why) = config::load(ctx.ctx, args) {
-        ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
-        return Status::Err;
-    }
+    // the `ratelimit.*` directives; any bad value refuses the load. The load argument `dialects`
+    // chooses the dialect commands to register.
+    let dialect_names: Vec<std::borrow::Cow<'_, str>> = commands::dialects::COMMANDS
+        .iter()
+        .map(|command| command.name.to_string_lossy())
+        .collect();
+    let names: Vec<&str> = dialect_names.iter().map(|name| name.as_ref()).collect();
+    let wanted = match config::load(ctx.ctx, args, &names) {
+        Ok(wanted) => wanted,
+        Err(why) => {
+            ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
+            return Status::Err;
+        }
+    };
     // SAFETY: called once from OnLoad with the module's context.
     unsafe {
         // HANDLE_IO_ERRORS: rdb_load reports a truncated RDB instead of Redis aborting.
@@ -63,10 +72,18 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    // The dialects, unless the server (GCRA in a future Redis) or another module (redis-cell's
-    // CL.THROTTLE) has the name already: theirs stays, and the log says which is in use.
-    for command in commands::dialects::COMMANDS {
+    // The dialects the load arguments ask for, unless the server (GCRA in a future Redis) or
+    // another module (redis-cell's CL.THROTTLE) has the name already: theirs stays, and the log
+    // says which is in use.
+    let mut registered = Vec::new();
+    for (command, wanted) in commands::dialects::COMMANDS.into_iter().zip(wanted) {
         let name = command.name.to_string_lossy();
+        if !wanted {
+            ctx.log_notice(&format!(
+                "ratelimit: {name} not registered (load argument dialects)"
+            ));
+            continue;
+        }
         match commands::registry::command_exists(ctx.ctx, command.name) {
             Some(false) => {
                 if let Err(why) = commands::registry::register(ctx.ctx, command) {
@@ -74,6 +91,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
                     return Status::Err;
                 }
                 ctx.log_notice(&format!("ratelimit: {name} is the module's"));
+                registered.push(name);
             }
             Some(true) => ctx.log_notice(&format!(
                 "ratelimit: the server already has {name}; that one stays in use"
@@ -84,7 +102,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         }
     }
     ctx.log_notice(&format!(
-        "ratelimit: loaded on {}; optional APIs in use: {}; ACL category @ratelimit: {}",
+        "ratelimit: loaded on {}; optional APIs in use: {}; ACL category @ratelimit: {}; \
+         dialects registered: {}",
         server.release,
         if server.apis.is_empty() {
             "none"
@@ -95,6 +114,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             "yes"
         } else {
             "no (needs Redis 7.4+ or Valkey 8)"
+        },
+        if registered.is_empty() {
+            "none".to_string()
+        } else {
+            registered.join(", ")
         }
     ));
     Status::Ok
