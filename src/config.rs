@@ -6,6 +6,10 @@
 //! `CONFIG REWRITE`. Load arguments (`loadmodule <path> <name> <value> ...`) set a config's
 //! initial value; an explicit `ratelimit.<name>` directive wins over them.
 //!
+//! One load argument is no config: `dialects`, which commands of other front ends the module
+//! registers beside its own (`none`, `all`, or names separated by commas; all by default). It is
+//! read once, at load, and lives nowhere after that: the commands are registered or not.
+//!
 //! Every value is validated against the config's bounds: Redis refuses an out-of-range or
 //! non-integer `CONFIG SET` with an error, and a bad value at load time (a load argument or a
 //! directive) makes the module, and so a starting server, refuse to load.
@@ -122,31 +126,91 @@ fn find(name: &[u8]) -> Option<usize> {
 
 /// A plain decimal integer, by the same rules as every numeric argument of the commands.
 fn parse_integer(text: &[u8]) -> Option<i64> {
-    crate::commands::parse::parse_integer(text).and_then(|value| i64::try_from(value).ok())
+    crate::integer::parse_integer(text).and_then(|value| i64::try_from(value).ok())
 }
 
-/// The initial value of every config in [`NUMERIC`] (its default unless a load argument sets it),
-/// from the module's load arguments: `name value` pairs, each name at most once. The error says
-/// which argument is wrong and why.
-pub fn initial_values(args: &[&[u8]]) -> Result<[i64; COUNT], String> {
+/// The load argument that chooses the dialects.
+const DIALECTS: &str = "dialects";
+
+/// What the load arguments ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadArgs {
+    /// The initial value of every config in [`NUMERIC`].
+    pub numeric: [i64; COUNT],
+    /// For each dialect name [`initial_values`] was given, in its order: register it.
+    pub dialects: Vec<bool>,
+}
+
+/// Which of `names` (the dialect commands, lower-case) a `dialects` value asks for: `none`,
+/// `all`, or names separated by commas, case-insensitively.
+fn parse_dialects(text: &[u8], names: &[&str]) -> Result<Vec<bool>, String> {
+    let expected = || {
+        format!(
+            "expected none, all, or one or more of {} separated by commas",
+            names.join(", ")
+        )
+    };
+    let mut wanted = vec![false; names.len()];
+    for item in text.split(|&byte| byte == b',') {
+        let item = String::from_utf8_lossy(item).to_ascii_lowercase();
+        match item.as_str() {
+            "all" | "none" if text.len() != item.len() => {
+                return Err(format!("'{item}' stands alone; {}", expected()))
+            }
+            "all" => wanted.fill(true),
+            "none" => {}
+            _ => match names.iter().position(|name| *name == item) {
+                Some(index) => wanted[index] = true,
+                None => return Err(format!("unknown dialect '{item}'; {}", expected())),
+            },
+        }
+    }
+    Ok(wanted)
+}
+
+/// The module's load arguments, `name value` pairs with each name at most once: the initial
+/// value of every config in [`NUMERIC`] (its default unless an argument sets it), and which of
+/// the dialect commands `dialects` (their names) to register (all unless `dialects` says
+/// otherwise). The error says which argument is wrong and why.
+pub fn initial_values(args: &[&[u8]], dialects: &[&str]) -> Result<LoadArgs, String> {
     let mut values = [0; COUNT];
     for (value, config) in values.iter_mut().zip(&NUMERIC) {
         *value = config.default;
     }
+    let mut wanted = None;
     let mut given = [false; COUNT];
     for pair in args.chunks(2) {
         let name = String::from_utf8_lossy(pair[0]);
-        let Some(index) = find(pair[0]) else {
-            let known: Vec<&str> = NUMERIC.iter().map(NumericConfig::short_name).collect();
+        let is_dialects = pair[0].eq_ignore_ascii_case(DIALECTS.as_bytes());
+        let index = find(pair[0]);
+        if index.is_none() && !is_dialects {
+            let known: Vec<&str> = NUMERIC
+                .iter()
+                .map(NumericConfig::short_name)
+                .chain([DIALECTS])
+                .collect();
             return Err(format!(
                 "unknown load argument '{name}' (expected name/value pairs; known names: {})",
                 known.join(", ")
             ));
-        };
-        let config = &NUMERIC[index];
+        }
         let Some(&text) = pair.get(1) else {
             return Err(format!("load argument '{name}' has no value"));
         };
+        let Some(index) = index else {
+            if wanted.is_some() {
+                return Err(format!("load argument '{name}' given more than once"));
+            }
+            let parsed = parse_dialects(text, dialects).map_err(|why| {
+                format!(
+                    "load argument '{name}': '{}' refused: {why}",
+                    String::from_utf8_lossy(text)
+                )
+            })?;
+            wanted = Some(parsed);
+            continue;
+        };
+        let config = &NUMERIC[index];
         if given[index] {
             return Err(format!("load argument '{name}' given more than once"));
         }
@@ -162,20 +226,25 @@ pub fn initial_values(args: &[&[u8]]) -> Result<[i64; COUNT], String> {
             })?;
         values[index] = value;
     }
-    Ok(values)
+    Ok(LoadArgs {
+        numeric: values,
+        dialects: wanted.unwrap_or_else(|| vec![true; dialects.len()]),
+    })
 }
 
 /// Sets the configs up at load time: the load arguments (`name value` pairs) give their initial
-/// values, then [`register`] has Redis apply the directives. The error says why the module must
-/// refuse to load.
+/// values, then [`register`] has Redis apply the directives. Answers which of the `dialects`
+/// (their command names) to register; the error says why the module must refuse to load.
 pub fn load(
     ctx: *mut raw::RedisModuleCtx,
     args: &[redis_module::RedisString],
-) -> Result<(), String> {
+    dialects: &[&str],
+) -> Result<Vec<bool>, String> {
     catch_unwind(AssertUnwindSafe(|| {
         let args: Vec<&[u8]> = args.iter().map(|arg| arg.as_slice()).collect();
-        let initial = initial_values(&args)?;
-        register(ctx, &initial)
+        let initial = initial_values(&args, dialects)?;
+        register(ctx, &initial.numeric)?;
+        Ok(initial.dialects)
     }))
     .unwrap_or_else(|_| Err("setting up the module configs failed".into()))
 }
@@ -202,7 +271,7 @@ fn register(ctx: *mut raw::RedisModuleCtx, initial: &[i64; COUNT]) -> Result<(),
                 Some(get_numeric),
                 Some(set_numeric),
                 None,
-                index as *mut c_void,
+                std::ptr::without_provenance_mut(index),
             )
         };
         if status != raw::REDISMODULE_OK as c_int {
@@ -226,7 +295,7 @@ unsafe extern "C" fn get_numeric(
 ) -> c_longlong {
     catch_unwind(|| {
         NUMERIC
-            .get(privdata as usize)
+            .get(privdata.addr())
             .map_or(0, |config| config.value.load(Relaxed))
     })
     .unwrap_or(0)
@@ -240,7 +309,7 @@ unsafe extern "C" fn set_numeric(
 ) -> c_int {
     let result = catch_unwind(AssertUnwindSafe(|| {
         let config = NUMERIC
-            .get(privdata as usize)
+            .get(privdata.addr())
             .ok_or_else(|| "unknown ratelimit config".to_string())?;
         // Redis checks the registered bounds before calling us; check again so a value out of
         // range can never reach the hot path.
@@ -272,9 +341,66 @@ unsafe extern "C" fn set_numeric(
 mod tests {
     use super::*;
 
-    fn values(args: &[&str]) -> Result<i64, String> {
+    const DIALECT_NAMES: [&str; 2] = ["cl.throttle", "gcra"];
+
+    fn parsed(args: &[&str]) -> Result<LoadArgs, String> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        initial_values(&args).map(|values| values[0])
+        initial_values(&args, &DIALECT_NAMES)
+    }
+
+    fn values(args: &[&str]) -> Result<i64, String> {
+        parsed(args).map(|parsed| parsed.numeric[0])
+    }
+
+    fn dialects(value: &str) -> Result<Vec<bool>, String> {
+        parsed(&["dialects", value]).map(|parsed| parsed.dialects)
+    }
+
+    #[test]
+    fn every_dialect_unless_the_load_arguments_say_otherwise() {
+        assert_eq!(parsed(&[]).unwrap().dialects, [true, true]);
+        assert_eq!(
+            parsed(&["max-log-limit", "7"]).unwrap().dialects,
+            [true, true]
+        );
+        assert_eq!(dialects("all"), Ok(vec![true, true]));
+        assert_eq!(dialects("none"), Ok(vec![false, false]));
+        assert_eq!(dialects("cl.throttle"), Ok(vec![true, false]));
+        assert_eq!(dialects("gcra"), Ok(vec![false, true]));
+        assert_eq!(dialects("GCRA,CL.Throttle"), Ok(vec![true, true]));
+        assert_eq!(dialects("gcra,gcra"), Ok(vec![false, true]));
+        // Beside a config, in either order, and its name in any case.
+        let both = parsed(&["DIALECTS", "gcra", "max-log-limit", "9"]).unwrap();
+        assert_eq!((both.numeric[0], both.dialects), (9, vec![false, true]));
+    }
+
+    #[test]
+    fn bad_dialects_are_explained() {
+        let error = |value: &str| dialects(value).unwrap_err();
+        for bad in [
+            "",
+            "cell",
+            "gcra,",
+            ",gcra",
+            "gcra cl.throttle",
+            "ratelimit.check",
+        ] {
+            assert!(
+                error(bad).contains("refused") && error(bad).contains("cl.throttle, gcra"),
+                "{bad:?}: {}",
+                error(bad)
+            );
+        }
+        assert!(error("cell").contains("unknown dialect 'cell'"));
+        assert!(error("none,gcra").contains("'none' stands alone"));
+        assert!(error("all,gcra").contains("'all' stands alone"));
+        assert!(parsed(&["dialects"]).unwrap_err().contains("has no value"));
+        assert!(parsed(&["dialects", "all", "dialects", "none"])
+            .unwrap_err()
+            .contains("more than once"));
+        assert!(parsed(&["nonsense", "1"])
+            .unwrap_err()
+            .contains("known names: max-log-limit, max-policies, dialects"));
     }
 
     #[test]

@@ -11,6 +11,8 @@ pub(crate) mod commands;
 
 pub(crate) mod config;
 pub(crate) mod error;
+pub(crate) mod integer;
+pub(crate) mod log;
 pub mod policy;
 pub(crate) mod server;
 pub(crate) mod stats;
@@ -34,11 +36,20 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // Module configs (`ratelimit.*`): load arguments set their initial values, then Redis applies
-    // the `ratelimit.*` directives; any bad value refuses the load.
-    if let Err(why) = config::load(ctx.ctx, args) {
-        ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
-        return Status::Err;
-    }
+    // the `ratelimit.*` directives; any bad value refuses the load. The load argument `dialects`
+    // chooses the dialect commands to register.
+    let dialect_names: Vec<std::borrow::Cow<'_, str>> = commands::dialects::COMMANDS
+        .iter()
+        .map(|command| command.name.to_string_lossy())
+        .collect();
+    let names: Vec<&str> = dialect_names.iter().map(|name| name.as_ref()).collect();
+    let wanted = match config::load(ctx.ctx, args, &names) {
+        Ok(wanted) => wanted,
+        Err(why) => {
+            ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
+            return Status::Err;
+        }
+    };
     // SAFETY: called once from OnLoad with the module's context.
     unsafe {
         // HANDLE_IO_ERRORS: rdb_load reports a truncated RDB instead of Redis aborting.
@@ -87,10 +98,18 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    // The dialects, unless the server (GCRA in a future Redis) or another module (redis-cell's
-    // CL.THROTTLE) has the name already: theirs stays, and the log says which is in use.
-    for command in commands::dialects::COMMANDS {
+    // The dialects the load arguments ask for, unless the server (GCRA in a future Redis) or
+    // another module (redis-cell's CL.THROTTLE) has the name already: theirs stays, and the log
+    // says which is in use.
+    let mut registered = Vec::new();
+    for (command, wanted) in commands::dialects::COMMANDS.into_iter().zip(wanted) {
         let name = command.name.to_string_lossy();
+        if !wanted {
+            ctx.log_notice(&format!(
+                "ratelimit: {name} not registered (load argument dialects)"
+            ));
+            continue;
+        }
         match commands::registry::command_exists(ctx.ctx, command.name) {
             Some(false) => {
                 if let Err(why) = commands::registry::register(ctx.ctx, command) {
@@ -102,6 +121,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
                     commands::resetstat::counted(Box::leak(line.into_boxed_c_str()));
                 }
                 ctx.log_notice(&format!("ratelimit: {name} is the module's"));
+                registered.push(name);
             }
             Some(true) => ctx.log_notice(&format!(
                 "ratelimit: the server already has {name}; that one stays in use"
@@ -115,7 +135,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_notice("ratelimit: CONFIG RESETSTAT will not reset the module's counters here");
     }
     ctx.log_notice(&format!(
-        "ratelimit: loaded on {}; optional APIs in use: {}; ACL category @ratelimit: {}",
+        "ratelimit: loaded on {}; optional APIs in use: {}; ACL category @ratelimit: {}; \
+         dialects registered: {}",
         server.release,
         if server.apis.is_empty() {
             "none"
@@ -126,6 +147,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             "yes"
         } else {
             "no (needs Redis 7.4+ or Valkey 8)"
+        },
+        if registered.is_empty() {
+            "none".to_string()
+        } else {
+            registered.join(", ")
         }
     ));
     Status::Ok
@@ -369,7 +395,7 @@ fn log_refused_init() {
     // here are set (or None, and then skipped); the name is static and NUL-terminated.
     let busy = unsafe { raw::RedisModule_IsModuleNameBusy }
         .is_some_and(|busy| unsafe { busy(MODULE_NAME.as_ptr()) } != 0);
-    store::log_warning(if busy {
+    log::log_warning(if busy {
         "ratelimit: the module is already loaded (see MODULE LIST); \
          MODULE UNLOAD is refused for modules with a data type, so restart the server to load \
          another build"

@@ -18,6 +18,10 @@ pub mod error;
 #[path = "../../src/policy.rs"]
 pub mod policy;
 
+#[path = "../../src/integer.rs"]
+#[doc(hidden)]
+pub mod integer;
+
 #[path = "../../src/commands/parse.rs"]
 #[doc(hidden)]
 pub mod parse;

@@ -18,7 +18,7 @@ pub mod token_bucket;
 pub use sliding_log::SlidingLog;
 
 #[cfg(test)]
-mod proptests;
+pub(crate) mod proptests;
 
 /// Largest accepted `limit`, `BURST` and `COST`.
 pub const MAX_AMOUNT: u64 = 1_000_000_000_000;

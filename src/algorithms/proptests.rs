@@ -282,6 +282,29 @@ fn admissions(scenario: &Scenario) -> Result<Vec<(u64, u64)>, TestCaseError> {
     Ok(admitted)
 }
 
+/// What one key stores over a random call sequence of any algorithm (parameters changing among
+/// up to three sets, tiny limiters and the largest inputs), with a refund after every third call
+/// or so: the limiter after each call that left one. The store's codec must accept every one of
+/// them (store/codec.rs).
+pub(crate) fn stored_limiters() -> impl Strategy<Value = Vec<Limiter>> {
+    changing(ALL).prop_map(|scenario| {
+        let mut stored = None;
+        let mut states = Vec::new();
+        for request in &scenario.requests {
+            commit(&mut stored, request);
+            states.extend(stored.clone());
+            if request.now_ms % 3 == 0 {
+                let (_, refunded) = refund(stored.as_mut(), request).expect("same algorithm");
+                if refunded == Refunded::Emptied {
+                    stored = None;
+                }
+                states.extend(stored.clone());
+            }
+        }
+        states
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Invariants of every call (shared by several properties)
 // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@
 //! A command writes it under its short name, [`SHORT`] (`rla`): Redis looks the name up on every
 //! replicated write, and a short name is cheaper to find. Both names run the same handler, so old
 //! AOF files and older masters' streams (`ratelimit.apply`) keep loading. AOF rewrites use the
-//! long name.
+//! long name, the store's [`APPLY_COMMAND`]: the format is the store's, this command reads it.
 
 use std::ffi::c_int;
 
@@ -20,7 +20,7 @@ use crate::algorithms::{sliding_log, Algorithm, Refunded, Write};
 use crate::config::{max_log_limit, MAX_MAX_LOG_LIMIT};
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
-use crate::store::{Key, Slot};
+use crate::store::{Key, Slot, APPLY_COMMAND};
 
 const ARGS: [Arg; 2] = [
     Arg::new(c"key", ArgType::Key),
@@ -28,7 +28,7 @@ const ARGS: [Arg; 2] = [
 ];
 
 pub(crate) const COMMAND: Command = Command {
-    name: LONG_NAME,
+    name: APPLY_COMMAND,
     flags: c"write deny-oom",
     arity: 3,
     keys: Keys::First {
@@ -42,8 +42,6 @@ pub(crate) const COMMAND: Command = Command {
     handler: handler!(run),
 };
 
-/// The name in AOF rewrites.
-pub(crate) const LONG_NAME: &std::ffi::CStr = c"ratelimit.apply";
 /// The name commands replicate their writes under.
 pub(crate) const SHORT_NAME: &std::ffi::CStr = c"rla";
 
@@ -64,7 +62,7 @@ fn run(call: &Call) -> c_int {
     let Ok(change) = Change::decode(call.bytes(2)) else {
         return call.error(error::STATE);
     };
-    let key = Key::open(call.ctx, call.raw_arg(1), true);
+    let mut key = Key::open(call.ctx, call.raw_arg(1), true);
     let mut stored = match key.slot() {
         Slot::WrongType => return call.error(error::WRONG_TYPE),
         Slot::Empty => None,

@@ -110,7 +110,7 @@ fn run(call: &Call) -> c_int {
     let key_name = |i: usize| call.raw_arg(FIRST_KEY + i);
     // One handle per distinct key (see `KeyGroups`); a key named twice takes both its specs.
     let groups = KeyGroups::of(&args[1..=count]);
-    let keys: Vec<Key> = groups
+    let mut keys: Vec<Key> = groups
         .first
         .iter()
         .map(|&i| Key::open(call.ctx, key_name(i), true))
@@ -118,7 +118,7 @@ fn run(call: &Call) -> c_int {
 
     // First pass: decide every limit without writing. An error (WRONGTYPE, another algorithm)
     // is the reply, and nothing has changed.
-    let outcomes = match decide(&keys, &groups, &requests) {
+    let outcomes = match decide(&mut keys, &groups, &requests) {
         Ok(outcomes) => outcomes,
         Err(message) => return call.error(&message),
     };
@@ -137,7 +137,7 @@ fn run(call: &Call) -> c_int {
             if !outcomes[i].decision.allowed {
                 continue;
             }
-            let key = &keys[groups.group[i]];
+            let key = &mut keys[groups.group[i]];
             let mut payload = StackBuf::default();
             let (outcome, written) = match evaluate(key, request, true, &mut payload) {
                 Ok(evaluated) => evaluated,
@@ -192,7 +192,11 @@ fn run(call: &Call) -> c_int {
 /// Every limit's decision, without writing. A key named once is peeked at. A key named more
 /// than once is decided on a copy of its limiter, limit after limit, each one seeing what the
 /// admitted ones before it consumed: what the same CHECKs in sequence would answer.
-fn decide(keys: &[Key], groups: &KeyGroups, requests: &[Request]) -> Result<Vec<Outcome>, String> {
+fn decide(
+    keys: &mut [Key],
+    groups: &KeyGroups,
+    requests: &[Request],
+) -> Result<Vec<Outcome>, String> {
     let mut occurrences = vec![0usize; keys.len()];
     for &group in &groups.group {
         occurrences[group] += 1;
@@ -200,7 +204,7 @@ fn decide(keys: &[Key], groups: &KeyGroups, requests: &[Request]) -> Result<Vec<
     let mut copies: Vec<Option<Option<Limiter>>> = vec![None; keys.len()];
     let mut outcomes = Vec::with_capacity(requests.len());
     for (request, &group) in requests.iter().zip(&groups.group) {
-        let key = &keys[group];
+        let key = &mut keys[group];
         if occurrences[group] == 1 {
             outcomes.push(evaluate(key, request, false, &mut StackBuf::default())?.0);
             continue;

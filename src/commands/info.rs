@@ -69,7 +69,7 @@ fn run(call: &Call) -> c_int {
     if call.argc() != 2 {
         return call.error(&ArgError::WrongArity.message("ratelimit.info", &[]));
     }
-    let key = Key::open(call.ctx, call.raw_arg(1), false);
+    let mut key = Key::open(call.ctx, call.raw_arg(1), false);
     let limiter = match key.slot() {
         Slot::Empty => None,
         Slot::WrongType => return call.error(error::WRONG_TYPE),

@@ -26,11 +26,12 @@ use redis_module::raw;
 use crate::algorithms::{self, Algorithm, Decision, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::error;
+use crate::log::log_warning;
 use crate::policy::Mode;
 use crate::stats;
 use crate::store::codec::{encode_packed, encode_write, Change, StackBuf};
 use crate::store::value::LimiterRef;
-use crate::store::{log_warning, Key, Slot};
+use crate::store::{Key, Slot};
 
 /// The command handler Redis calls, made from `$body: fn(&Call) -> c_int` run inside [`guard`].
 macro_rules! handler {
@@ -347,7 +348,7 @@ pub(crate) fn now_ms() -> u64 {
 /// moved on the way back). The error is the reply to send (WRONGTYPE, another algorithm); nothing
 /// is written then.
 pub(crate) fn evaluate(
-    key: &Key,
+    key: &mut Key,
     request: &Request,
     commit: bool,
     payload: &mut StackBuf,
@@ -426,9 +427,9 @@ pub(crate) fn decide(
     mode: Mode,
 ) -> Result<(Decision, bool), String> {
     let key_name = call.raw_arg(1);
-    let key = Key::open(call.ctx, key_name, commit);
+    let mut key = Key::open(call.ctx, key_name, commit);
     let mut payload = StackBuf::default();
-    let (outcome, written) = evaluate(&key, request, commit, &mut payload)?;
+    let (outcome, written) = evaluate(&mut key, request, commit, &mut payload)?;
     if let Some(payload) = payload.as_slice().filter(|_| written) {
         replicate_apply(call, key_name, payload);
     }

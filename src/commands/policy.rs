@@ -26,8 +26,8 @@ use crate::algorithms::{Algorithm, Params};
 use crate::api::{has, rm};
 use crate::config::{max_log_limit, max_policies, MAX_MAX_LOG_LIMIT, MAX_MAX_POLICIES};
 use crate::error::{self, ArgError};
+use crate::log::log_warning;
 use crate::policy::{self, Counters, Mode, Policy, SetOutcome};
-use crate::store::log_warning;
 
 const SET_ARGS: [Arg; 6] = [
     Arg::new(c"name", ArgType::String),

@@ -20,9 +20,10 @@ use super::{encode_update, handler, now_ms, replicate_apply, Call};
 use crate::algorithms::{self, Algorithm, Refunded, Request};
 use crate::api::rm;
 use crate::error;
+use crate::log::log_warning;
 use crate::policy::Mode;
 use crate::store::codec::{Change, StackBuf};
-use crate::store::{log_warning, Key, Slot};
+use crate::store::{Key, Slot};
 
 const ARGS: [Arg; 4] = [
     Arg::new(c"key", ArgType::Key),
@@ -62,51 +63,61 @@ fn run(call: &Call) -> c_int {
         now_ms: args.at_ms.unwrap_or_else(now_ms),
     };
     let key_name = call.raw_arg(1);
-    let key = Key::open(call.ctx, key_name, true);
-    let mut stored = match key.slot() {
-        Slot::WrongType => return call.error(error::WRONG_TYPE),
-        Slot::Empty => None,
-        Slot::Limiter(limiter) => Some(limiter),
-    };
-    let (outcome, refunded) = match algorithms::refund(stored.as_deref_mut(), &request) {
-        Ok(done) => done,
-        Err(mismatch) => {
-            if let Some(handle) = stored {
-                handle.unchanged();
+    let mut key = Key::open(call.ctx, key_name, true);
+    let mut payload = StackBuf::default();
+    // What the key needs once the limiter's handle is closed: a new expiry, or deletion.
+    let (outcome, after) = {
+        let mut stored = match key.slot() {
+            Slot::WrongType => return call.error(error::WRONG_TYPE),
+            Slot::Empty => None,
+            Slot::Limiter(limiter) => Some(limiter),
+        };
+        let refunded = algorithms::refund(stored.as_deref_mut(), &request);
+        match (refunded, stored) {
+            (Err(mismatch), stored) => {
+                if let Some(handle) = stored {
+                    handle.unchanged();
+                }
+                return call.error(&error::algorithm_mismatch(
+                    mismatch.stored.name(),
+                    request.algorithm.name(),
+                ));
             }
-            return call.error(&error::algorithm_mismatch(
-                mismatch.stored.name(),
-                request.algorithm.name(),
-            ));
+            (Ok((outcome, Refunded::Nothing)), stored) => {
+                if let Some(handle) = stored {
+                    handle.unchanged();
+                }
+                (outcome, None)
+            }
+            (Ok((outcome, Refunded::Updated)), Some(mut handle)) => {
+                let expires_at_ms = handle.expires_at_ms();
+                if handle.algorithm() == Algorithm::SlidingLog {
+                    Change::LogRefund {
+                        t_ms: outcome.t_ms,
+                        cost: request.cost,
+                    }
+                    .encode(&mut payload);
+                } else {
+                    encode_update(&mut handle, &mut payload);
+                }
+                (outcome, Some(Some(expires_at_ms)))
+            }
+            (Ok((outcome, Refunded::Emptied)), _) => (outcome, Some(None)),
+            (Ok((outcome, Refunded::Updated)), None) => (outcome, None),
         }
     };
-    let mut payload = StackBuf::default();
-    match (refunded, stored) {
-        (Refunded::Nothing, Some(handle)) => handle.unchanged(),
-        (Refunded::Nothing, None) => {}
-        (Refunded::Updated, Some(mut handle)) => {
-            let expires_at_ms = handle.expires_at_ms();
-            if handle.algorithm() == Algorithm::SlidingLog {
-                Change::LogRefund {
-                    t_ms: outcome.t_ms,
-                    cost: request.cost,
-                }
-                .encode(&mut payload);
-            } else {
-                encode_update(&mut handle, &mut payload);
-            }
-            drop(handle);
+    match after {
+        Some(Some(expires_at_ms)) => {
             key.expire_at(expires_at_ms);
             if let Some(bytes) = payload.as_slice() {
                 replicate_apply(call, key_name, bytes);
             }
         }
-        (Refunded::Emptied, handle) => {
-            drop(handle);
+        Some(None) => {
             key.delete();
             replicate_del(call, key_name);
         }
-        (Refunded::Updated, None) => {}
+        None => {}
     }
     drop(key);
     let mode = resolved

@@ -335,10 +335,10 @@ pub(crate) fn register_container(
 /// `RedisModule_GetCommand` finds it).
 fn finish(ctx: *mut raw::RedisModuleCtx, command: &Command, name: &CStr) {
     if let Err(why) = set_acl_categories(ctx, command, name) {
-        crate::store::log_warning(&format!("ratelimit: {why} for {name:?}"));
+        crate::log::log_warning(&format!("ratelimit: {why} for {name:?}"));
     }
     if let Err(why) = describe(ctx, command, name) {
-        crate::store::log_warning(&format!(
+        crate::log::log_warning(&format!(
             "ratelimit: {why}; {name:?} keeps its legacy key range"
         ));
     }

@@ -33,17 +33,20 @@ fn run(call: &Call) -> c_int {
     // One handle per distinct key: a key named twice is removed once, as DEL counts it, and no
     // handle outlives the value another one deleted.
     let names: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
-    let keys: Vec<Key> = KeyGroups::of(&names)
+    let mut keys: Vec<Key> = KeyGroups::of(&names)
         .first
         .into_iter()
         .map(|i| Key::open(call.ctx, call.raw_arg(1 + i), true))
         .collect();
     // All or nothing: any key of another type fails the whole call before anything is removed.
-    if keys.iter().any(|key| matches!(key.slot(), Slot::WrongType)) {
+    if keys
+        .iter_mut()
+        .any(|key| matches!(key.slot(), Slot::WrongType))
+    {
         return call.error(error::WRONG_TYPE);
     }
     let mut removed = 0;
-    for key in &keys {
+    for key in &mut keys {
         if matches!(key.slot(), Slot::Limiter(_)) {
             key.delete();
             removed += 1;

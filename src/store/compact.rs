@@ -22,10 +22,25 @@
 //! ever hands it back to the type's callbacks, so a word whose low bits (`110`) no aligned pointer
 //! has is stored in place of one, and a key costs no allocation of its own.
 //!
+//! Stored formats: the word is not one. It never leaves the process (RDB, AOF, replication, DUMP
+//! and digests encode the limiter through `codec.rs`), so it may change from one build to the
+//! next without an encoding version; the formats that are stored are pinned by
+//! tests/integration/fixtures/.
+//!
 //! Entries are reference-counted by the words that use them (each word holds one reference).
-//! Only Redis's main thread assigns them; a background thread (a lazy `FLUSHALL ASYNC`) may only
-//! drop references, so counts are atomics and a slot is reassigned only once its count is seen
-//! at zero.
+//! Only Redis's main thread assigns entries and takes references. Redis's lazyfree thread frees
+//! values too, and so drops references: every value of a `FLUSHALL`/`FLUSHDB ASYNC`, of a plain
+//! `FLUSHALL`/`FLUSHDB` under `lazyfree-lazy-user-flush yes`, of a replica's flush before a full
+//! sync under `replica-lazy-flush yes`; and the value of an `UNLINK` (or a delete under the other
+//! `lazyfree-lazy-*` settings) whose free effort is above Redis's threshold of 64, which ours,
+//! declaring no `free_effort`, are not today (their effort counts as 1). So counts are atomics, a
+//! slot is reassigned only once its count is seen at zero, and a count that reaches zero on any
+//! thread marks its slot in [`FREE`], where the main thread finds it.
+//!
+//! The rule: a new parameter set gets an entry, and its key a word, whenever some slot's count is
+//! zero (a count dropped on another thread: once that release has returned). The search visits
+//! every slot, starting after the one assigned last, so a slot released a moment ago, which may
+//! still be found by its parameters, is the last to be given to another parameter set.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -48,8 +63,8 @@ const PAYLOAD_BITS: u32 = 64 - PAYLOAD_AT;
 /// keys use at most `2^5 + 1` entries (most use one or two: keys live far shorter than a full
 /// refill).
 const MAX_EPOCH_SPREAD_BITS: u32 = 5;
-/// Free slots are looked for among this many after the last one assigned.
-const PROBES: usize = 64;
+/// Words of [`FREE`].
+const FREE_WORDS: usize = ENTRIES / 64;
 
 /// Whether a module value is a compact word (else it points to a 32-byte value).
 #[inline(always)]
@@ -92,6 +107,14 @@ static TABLE: [Entry; ENTRIES] = [const {
 
 /// The entry used last, tried first by [`compact`].
 static RECENT: AtomicU32 = AtomicU32::new(0);
+
+/// One bit per slot, set when its count may be zero: every slot starts free; the release that
+/// brings a count to zero sets its bit (on whichever thread it runs), the retain that takes a
+/// count from zero clears it (main thread). A bit can be stale, set on a slot in use again (a
+/// release on another thread that set it after the main thread's retain had cleared it), never
+/// missing: a slot whose count is zero has its bit set once its last release has returned.
+/// [`find_free`] confirms a bit against the count and clears stale ones.
+static FREE: [AtomicU64; FREE_WORDS] = [const { AtomicU64::new(u64::MAX) }; FREE_WORDS];
 
 /// The widths of an entry's fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,14 +256,27 @@ pub fn rewrite(word: u64, limiter: &Limiter) -> Option<u64> {
     Some(moved)
 }
 
-/// Takes another reference on `word`'s entry.
+/// Takes another reference on `word`'s entry (main thread).
+#[inline(always)]
 pub fn retain(word: u64) {
-    TABLE[index(word)].refs.fetch_add(1, Ordering::Relaxed);
+    let at = index(word);
+    if TABLE[at].refs.fetch_add(1, Ordering::AcqRel) == 0 {
+        // In use again: no longer a free slot.
+        FREE[at / 64].fetch_and(!(1 << (at % 64)), Ordering::AcqRel);
+    }
 }
 
 /// Drops `word`'s reference on its entry (the word is being freed or replaced; any thread).
+#[inline(always)]
 pub fn release(word: u64) {
-    TABLE[index(word)].refs.fetch_sub(1, Ordering::Release);
+    let at = index(word);
+    let previous = TABLE[at].refs.fetch_sub(1, Ordering::AcqRel);
+    // A second release of one reference would wrap the count and keep the slot forever.
+    debug_assert!(previous > 0, "entry {at} released more often than retained");
+    if previous == 1 {
+        // After the count: whoever reads the bit (Acquire) sees the count at zero.
+        FREE[at / 64].fetch_or(1 << (at % 64), Ordering::Release);
+    }
 }
 
 /// The algorithm of the limiter `word` holds.
@@ -340,7 +376,7 @@ impl Hasher for Mix {
     }
 }
 
-/// Which slot holds which entry, and where to look for a free slot next (main thread only).
+/// Which slot holds which entry, and where to start looking for a free slot (main thread only).
 struct Slots {
     by_key: HashMap<EntryKey, usize, BuildHasherDefault<Mix>>,
     cursor: usize,
@@ -348,8 +384,42 @@ struct Slots {
 
 static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
 
-/// The slot of the entry `(shape, params, epoch_ms)`, assigned now if there is none (`None`: no
-/// free slot among the next [`PROBES`]). The caller takes the reference.
+/// The first slot from `start` on (wrapping around) whose count is zero, its bit left set (the
+/// caller's retain clears it); `None` when every count is above zero. Main thread only, so a count
+/// seen at zero stays there: only the main thread takes references.
+fn find_free(start: usize) -> Option<usize> {
+    let (first_word, first_bit) = (start / 64, start % 64);
+    // Every word from `start`'s on, then `start`'s own word again for the bits before it.
+    for step in 0..=FREE_WORDS {
+        let at_word = (first_word + step) % FREE_WORDS;
+        let mut bits = FREE[at_word].load(Ordering::Acquire);
+        if step == 0 {
+            bits &= u64::MAX << first_bit;
+        } else if step == FREE_WORDS {
+            bits &= !(u64::MAX << first_bit);
+        }
+        while bits != 0 {
+            let bit = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let slot = at_word * 64 + bit;
+            if TABLE[slot].refs.load(Ordering::Acquire) == 0 {
+                return Some(slot);
+            }
+            // Stale: clear it, then look at the count again. A release racing with the clear
+            // either sets the bit after it, or brought the count to zero before a set the clear
+            // has read (and so synchronised with): either way the slot stays findable.
+            FREE[at_word].fetch_and(!(1 << bit), Ordering::AcqRel);
+            if TABLE[slot].refs.load(Ordering::Acquire) == 0 {
+                FREE[at_word].fetch_or(1 << bit, Ordering::Release);
+                return Some(slot);
+            }
+        }
+    }
+    None
+}
+
+/// The slot of the entry `(shape, params, epoch_ms)`, assigned now if there is none (`None`: every
+/// slot has references). The caller takes the reference.
 fn assign(shape: Shape, params: Params, epoch_ms: u64) -> Option<usize> {
     let key = EntryKey {
         algorithm: shape.algorithm,
@@ -366,9 +436,7 @@ fn assign(shape: Shape, params: Params, epoch_ms: u64) -> Option<usize> {
     if let Some(&index) = slots.by_key.get(&key) {
         return Some(index);
     }
-    let index = (0..PROBES)
-        .map(|i| (slots.cursor + i) % ENTRIES)
-        .find(|&i| TABLE[i].refs.load(Ordering::Acquire) == 0)?;
+    let index = find_free(slots.cursor)?;
     let entry = &TABLE[index];
     if let Some(old) = entry.key() {
         slots.by_key.remove(&old);
@@ -594,23 +662,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_full_table_refuses_and_frees_up_as_keys_go() {
-        let _turn = turn();
-        let words: Vec<u64> = (0..)
-            .map(|i| {
-                let window = limiter(Algorithm::FixedWindow, (1_000 + i, 1_000, None), 7_000);
-                compact(&window)
+    /// Words of distinct parameter sets (fixed windows of limit `first`, `first + 1`, ...) until
+    /// the table refuses one.
+    fn fill_table(first: u64) -> Vec<u64> {
+        (first..)
+            .map(|limit| {
+                compact(&limiter(
+                    Algorithm::FixedWindow,
+                    (limit, 1_000, None),
+                    7_000,
+                ))
             })
             .take_while(Option::is_some)
             .map(Option::unwrap)
             .take(ENTRIES + 1)
-            .collect();
-        // Every slot is used, or the next free one is beyond the probes.
-        assert!(words.len() <= ENTRIES, "{}", words.len());
-        assert!(words.len() >= ENTRIES - PROBES, "{}", words.len());
-        let in_use = entries_in_use();
-        assert!(in_use >= words.len(), "{in_use}");
+            .collect()
+    }
+
+    #[test]
+    fn a_full_table_refuses_and_frees_up_as_keys_go() {
+        let _turn = turn();
+        let free_before = ENTRIES - entries_in_use();
+        let words = fill_table(1_000);
+        // Every free slot is taken, and then none is left.
+        assert_eq!(words.len(), free_before);
+        assert_eq!(entries_in_use(), ENTRIES);
         // Those stored are intact, and one more parameter set does not fit.
         for (i, &word) in words.iter().enumerate() {
             assert_eq!(expand(word).params.limit, 1_000 + i as u64);
@@ -623,6 +699,77 @@ mod tests {
         let word = compact(&late).expect("room again");
         assert_eq!(expand(word), late);
         release(word);
+    }
+
+    /// The table that looked full: every slot used, then all released but the 64 after
+    /// the cursor (the only ones a search of the next 64 looked at), some of them on another
+    /// thread as Redis's lazyfree thread does. Each new parameter set still gets a word.
+    #[test]
+    fn a_new_parameter_set_gets_a_word_while_any_slot_is_free() {
+        let _turn = turn();
+        let words = fill_table(1_000);
+        assert_eq!(entries_in_use(), ENTRIES);
+        let cursor = SLOTS.lock().unwrap().as_ref().unwrap().cursor;
+        let kept = |word: &u64| (index(*word) + ENTRIES - cursor) % ENTRIES < 64;
+        let (keep, drop): (Vec<u64>, Vec<u64>) = words.into_iter().partition(kept);
+        assert_eq!(keep.len(), 64);
+        let (here, there) = drop.split_at(drop.len() / 2);
+        here.iter().copied().for_each(release);
+        let there = there.to_vec();
+        std::thread::spawn(move || there.into_iter().for_each(release))
+            .join()
+            .unwrap();
+        assert_eq!(entries_in_use(), 64);
+        // Each of the free slots, then none.
+        let new = fill_table(1_000_000);
+        assert_eq!(new.len(), ENTRIES - 64);
+        for (i, &word) in new.iter().enumerate() {
+            assert_eq!(expand(word).params.limit, 1_000_000 + i as u64);
+        }
+        // A slot freed on another thread while the table is full is found by the next search.
+        let last = new[new.len() / 2];
+        std::thread::spawn(move || release(last)).join().unwrap();
+        let again = limiter(Algorithm::FixedWindow, (5, 1_000, None), 7_000);
+        let word = compact(&again).expect("the slot freed on another thread");
+        assert_eq!(index(word), index(last));
+        assert_eq!(expand(word), again);
+        for word in keep.into_iter().chain(new).filter(|&w| w != last) {
+            release(word);
+        }
+        release(word);
+        assert_eq!(entries_in_use(), 0);
+    }
+
+    /// A stale mark (left by a release on another thread that set a slot's bit after the
+    /// retain that cleared it) is checked against the count: the slot in use is not handed out,
+    /// and its bit is cleared until its count is zero again.
+    #[test]
+    fn a_stale_free_mark_is_checked_against_the_count() {
+        let _turn = turn();
+        let word = compact(&limiter(Algorithm::FixedWindow, (77, 1_000, None), 7_000)).unwrap();
+        let at = index(word);
+        let marked = || FREE[at / 64].load(Ordering::Acquire) & 1 << (at % 64) != 0;
+        assert!(!marked());
+        FREE[at / 64].fetch_or(1 << (at % 64), Ordering::Release);
+        assert_ne!(find_free(at), Some(at));
+        assert!(!marked());
+        release(word);
+        assert!(marked());
+        assert_eq!(find_free(at), Some(at));
+    }
+
+    /// A second release of one reference is a bug the debug build stops at.
+    #[cfg(debug_assertions)]
+    #[test]
+    fn a_double_release_is_caught_in_debug_builds() {
+        let _turn = turn();
+        let word = compact(&limiter(Algorithm::FixedWindow, (78, 1_000, None), 7_000)).unwrap();
+        release(word);
+        let second = std::panic::catch_unwind(|| release(word));
+        assert!(second.is_err(), "a double release went unnoticed");
+        // Undo the wrap, so the table stays as the other tests expect it.
+        TABLE[index(word)].refs.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(refs(word), 0);
     }
 
     proptest::proptest! {

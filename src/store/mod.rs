@@ -8,7 +8,7 @@ pub mod policies;
 pub mod value;
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, c_void, CStr};
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -18,11 +18,22 @@ use redis_module::raw;
 
 use crate::algorithms::{Algorithm, Limiter};
 use crate::api::rm;
+use crate::log::log_warning;
 use crate::stats;
 use value::{Holder, LimiterRef, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
+///
+/// Stored formats: the RDB encoding (`codec.rs`) is what users' RDB files hold, and the AOF
+/// rewrite's `APPLY_COMMAND` payload what their AOF files hold; changing either needs a new
+/// encoding version (or `Change` kind), with every older one still read.
+/// tests/integration/fixtures/ pins version 1 byte for byte.
 pub const ENCODING_VERSION: c_int = 1;
+
+/// The command an AOF rewrite writes a key as: `ratelimit.apply key payload`, the payload a
+/// [`codec::Change`] replacing the whole limiter. The store owns what it writes; the apply command
+/// registers under this name to read it back.
+pub const APPLY_COMMAND: &CStr = c"ratelimit.apply";
 
 /// The data type, exactly 9 characters as Redis requires.
 pub static LIMITER_TYPE: RedisType = RedisType::new(
@@ -56,24 +67,6 @@ fn raw_type() -> *mut raw::RedisModuleType {
     *LIMITER_TYPE.raw_type.borrow()
 }
 
-/// Logs through Redis's log (the crate's logger allocates a CString; fine off the hot path).
-pub fn log_warning(message: &str) {
-    if let Ok(message) = CString::new(message) {
-        // SAFETY: the API table is written once at load, before any caller, and only read since.
-        if let Some(log) = unsafe { raw::RedisModule_Log } {
-            // SAFETY: a NULL context logs as the module; both strings are NUL-terminated.
-            unsafe {
-                log(
-                    ptr::null_mut(),
-                    c"warning".as_ptr(),
-                    c"%s".as_ptr(),
-                    message.as_ptr(),
-                )
-            };
-        }
-    }
-}
-
 /// Runs a type callback, turning a panic into `fallback` (never unwinding into Redis).
 pub(crate) fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
@@ -95,9 +88,10 @@ pub(crate) fn into_value(limiter: Limiter) -> *mut c_void {
 // A word travels as a pointer-sized value.
 const _: () = assert!(std::mem::size_of::<*mut c_void>() == std::mem::size_of::<u64>());
 
-/// A compact word as a module value (never dereferenced: Redis only hands it back to us).
+/// A compact word as a module value: a pointer without provenance, never dereferenced (Redis only
+/// hands it back to us, and `stored` reads its address).
 fn word_value(word: u64) -> *mut c_void {
-    word as usize as *mut c_void
+    ptr::without_provenance_mut(word as usize)
 }
 
 /// A module value pointer's target, read-only.
@@ -152,7 +146,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 /// # Safety
 /// `value` must be a value made by [`into_value`] and still owned by Redis.
 unsafe fn stored<'a>(value: *const c_void) -> Stored<'a> {
-    let bits = value as usize as u64;
+    let bits = value.addr() as u64;
     if compact::is_compact(bits) {
         Stored::Compact(bits)
     } else {
@@ -205,7 +199,7 @@ unsafe extern "C" fn aof_rewrite(
         unsafe {
             rm!(RedisModule_EmitAOF)(
                 aof,
-                crate::commands::apply::LONG_NAME.as_ptr(),
+                APPLY_COMMAND.as_ptr(),
                 c"sb".as_ptr(),
                 key,
                 bytes.as_ptr().cast::<c_char>(),
@@ -310,15 +304,17 @@ impl Key {
         }
     }
 
-    /// The key's content.
-    pub fn slot(&self) -> Slot<'_> {
+    /// The key's content. `&mut self`: the view it hands out may change the value, so there is
+    /// one at a time per handle (and one handle per key, see [`Key`]).
+    pub fn slot(&mut self) -> Slot<'_> {
         match self.value() {
             Ok(None) => Slot::Empty,
-            // SAFETY: valid while the key is open; `&self` ties the borrow to it, and commands
-            // hold one handle at a time.
+            // SAFETY: the key's value, made by `into_value` and valid while the key is open and
+            // holds it; the returned view borrows this handle mutably, so no other view of it
+            // exists and the value cannot be replaced through the handle while the view lives.
             Ok(Some(value)) => Slot::Limiter(match unsafe { stored(value) } {
-                Stored::Compact(word) => LimiterRef::compact(word, self),
-                // SAFETY: as above.
+                Stored::Compact(word) => LimiterRef::compact(word, &*self),
+                // SAFETY: as above: not a compact word, so a `Value` of ours, borrowed once.
                 Stored::Full(_) => unsafe { &mut *value.cast::<Value>() }.limiter(),
             }),
             Err(WrongType) => Slot::WrongType,

@@ -20,6 +20,10 @@
 //! Most buckets and windows do not even take these 32 bytes: `compact.rs` stores them in one word
 //! beside an entry shared by the keys of the same parameters. This form is for the rest, and for
 //! the replication payload of every bucket and window.
+//!
+//! Stored formats: this layout is also payload kind `3` (`codec.rs`), which replication streams
+//! and AOF files hold: changing it needs a new `Change` kind (the old one still decoded) and so
+//! an encoding change; tests/integration/fixtures/ pins it byte for byte.
 
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
@@ -35,12 +39,29 @@ const SCALED_BITS: u32 = 79;
 /// The algorithm tag of a boxed limiter.
 const BOXED: u128 = 7;
 
-/// A stored limiter: 32 bytes, packed or pointing to a boxed limiter. `repr(C)`: its first word
-/// (whose first 3 bits are never a compact word's tag) is at the start, where a reader of a module
-/// value pointer tells the two forms apart.
+/// A stored limiter: 32 bytes, packed or pointing to a boxed limiter. The first word says which:
+/// its first 3 bits are the packed algorithm's index, or [`BOXED`].
 #[repr(C)]
 pub struct Value {
-    words: [u64; 4],
+    /// The first packed word, or [`BOXED`] alone.
+    head: u64,
+    /// Read only as the form `head` names: written together with it, and only by [`Value::new`]
+    /// and [`Value::set_words`].
+    rest: Rest,
+}
+
+/// The 24 bytes after a [`Value`]'s head: the other three packed words, or the boxed limiter as
+/// a typed pointer (made by `Box::into_raw`, owned by the value), never an integer.
+#[repr(C)]
+union Rest {
+    packed: [u64; 3],
+    boxed: *mut Limiter,
+}
+
+/// A [`Value`] read: its packed words, or its boxed limiter.
+enum Form {
+    Packed([u64; 4]),
+    Boxed(*mut Limiter),
 }
 
 /// Bit positions of the fields (see the module comment).
@@ -217,42 +238,96 @@ impl Value {
     /// Stores `limiter` packed when it fits, else boxed.
     pub fn new(limiter: Limiter) -> Value {
         match pack(&limiter) {
-            Some(words) => Value { words },
-            None => {
-                let pointer = Box::into_raw(Box::new(limiter)) as u64;
-                Value {
-                    words: [BOXED as u64, pointer, 0, 0],
-                }
-            }
+            Some(words) => Value::packed(words),
+            None => Value {
+                head: BOXED as u64,
+                rest: Rest {
+                    boxed: Box::into_raw(Box::new(limiter)),
+                },
+            },
+        }
+    }
+
+    /// The value holding `words`, made by [`pack`] (so their head is never [`BOXED`]).
+    fn packed(words: [u64; 4]) -> Value {
+        debug_assert_ne!(
+            u128::from(words[0]) & BOXED,
+            BOXED,
+            "pack never tags a word BOXED"
+        );
+        Value {
+            head: words[0],
+            rest: Rest {
+                packed: [words[1], words[2], words[3]],
+            },
+        }
+    }
+
+    /// Which form the value has, with its words or its limiter.
+    #[inline(always)]
+    fn form(&self) -> Form {
+        if u128::from(self.head) & BOXED == BOXED {
+            // SAFETY: a head of BOXED is only ever written by `new`, together with `rest.boxed`;
+            // `packed` and `set_words` write heads made by `pack`, whose first 3 bits are an
+            // algorithm's index (at most 5), together with `rest.packed`.
+            Form::Boxed(unsafe { self.rest.boxed })
+        } else {
+            // SAFETY: any other head is written together with `rest.packed` (as above).
+            let [b, c, d] = unsafe { self.rest.packed };
+            Form::Packed([self.head, b, c, d])
         }
     }
 
     fn boxed(&self) -> Option<*mut Limiter> {
-        (u128::from(self.words[0]) & BOXED == BOXED).then_some(self.words[1] as *mut Limiter)
+        match self.form() {
+            Form::Boxed(pointer) => Some(pointer),
+            Form::Packed(_) => None,
+        }
+    }
+
+    /// Replaces a packed value's words with `words`, made by [`pack`].
+    fn set_words(&mut self, words: [u64; 4]) {
+        debug_assert!(self.boxed().is_none(), "a boxed value is never repacked");
+        debug_assert_ne!(
+            u128::from(words[0]) & BOXED,
+            BOXED,
+            "pack never tags a word BOXED"
+        );
+        self.head = words[0];
+        self.rest = Rest {
+            packed: [words[1], words[2], words[3]],
+        };
+    }
+
+    /// The packed words (`None` when boxed).
+    #[cfg(test)]
+    fn words(&self) -> Option<[u64; 4]> {
+        match self.form() {
+            Form::Packed(words) => Some(words),
+            Form::Boxed(_) => None,
+        }
     }
 
     /// The limiter, to read or change; changes are stored back when the returned handle drops.
     pub fn limiter(&mut self) -> LimiterRef<'_> {
-        match self.boxed() {
-            // SAFETY: the pointer was made by `Box::into_raw` in `new` and is owned by this value.
-            Some(pointer) => LimiterRef::Boxed(unsafe { &mut *pointer }),
-            None => {
-                let limiter = unpack(&self.words);
-                LimiterRef::Packed {
-                    words: &mut self.words,
-                    limiter,
-                    write_back: true,
-                }
-            }
+        match self.form() {
+            // SAFETY: the pointer was made by `Box::into_raw` in `new` and is owned by this value,
+            // which `&mut self` borrows whole for the handle's lifetime.
+            Form::Boxed(pointer) => LimiterRef::Boxed(unsafe { &mut *pointer }),
+            Form::Packed(words) => LimiterRef::Packed {
+                limiter: unpack(&words),
+                value: self,
+                write_back: true,
+            },
         }
     }
 
     /// The limiter, read-only: borrowed when boxed, unpacked when packed.
     pub fn read(&self) -> Cow<'_, Limiter> {
-        match self.boxed() {
-            // SAFETY: as in `limiter`.
-            Some(pointer) => Cow::Borrowed(unsafe { &*pointer }),
-            None => Cow::Owned(unpack(&self.words)),
+        match self.form() {
+            // SAFETY: as in `limiter`, borrowed for as long as `&self`.
+            Form::Boxed(pointer) => Cow::Borrowed(unsafe { &*pointer }),
+            Form::Packed(words) => Cow::Owned(unpack(&words)),
         }
     }
 
@@ -267,7 +342,7 @@ impl Value {
         match self.boxed() {
             // SAFETY: as in `limiter`.
             Some(pointer) => unsafe { (*pointer).algorithm() },
-            None => Algorithm::from_index((self.words[0] & BOXED as u64) as u8)
+            None => Algorithm::from_index((self.head & BOXED as u64) as u8)
                 .unwrap_or(Algorithm::TokenBucket),
         }
     }
@@ -313,7 +388,7 @@ pub trait Holder {
 /// drops, unless [`LimiterRef::unchanged`] says there is nothing to write.
 pub enum LimiterRef<'a> {
     Packed {
-        words: &'a mut [u64; 4],
+        value: &'a mut Value,
         limiter: Limiter,
         write_back: bool,
     },
@@ -372,12 +447,12 @@ impl LimiterRef<'_> {
     pub fn commit_packed(&mut self) -> Option<[u64; 4]> {
         match self {
             LimiterRef::Packed {
-                words,
+                value,
                 limiter,
                 write_back,
             } => {
                 let packed = pack(limiter)?;
-                **words = packed;
+                value.set_words(packed);
                 *write_back = false;
                 Some(packed)
             }
@@ -419,7 +494,7 @@ impl DerefMut for LimiterRef<'_> {
 impl Drop for LimiterRef<'_> {
     fn drop(&mut self) {
         if let LimiterRef::Packed {
-            words,
+            value,
             limiter,
             write_back: true,
         } = self
@@ -427,7 +502,7 @@ impl Drop for LimiterRef<'_> {
             // A packed limiter stays packable: commands keep its algorithm and the bounds of
             // docs/algorithms.md.
             if let Some(packed) = pack(limiter) {
-                **words = packed;
+                value.set_words(packed);
             }
         }
         if let LimiterRef::Compact {
@@ -587,12 +662,12 @@ mod tests {
     fn an_unchanged_handle_is_not_written_back() {
         let original = limiter(Algorithm::FixedWindow, 10, 1000, None);
         let mut value = Value::new(original.clone());
-        let words = value.words;
+        let words = value.words();
         let mut handle = value.limiter();
         // A handle declared unchanged skips the pack, even if something was touched.
         handle.last_ms += 1;
         handle.unchanged();
-        assert_eq!(value.words, words);
+        assert_eq!(value.words(), words);
         assert_eq!(value.to_limiter(), original);
         // Dropped normally, the same change is stored.
         value.limiter().last_ms += 1;

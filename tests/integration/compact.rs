@@ -159,9 +159,10 @@ fn a_full_table_of_entries_leaves_keys_exact_and_a_background_flush_frees_it() {
     };
     let usage = fill(&mut con, "a");
     let small = *usage.iter().min().unwrap();
+    // Exactly as many keys in words as there are entries: a new parameter set takes the wider
+    // form only once every entry is in use.
     let compact = usage.iter().filter(|&&u| u == small).count();
-    assert!(compact <= 2_048, "{compact} keys in words");
-    assert!(compact >= 2_048 - 64, "{compact} keys in words");
+    assert_eq!(compact, 2_048, "keys in words");
     assert!(
         usage.iter().all(|&u| u == small || u == small + 32),
         "{usage:?}"
@@ -197,6 +198,69 @@ fn a_full_table_of_entries_leaves_keys_exact_and_a_background_flush_frees_it() {
         .collect();
     assert!(usage.iter().all(|&u| u == usage[0]), "{usage:?}");
     assert_eq!(usage[0], small);
+}
+
+/// The table that looked full: 2,048 parameter sets fill every entry, then all but the
+/// 64 keys right after where the search for a free entry starts are deleted, half by DEL (freed on
+/// the main thread) and half by FLUSHDB ASYNC (freed on the lazyfree thread). Every new parameter
+/// set gets a word again while an entry is free (it took the 32-byte form before, as if the table
+/// were still full), and the wider form once none is.
+#[test]
+fn a_new_parameter_set_gets_a_word_while_any_entry_is_free() {
+    let server = Server::start();
+    let t = future_base_ms();
+    let limit = |i: u64| Limit::new("fixed-window", 1_000 + i, "1h", None);
+    let key = |i: u64| format!("k:{i:05}");
+    let (mut kept, mut con) = (server.client(), server.client());
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut kept).unwrap();
+    // On a fresh server the entries are assigned in order, and the search starts again at the
+    // first one once all 2,048 are: the 64 keys kept, in db 1, hold the first 64 entries.
+    let fill = |con: &mut Connection, sets: std::ops::Range<u64>| {
+        let cmds: Vec<Cmd> = sets.map(|i| limit(i).check(&key(i), 1, Some(t))).collect();
+        for reply in send(con, &cmds) {
+            assert_eq!(reply6(&reply)[0], 1, "{reply:?}");
+        }
+    };
+    fill(&mut kept, 0..64);
+    fill(&mut con, 64..2_048);
+    let word = memory_usage(&mut kept, &key(0));
+    assert!(
+        (64..2_048).all(|i| memory_usage(&mut con, &key(i)) == word),
+        "every one of the 2,048 parameter sets in a word"
+    );
+    // Half deleted on the main thread, the other half freed by the lazyfree thread.
+    let dels: Vec<Cmd> = (64..1_056)
+        .map(|i| {
+            let mut cmd = redis::cmd("DEL");
+            cmd.arg(key(i));
+            cmd
+        })
+        .collect();
+    assert!(send(&mut con, &dels)
+        .iter()
+        .all(|r| *r == redis::Value::Int(1)));
+    let _: () = redis::cmd("FLUSHDB").arg("ASYNC").query(&mut con).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.info_field("memory", "lazyfree_pending_objects") != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the background flush did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(dbsize(&mut con), 0);
+    // 1,984 entries are free: as many new parameter sets take a word, then the next one cannot.
+    fill(&mut con, 10_000..11_984);
+    let usage: Vec<i64> = (10_000..11_984)
+        .map(|i| memory_usage(&mut con, &key(i)))
+        .collect();
+    let wide = usage.iter().filter(|&&u| u != word).count();
+    assert_eq!(
+        wide, 0,
+        "{wide} new parameter sets not in a word: {usage:?}"
+    );
+    fill(&mut con, 20_000..20_001);
+    assert_eq!(memory_usage(&mut con, &key(20_000)), word + 32);
 }
 
 /// Random calls on keys whose parameters change between sets that fit a word and sets that do

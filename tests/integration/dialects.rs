@@ -1,7 +1,8 @@
 //! `CL.THROTTLE` (redis-cell) and `GCRA` (the withdrawn Redis 8.8 proposal) on the module's `gcra`
 //! limiter: the same replies as redis-cell on random sequences (when ../shared/peers/ has it), the
-//! proposal's worked examples, one key type behind all three front ends, and what redis-cell gets
-//! wrong answered as a Redis command should (WRONGTYPE, OOM).
+//! proposal's worked examples, one key type behind all three front ends, what redis-cell gets
+//! wrong answered as a Redis command should (WRONGTYPE, OOM), and the load argument `dialects`
+//! that chooses which of the two the module registers.
 
 use crate::common;
 
@@ -187,6 +188,101 @@ fn new_keys_are_refused_under_oom() {
     let mut con = server.client();
     assert!(error(&mut con, "CL.THROTTLE", &["k", "1", "1", "1"]).starts_with("OOM"));
     assert!(error(&mut con, "GCRA", &["k", "1", "1", "1"]).starts_with("OOM"));
+}
+
+/// Whether the server has a command of this name (`COMMAND INFO` answers nil for none).
+fn has_command(con: &mut Connection, name: &str) -> bool {
+    let info: Vec<Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(name)
+        .query(con)
+        .unwrap();
+    !matches!(info.as_slice(), [Value::Nil])
+}
+
+/// `loadmodule ... dialects <value>` registers the dialects it names and no other, and the load
+/// log says which; the module's own commands are there whatever the value.
+#[test]
+fn the_dialects_load_argument_chooses_the_commands_registered() {
+    for (args, with_throttle, with_gcra, logged) in [
+        (&[][..], true, true, "cl.throttle, gcra"),
+        (&["dialects", "all"][..], true, true, "cl.throttle, gcra"),
+        (&["dialects", "none"][..], false, false, "none"),
+        (&["dialects", "cl.throttle"][..], true, false, "cl.throttle"),
+        (&["dialects", "GCRA"][..], false, true, "gcra"),
+        (
+            &["dialects", "gcra,cl.throttle"][..],
+            true,
+            true,
+            "cl.throttle, gcra",
+        ),
+        (
+            &["max-log-limit", "10", "dialects", "none"][..],
+            false,
+            false,
+            "none",
+        ),
+    ] {
+        let server = Server::builder().module_args(args).start();
+        let mut con = server.client();
+        assert_eq!(
+            has_command(&mut con, "cl.throttle"),
+            with_throttle,
+            "{args:?}"
+        );
+        assert_eq!(has_command(&mut con, "gcra"), with_gcra, "{args:?}");
+        assert!(has_command(&mut con, "ratelimit.check"), "{args:?}");
+        if !with_gcra {
+            let message = error(&mut con, "GCRA", &["g", "1", "1", "1"]);
+            assert!(message.contains("unknown command"), "{args:?}: {message}");
+        }
+        if with_throttle {
+            assert_eq!(throttle(&mut con, "k", &[4, 1, 1])[..3], [0, 5, 4]);
+        }
+        let log = server.log();
+        assert!(
+            log.contains(&format!("dialects registered: {logged}")),
+            "{args:?}\n{log}"
+        );
+        for name in ["cl.throttle", "gcra"] {
+            let skipped = format!("ratelimit: {name} not registered (load argument dialects)");
+            let wanted = if name == "gcra" {
+                with_gcra
+            } else {
+                with_throttle
+            };
+            assert_eq!(log.contains(&skipped), !wanted, "{args:?} {name}\n{log}");
+        }
+    }
+}
+
+/// A value that names no dialect refuses the load, and the log says why.
+#[test]
+fn a_bad_dialects_value_refuses_to_start() {
+    for (value, reason) in [
+        ("cell", "unknown dialect 'cell'"),
+        ("none,gcra", "'none' stands alone"),
+        ("gcra,", "unknown dialect ''"),
+    ] {
+        let failed = Server::builder()
+            .module_args(&["dialects", value])
+            .start_expecting_failure();
+        assert!(
+            !failed.status.success(),
+            "dialects {value}: {}",
+            failed.status
+        );
+        let line = format!(
+            "ratelimit: load argument 'dialects': '{value}' refused: {reason}; expected none, \
+             all, or one or more of cl.throttle, gcra separated by commas; the module is not loaded"
+        );
+        assert!(
+            failed.log.contains(&line),
+            "dialects {value}\n{}",
+            failed.log
+        );
+        assert!(failed.log.contains("Can't load module"), "{}", failed.log);
+    }
 }
 
 /// With redis-cell loaded first, its `CL.THROTTLE` stays and the module loads beside it.

@@ -2,7 +2,8 @@
 //! non-UTF-8, duplicated options, wrong arity) get an error or a valid reply, never a crash, and
 //! no error creates a key; RATELIMIT.APPLY cannot grow a sliding log past `max-log-limit` (a
 //! client's, not the master's stream or an AOF replay); a RESTORE of a corrupt limiter with a
-//! valid checksum is refused.
+//! valid checksum is refused, and so are APPLY and RESTORE of states no command could have
+//! stored (a count above the limit, a level above the capacity, a TAT beyond the tolerance).
 //!
 //! The argument parser and the codec are also fuzzed with libFuzzer (fuzz/).
 //! `HARDENING_SEED=<n>` (decimal or 0x hex) replays a randomized run; the seed is printed.
@@ -18,8 +19,8 @@ use common::{
     Limit, Server, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::{Algorithm, Params, Request};
-use redis_ratelimit::codec::{encode_write, Change};
+use redis_ratelimit::algorithms::{Algorithm, Limiter, Params, Request, SlidingLog, State};
+use redis_ratelimit::codec::{encode_write, to_bytes, Change};
 
 fn hostile_number(rng: &mut Rng) -> Vec<u8> {
     const NUMBERS: &[&[u8]] = &[
@@ -657,5 +658,143 @@ fn restore_of_a_corrupt_limiter_with_a_valid_checksum_is_refused() {
     assert_eq!(
         info_int(&limiter_info(&mut con, "sl").unwrap(), "entries"),
         3
+    );
+}
+
+/// States no admitted call leaves, each in a well-formed payload (parameters within bounds, the
+/// window of `last`): APPLY, in the whole and in the packed form, and RESTORE with a valid CRC all
+/// answer an error and store nothing, and a key they were sent to keeps its state.
+#[test]
+fn apply_and_restore_refuse_states_no_command_could_store() {
+    let server = Server::start();
+    let mut con = server.client();
+    config_set(&mut con, "rdbcompression", "no").unwrap();
+    let base = future_base_ms();
+    let far = (base + 86_400_000) as i64;
+    // A real key, to take a DUMP payload from and to aim APPLY at.
+    let fw = Limit::new("fixed-window", 5, "1000", None);
+    decision(&mut con, &fw.check("kept", 2, Some(base + 250)));
+    let kept = limiter_info(&mut con, "kept").unwrap();
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("kept").query(&mut con).unwrap();
+    let dump = Dump::parse(&payload);
+
+    let limiter = |limit: u64, capacity: Option<u64>, state: State| Limiter {
+        params: Params::new(limit, 1_000, capacity).unwrap(),
+        last_ms: base + 250,
+        state,
+    };
+    let window = |current: u64, previous: u64| State::SlidingWindow {
+        window_start_ms: base,
+        current,
+        previous,
+    };
+    let impossible = [
+        (
+            "a fixed window of limit 5 holding 10^12",
+            limiter(
+                5,
+                None,
+                State::FixedWindow {
+                    window_start_ms: base,
+                    count: MAX_AMOUNT,
+                },
+            ),
+        ),
+        (
+            "a fixed window holding nothing",
+            limiter(
+                5,
+                None,
+                State::FixedWindow {
+                    window_start_ms: base,
+                    count: 0,
+                },
+            ),
+        ),
+        (
+            "a sliding window of limit 5 with current = previous = 10^12",
+            limiter(5, None, window(MAX_AMOUNT, MAX_AMOUNT)),
+        ),
+        (
+            "a sliding window over its estimate: 4·750 + 3·1000 > 5·1000",
+            limiter(5, None, window(3, 4)),
+        ),
+        (
+            "a sliding window holding nothing at all",
+            limiter(5, None, window(0, 0)),
+        ),
+        (
+            "a full token bucket",
+            limiter(
+                7,
+                Some(9),
+                State::TokenBucket {
+                    tokens_scaled: 9_000,
+                },
+            ),
+        ),
+        (
+            "a leaky bucket above its capacity",
+            limiter(
+                7,
+                Some(9),
+                State::LeakyBucket {
+                    level_scaled: 9_001,
+                },
+            ),
+        ),
+        (
+            "an empty leaky bucket",
+            limiter(7, Some(9), State::LeakyBucket { level_scaled: 0 }),
+        ),
+        (
+            "a TAT beyond the tolerance",
+            limiter(
+                7,
+                Some(9),
+                State::Gcra {
+                    ahead_scaled: 9_001,
+                },
+            ),
+        ),
+        (
+            "a TAT not ahead at all",
+            limiter(7, Some(9), State::Gcra { ahead_scaled: 0 }),
+        ),
+        (
+            "a log with an entry after its last call",
+            limiter(
+                5,
+                None,
+                State::SlidingLog(SlidingLog::from_runs([(base + 900, 2)]).unwrap()),
+            ),
+        ),
+    ];
+    for (what, limiter) in &impossible {
+        let mut packed = Vec::new();
+        encode_write(limiter, &mut packed);
+        for (form, bytes) in [
+            ("whole", Change::Replace(limiter.clone()).to_bytes()),
+            ("packed", packed),
+        ] {
+            for key in ["new", "kept"] {
+                let reply = send_one(&mut con, redis::cmd("RATELIMIT.APPLY").arg(key).arg(&bytes));
+                assert!(
+                    error_text(&reply).is_some(),
+                    "APPLY {key} {what} ({form}): {reply:?}"
+                );
+            }
+        }
+        let reply = restore(&mut con, "new", far, &dump.with_limiter(&to_bytes(limiter)));
+        let error = error_text(&reply).unwrap_or_else(|| panic!("RESTORE {what}: {reply:?}"));
+        assert!(error.contains("Bad data format"), "RESTORE {what}: {error}");
+        assert!(!exists(&mut con, "new"), "{what}");
+    }
+    assert_eq!(dbsize(&mut con), 1);
+    assert_eq!(limiter_info(&mut con, "kept"), Some(kept));
+    assert!(
+        !server.log().contains("panicked"),
+        "{}",
+        server.log_tail(20)
     );
 }

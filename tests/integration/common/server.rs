@@ -100,6 +100,7 @@ pub struct ServerBuilder {
     module_args: Vec<String>,
     no_module: bool,
     config_file: Option<String>,
+    rdb: Option<PathBuf>,
 }
 
 /// How a server that refused to start ended: see [`ServerBuilder::start_expecting_failure`].
@@ -138,6 +139,13 @@ impl ServerBuilder {
     /// [`start_again`](Server::start_again) reads again.
     pub fn config_file(mut self, text: &str) -> Self {
         self.config_file = Some(text.to_string());
+        self
+    }
+
+    /// An RDB file for the server to load at start-up: copied into its directory as `dump.rdb`
+    /// (the default `dbfilename`) before it starts.
+    pub fn rdb(mut self, path: &Path) -> Self {
+        self.rdb = Some(path.to_path_buf());
         self
     }
 
@@ -183,8 +191,13 @@ impl ServerBuilder {
     }
 
     /// The command line but `--port`: the configuration file, if any, then the harness defaults,
-    /// the module and the caller's config.
+    /// the module and the caller's config. Copies the RDB file to load, if any, into `dir`.
     fn server_args(&self, dir: &Path) -> ServerArgs {
+        if let Some(rdb) = &self.rdb {
+            let to = dir.join("dump.rdb");
+            fs::copy(rdb, &to)
+                .unwrap_or_else(|e| panic!("copying {} to {}: {e}", rdb.display(), to.display()));
+        }
         let config_file = self.config_file.as_ref().map(|text| {
             let path = dir.join("redis.conf");
             fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
@@ -430,12 +443,10 @@ impl Server {
     /// (the kernel queues them) but answers nothing.
     pub fn pause(&self) {
         let pid = self.running_pid("pause");
-        // SAFETY: kill(2) has no memory effects; pid is our own unreaped child.
-        assert_eq!(
-            unsafe { libc::kill(pid, libc::SIGSTOP) },
-            0,
-            "SIGSTOP {pid}"
-        );
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours; pid is our own
+        // child, not yet reaped (`self.child` holds it), so it names no other process.
+        let status = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        assert_eq!(status, 0, "SIGSTOP {pid}");
         self.paused.store(true, Ordering::SeqCst);
         // Signals are delivered asynchronously: wait until the process is really stopped.
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -448,7 +459,7 @@ impl Server {
     pub fn resume(&self) {
         if self.paused.swap(false, Ordering::SeqCst) {
             if let Some(child) = &self.child {
-                // SAFETY: as in pause.
+                // SAFETY: as in pause: our own child, not yet reaped.
                 unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
             }
         }

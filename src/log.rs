@@ -1,0 +1,25 @@
+//! Logging through Redis's log, from any code of the module (a leaf: it uses nothing of ours).
+
+use std::ffi::CString;
+use std::ptr;
+
+use redis_module::raw;
+
+/// Logs `message` at the `warning` level (the crate's logger allocates a CString too; fine off
+/// the hot path). Does nothing before `RedisModule_Init` filled the API table.
+pub fn log_warning(message: &str) {
+    if let Ok(message) = CString::new(message) {
+        // SAFETY: the API table is written once at load, before any caller, and only read since.
+        if let Some(log) = unsafe { raw::RedisModule_Log } {
+            // SAFETY: a NULL context logs as the module; both strings are NUL-terminated.
+            unsafe {
+                log(
+                    ptr::null_mut(),
+                    c"warning".as_ptr(),
+                    c"%s".as_ptr(),
+                    message.as_ptr(),
+                )
+            };
+        }
+    }
+}
