@@ -25,4 +25,5 @@ mod memory;
 mod module_configs;
 mod operations;
 mod persistence;
+mod policies;
 mod time;
