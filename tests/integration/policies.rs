@@ -6,6 +6,9 @@
 //!   twin keys over seeded random sequences of every algorithm (replies, RATELIMIT.INFO, DUMP,
 //!   PEXPIRETIME, per-algorithm counters, a replica), policies replaced mid-sequence; the same for
 //!   CHECKALL mixing POLICY and inline specs.
+//! - shadow.rs: a shadow policy answers what its enforce twin answers, rejections rewritten, and
+//!   leaves the same state; its events; CHECKALL's consumption rule, a case per branch, and random
+//!   CHECKALLs of shadow and enforce policies against the model.
 //! - errors.rs: definitions as GET and LIST answer them, bad names, unknown policies (nothing
 //!   created), `ratelimit.max-policies`, the options SET and calls refuse.
 //!
@@ -15,6 +18,8 @@ use crate::common;
 
 mod equivalence;
 mod errors;
+mod shadow;
+mod shadow_checkall;
 
 use std::collections::BTreeMap;
 
@@ -217,6 +222,16 @@ pub fn algorithm_figures(server: &Server, algorithm: &str) -> [u64; 4] {
             .parse()
             .expect("a number")
     })
+}
+
+/// The reply a shadow policy gives for its limit's `reply`: a rejection answered as admitted
+/// (`allowed` 1, `retry_after_ms` 0), every other field as it is.
+pub fn shadowed(reply: [i64; 6]) -> [i64; 6] {
+    if reply[0] == 1 {
+        reply
+    } else {
+        [1, reply[1], reply[2], 0, reply[4], reply[5]]
+    }
 }
 
 /// Everything stored for `keys`: per key its DUMP payload, PEXPIRETIME and RATELIMIT.INFO.
