@@ -11,6 +11,10 @@
 //!   CHECKALLs of shadow and enforce policies against the model.
 //! - errors.rs: definitions as GET and LIST answer them, bad names, unknown policies (nothing
 //!   created), `ratelimit.max-policies`, the options SET and calls refuse.
+//! - persistence.rs: DEBUG RELOAD, RDB and AOF restarts (with and without the RDB preamble, AOF
+//!   switched on at run time), a damaged policy record in an RDB.
+//! - replication.rs: full sync, failover, a read-only replica, FLUSHALL, and what is not
+//!   replicated (a SET of the same definition, a DEL of a missing name).
 //!
 //! Seeds: `RATELIMIT_POLICIES_SEED` replays the random sequences of another seed.
 
@@ -18,6 +22,8 @@ use crate::common;
 
 mod equivalence;
 mod errors;
+mod persistence;
+mod replication;
 mod shadow;
 mod shadow_checkall;
 
@@ -105,6 +111,17 @@ pub fn list(con: &mut Connection) -> Vec<String> {
         .arg("LIST")
         .query(con)
         .expect("POLICY LIST")
+}
+
+/// Every policy's definition, by name (`LIST`, then `GET` of each).
+pub fn all_definitions(con: &mut Connection) -> BTreeMap<String, BTreeMap<String, String>> {
+    list(con)
+        .into_iter()
+        .map(|name| {
+            let definition = get(con, &name).unwrap_or_else(|| panic!("{name} is listed"));
+            (name, definition)
+        })
+        .collect()
 }
 
 /// `<command> key POLICY name COST cost AT at_ms` (`command`: CHECK or PEEK).
