@@ -15,13 +15,18 @@
 //!   switched on at run time), a damaged policy record in an RDB.
 //! - replication.rs: full sync, failover, a read-only replica, FLUSHALL, and what is not
 //!   replicated (a SET of the same definition, a DEL of a missing name).
+//! - cluster.rs, acl.rs, info.rs: three primaries; ACL categories and subcommand rules; exact INFO
+//!   lines and CONFIG RESETSTAT.
 //!
 //! Seeds: `RATELIMIT_POLICIES_SEED` replays the random sequences of another seed.
 
 use crate::common;
 
+mod acl;
+mod cluster;
 mod equivalence;
 mod errors;
+mod info;
 mod persistence;
 mod replication;
 mod shadow;
