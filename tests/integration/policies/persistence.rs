@@ -4,7 +4,7 @@
 //! at run time; the keys used through them come back exactly. An RDB whose policy record is
 //! damaged (with a valid checksum) is refused at load with a log line, not loaded and not a crash.
 
-use super::{all_definitions, check_cmd, define, policy_figures, stored, Figures};
+use super::{all_definitions, check_cmd, define, list, policy_figures, stored, Figures};
 use crate::common;
 
 use std::collections::BTreeMap;
@@ -250,6 +250,11 @@ fn policies_reach_an_aof_switched_on_at_run_time_with_the_rdb_preamble() {
     policies_reach_an_aof_switched_on_at_run_time("yes");
 }
 
+#[test]
+fn policies_reach_an_aof_switched_on_at_run_time_without_the_rdb_preamble() {
+    policies_reach_an_aof_switched_on_at_run_time("no");
+}
+
 // ---------------------------------------------------------------------------------------------
 // A damaged policy record
 
@@ -336,4 +341,95 @@ fn an_rdb_with_a_damaged_policy_record_is_refused_at_load() {
             "{what}: crashed:\n{log}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a rewrite without the preamble writes
+
+/// The text of the AOF's current incremental file (the manifest's last `type i` file).
+fn current_incr(server: &Server) -> String {
+    let dir = server.dir().join("appendonlydir");
+    let manifest = fs::read_to_string(dir.join("appendonly.aof.manifest")).expect("the manifest");
+    let file = manifest
+        .lines()
+        .filter(|line| line.ends_with("type i"))
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .next_back()
+        .unwrap_or_else(|| panic!("no incremental file in {manifest}"));
+    String::from_utf8_lossy(&fs::read(dir.join(file)).expect("the incremental file")).into_owned()
+}
+
+/// `CONFIG SET appendonly yes` (a rewrite starts), then `BGREWRITEAOF`, on a master without the
+/// RDB preamble that has a policy; each rewrite starts at once (no other child runs).
+/// `after_each` is told the command, and a word of it that no definition holds.
+fn switch_on_and_rewrite(master: &Server, after_each: &mut dyn FnMut(&str, &str)) {
+    let idle = [
+        "rdb_bgsave_in_progress",
+        "aof_rewrite_in_progress",
+        "aof_rewrite_scheduled",
+    ];
+    master.wait_persistence_idle(&idle);
+    common::config_set(&mut master.client(), "appendonly", "yes").unwrap();
+    master.wait_persistence_idle(&idle);
+    after_each("CONFIG SET appendonly yes", "appendonly");
+    rewrite_aof(master);
+    after_each("BGREWRITEAOF", "bgrewriteaof");
+}
+
+/// A rewrite without the RDB preamble writes the definitions into the AOF it goes on with, and
+/// only them: not the command that started the rewrite, which a restart from that AOF would run
+/// (a rewrite at every start after a BGREWRITEAOF; `CONFIG SET appendonly yes` refused while
+/// loading, which `propagation-error-behavior panic` turns into a crash at start).
+#[test]
+fn a_rewrite_without_the_preamble_writes_no_other_command_into_the_aof() {
+    let master = Server::builder()
+        .config(&[("aof-use-rdb-preamble", "no")])
+        .start();
+    define(
+        &mut master.client(),
+        "kept",
+        &Spec::new(Algorithm::TokenBucket, 5, 1000),
+        false,
+    );
+    switch_on_and_rewrite(&master, &mut |what, word| {
+        let incr = current_incr(&master).to_ascii_lowercase();
+        assert!(
+            incr.contains("ratelimit.policy"),
+            "{what}: no definition in the AOF:\n{incr}"
+        );
+        assert!(
+            !incr.contains(&format!("\r\n{word}\r\n")),
+            "{what} is in the AOF:\n{incr}"
+        );
+    });
+}
+
+/// Nor is that command sent to the replicas, which run it: a master's `CONFIG SET appendonly yes`
+/// switches every replica's AOF on, its `BGREWRITEAOF` rewrites theirs.
+#[test]
+fn a_rewrite_without_the_preamble_sends_no_other_command_to_replicas() {
+    let master = Server::builder()
+        .config(&[("aof-use-rdb-preamble", "no")])
+        .start();
+    let replica = Server::start();
+    replica.replica_of(&master);
+    define(
+        &mut master.client(),
+        "kept",
+        &Spec::new(Algorithm::TokenBucket, 5, 1000),
+        false,
+    );
+    switch_on_and_rewrite(&master, &mut |what, _| {
+        common::wait_replica_sync(&master, &replica);
+        assert_eq!(list(&mut replica.client()), ["kept"], "{what}");
+        let ran = replica.info("commandstats");
+        for command in ["cmdstat_config|set", "cmdstat_bgrewriteaof"] {
+            assert!(
+                !ran.contains_key(command),
+                "{what}: the replica ran {command}"
+            );
+        }
+        let appendonly = common::config_get(&mut replica.client(), "appendonly");
+        assert_eq!(appendonly, "no", "{what}: the replica's appendonly");
+    });
 }
