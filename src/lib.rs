@@ -168,7 +168,10 @@ unsafe extern "C" fn on_loading(
 }
 
 /// A fork: when it is an AOF rewrite without an RDB preamble, the policies are written into the
-/// AOF the rewrite continues (see `commands::policy::reemit`).
+/// AOF the rewrite continues (see `commands::policy::reemit`). Not from here: the fork may run
+/// inside a command (`BGREWRITEAOF`, `CONFIG SET appendonly yes`), and what a module replicates
+/// during a command is propagated with that command, in one MULTI. A timer runs the writes at
+/// the next turn of the event loop, outside any command, still into the new AOF file.
 unsafe extern "C" fn on_fork(
     ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -179,10 +182,21 @@ unsafe extern "C" fn on_fork(
         return;
     }
     let _ = std::panic::catch_unwind(|| {
-        if !policy::table().is_empty() && server::aof_rewrite_without_preamble(ctx) {
-            commands::policy::reemit(ctx);
+        if !policy::table().is_empty()
+            && api::has!(RedisModule_CreateTimer)
+            && server::aof_rewrite_without_preamble(ctx)
+        {
+            // SAFETY: the event's context; a callback that lives as long as the module; no data.
+            unsafe {
+                api::rm!(RedisModule_CreateTimer)(ctx, 0, Some(reemit), std::ptr::null_mut())
+            };
         }
     });
+}
+
+/// The timer [`on_fork`] sets: the policies written into the replication stream and the AOF.
+unsafe extern "C" fn reemit(ctx: *mut raw::RedisModuleCtx, _data: *mut std::ffi::c_void) {
+    let _ = std::panic::catch_unwind(|| commands::policy::reemit(ctx));
 }
 
 /// `INFO ratelimit`: calls, allowed, rejected and live keys per algorithm.

@@ -270,10 +270,10 @@ pub(crate) fn set_arguments(name: &[u8], policy: &Policy) -> Vec<Vec<u8>> {
 }
 
 /// Writes every definition into the replication stream and the AOF, as `RATELIMIT.POLICY SET`
-/// commands: called when an AOF rewrite without an RDB preamble starts (a fork's parent side,
-/// after Redis opened the AOF file the rewrite's later writes go to), since such a rewrite saves
-/// keys but not the module's data. Replicas and the AOF take them as no-ops where the
-/// definitions are there already.
+/// commands: run just after an AOF rewrite without an RDB preamble started (from a timer the
+/// fork's parent side sets, outside any command; Redis opened the AOF file the rewrite's later
+/// writes go to before it forked), since such a rewrite saves keys but not the module's data.
+/// Replicas and the AOF take them as no-ops where the definitions are there already.
 pub(crate) fn reemit(ctx: *mut raw::RedisModuleCtx) {
     if !(has!(RedisModule_CreateString) && has!(RedisModule_FreeString)) {
         return;

@@ -26,6 +26,7 @@ mod memory;
 mod module_configs;
 mod operations;
 mod persistence;
+mod policies;
 mod refund;
 mod snippets;
 mod time;
