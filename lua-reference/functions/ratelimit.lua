@@ -7,6 +7,7 @@
 --   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [COST n] [AT ms]
 --   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [COST n] [AT ms]
 --   FCALL    ratelimit_checkall N key1 .. keyN algorithm limit period [BURST c] [...] [COST n] [AT ms]
+--   FCALL    ratelimit_refund   1 key algorithm limit period [BURST c] COST n [AT ms]
 --   FCALL    ratelimit_reset    N key1 .. keyN
 --   FCALL_RO ratelimit_info     1 key
 --
@@ -28,14 +29,16 @@
 --   * No INFO section, no `ratelimit.rejected` events; ratelimit_reset is refused under
 --     maxmemory OOM like every function that may write (no function has allow-oom).
 --
--- State: one Redis string per key, written only by a consuming call, with an absolute expiry
--- (PXAT / PEXPIREAT) at the moment it becomes equivalent to a fresh key:
+-- State: one Redis string per key, written only by a consuming call or a refund that gives
+-- something back, with an absolute expiry (PXAT / PEXPIREAT) at the moment it becomes
+-- equivalent to a fresh key (deleted when a refund leaves it so):
 --   rl:tb <limit> <period_ms> <burst> <tokens_scaled> <last_ms>      token bucket
 --   rl:lb <limit> <period_ms> <burst> <level_scaled> <last_ms>       leaky bucket
 --   rl:fw <limit> <period_ms> <count> <last_ms>                      fixed window
 --   rl:sw <limit> <period_ms> <current> <previous> <last_ms>         sliding window
 --   rl:gc <limit> <period_ms> <burst> <ahead_scaled> <last_ms>       gcra
 --   rl:sl <33-byte binary header: LOG_FORMAT> <records>               sliding log
+--   rl:sr <33-byte binary header: REFUNDED_LOG_FORMAT> <records>      sliding log after a refund
 -- (scaled: requests * period_ms; gcra's ahead_scaled, how far its theoretical arrival time is
 -- ahead of last_ms, counts limit units per ms; a window's start is last_ms - last_ms mod
 -- period_ms). The
@@ -87,6 +90,7 @@ local E_BURST = 'ERR BURST must be an integer from 1 to 1000000000000'
 local E_BURST_ON_WINDOW = 'ERR BURST applies only to token-bucket, leaky-bucket and gcra'
 local E_COST = 'ERR COST must be an integer from 0 to 1000000000000'
 local E_AT = 'ERR AT must be a time in ms since the Unix epoch, below 2^53'
+local E_REFUND_COST = 'ERR ratelimit_refund needs COST: how much to give back'
 local E_NUMKEYS = 'ERR numkeys must be an integer from 1 to the number of keys given'
 local E_OPTION = 'expected BURST, COST or AT'
 -- Lua's own bounds (the module computes these products in 128 bits).
@@ -345,8 +349,8 @@ local function finish_spec(head, burst)
 end
 
 -- `algorithm limit period [BURST c] [COST n] [AT ms]` from args[i] on, options in any order,
--- each once. Returns spec, cost, at (nil: the server's clock) or nil, error (an unknown option's
--- error has its position in `at`). `after` as for parse_head.
+-- each once. Returns spec, cost, at (nil: the server's clock) and whether COST was given, or
+-- nil, error (an unknown option's error has its position in `at`). `after` as for parse_head.
 local function parse_check(args, i, after)
   local head, err = parse_head(args, i, after)
   if not head then return nil, err end
@@ -378,7 +382,7 @@ local function parse_check(args, i, after)
   local spec
   spec, err = finish_spec(head, burst)
   if not spec then return nil, err end
-  return spec, cost or 1, at
+  return spec, cost or 1, at, cost ~= nil
 end
 
 -- CHECKALL: one spec per key, `algorithm limit period [BURST c]` each, the last one followed by
@@ -472,28 +476,56 @@ end
 -- and unpacked by Redis's struct library):
 --   P           5 bytes  period_ms of the last consuming call
 --   L           3        limit of the last consuming call
---   last        7        time of the last consuming call = the newest run's ms
+--   last        7        time of the last write (a consuming call's) = the newest run's ms
 --   base        7        the ms the first live record's gap counts from
 --   head        4        offset of the first live record (records before it are dead)
 --   newest_pos  4        offset of the newest record (the last one)
 --   total       3        entries from head on
+-- A refund (ratelimit_refund) removes the newest entries but moves `last` to its own time, as
+-- the module does: later calls are evaluated at max(now, last), and the log is fresh once
+-- last + P has passed. Such a log, whose newest entry is older than `last`, has a tag of its
+-- own and, in place of head and newest_pos, the newest run's ms (the same 33 bytes, so every
+-- offset is the same): a refund writes the log whole (head 0) and no call extends its newest
+-- run in place (every later call is at or after `last`, so after that run), so neither is
+-- needed. The next consuming call's header rewrite gives it the usual tag and fields back.
+--   P, L, last, base     as above (last: the refund's time)
+--   newest      8        the newest run's ms, base <= newest < last
+--   total       3        entries
 local LOG_FORMAT = '>I5I3I7I7I4I4I3'
-local HEADER = 5 + 33 -- the tag and the fields
+local REFUNDED_LOG_FORMAT = '>I5I3I7I7I8I3'
+local HEADER = 5 + 33 -- the tag and the fields, in both forms
 
 local function log_header(P, L, last, base, head, newest_pos, total)
   return 'rl:sl' .. pack(LOG_FORMAT, P, L, last, base, head, newest_pos, total)
 end
 
+-- The header of a refunded log (the records start at offset 0).
+local function refunded_log_header(P, L, last, base, newest, total)
+  return 'rl:sr' .. pack(REFUNDED_LOG_FORMAT, P, L, last, base, newest, total)
+end
+
+-- `newest`: the newest run's ms (`last` but in a refunded log); a refunded log has no
+-- newest_pos.
 local function parse_log_header(raw)
   if #raw <= HEADER then return nil end
-  local P, L, last, base, head, newest_pos, total = unpack_bytes(LOG_FORMAT, raw, 6)
+  local P, L, last, base, head, newest_pos, newest, total
+  if byte(raw, 5) == 108 then -- 'l': rl:sl
+    P, L, last, base, head, newest_pos, total = unpack_bytes(LOG_FORMAT, raw, 6)
+    newest = last
+    if head > newest_pos then return nil end
+  else
+    P, L, last, base, newest, total = unpack_bytes(REFUNDED_LOG_FORMAT, raw, 6)
+    head = 0
+    if newest >= last then return nil end
+  end
   if P < 1 or P > MAX_PERIOD_MS or L < 1 or L > MAX_LOG_LIMIT
-    or last >= EXACT or base > last or head > newest_pos or total < 1 then
+    or last >= EXACT or base > newest or total < 1 then
     return nil
   end
   -- records: the records read with the header (all of them when the value is under 128 bytes).
-  return { alg = SL, P = P, L = L, C = L, last = last, base = base, head = head,
-    newest_pos = newest_pos, total = total, raw = raw, records = strsub(raw, HEADER + 1) }
+  return { alg = SL, P = P, L = L, C = L, last = last, newest = newest, base = base,
+    head = head, newest_pos = newest_pos, total = total, raw = raw,
+    records = strsub(raw, HEADER + 1) }
 end
 
 local FIXED_PATTERN = {
@@ -505,6 +537,7 @@ local FIXED_PATTERN = {
 }
 local ALG_OF_TAG = {
   ['rl:tb'] = TB, ['rl:lb'] = LB, ['rl:fw'] = FW, ['rl:sw'] = SW, ['rl:sl'] = SL, ['rl:gc'] = GC,
+  ['rl:sr'] = SL, -- a refunded sliding log (see LOG_FORMAT)
 }
 
 -- A stored value (its first bytes: up to 128) as a state table, or nil if it is not a limiter.
@@ -905,7 +938,7 @@ local function log_view(key, st)
   return {
     key = key, buf = st.records, buf_at = 0, chunk = 256,
     complete = #st.raw < 128,
-    P = st.P, last = st.last, newest = st.last,
+    P = st.P, last = st.last, newest = st.newest,
     pos = st.head, prev = st.base, left = st.total, x = 1, extra = NO_RUNS, n = st.total,
   }
 end
@@ -918,7 +951,7 @@ local function sliding_log(v, spec, cost, now)
   local res = {}
   if v then
     if v.last > t then t = v.last end
-    -- A log whose newest entry has left its own window is a fresh key.
+    -- A log whose last call has left its own window is a fresh key.
     live = v.last + v.P > t
   end
   if live then
@@ -990,7 +1023,8 @@ end
 
 -- A consuming call's write: the dropped prefix becomes dead (head moves), the entries are
 -- appended (or the newest run grows when it is at the same ms), the header is rewritten in
--- place. When the dead bytes outweigh the live ones the log is rewritten without them.
+-- place (a refunded log's too: it gets the usual form back). When the dead bytes outweigh the
+-- live ones the log is rewritten without them.
 local function log_write(key, st, res, spec, cost, t, reset)
   local expire = fmt_sum(t, reset)
   local P, L = spec.P, spec.L
@@ -1002,7 +1036,7 @@ local function log_write(key, st, res, spec, cost, t, reset)
   local base, total = res.prev, res.count + cost
   local head, pos = res.pos, st.newest_pos
   local record, size
-  local same_ms = t == st.last
+  local same_ms = t == st.newest
   if #st.raw < 128 then
     -- A small log, read whole by load(): one SET rewrites it without its dead records.
     local records = st.records
@@ -1011,7 +1045,7 @@ local function log_write(key, st, res, spec, cost, t, reset)
       local gap, count = log_read(v, pos)
       record = log_record(gap, count + cost)
     else
-      record = log_record(t - st.last, cost)
+      record = log_record(t - st.newest, cost)
       pos = #records
     end
     redis.call('SET', key, log_header(P, L, t, base, 0, pos - head, total)
@@ -1027,7 +1061,7 @@ local function log_write(key, st, res, spec, cost, t, reset)
     size = pos + #record
   else
     -- Appended: APPEND answers the new length.
-    record = log_record(t - st.last, cost)
+    record = log_record(t - st.newest, cost)
     size = redis.call('APPEND', key, record) - HEADER
     pos = size - #record
   end
@@ -1041,6 +1075,63 @@ local function log_write(key, st, res, spec, cost, t, reset)
   if same_ms then redis.call('SETRANGE', key, fmt(HEADER + pos), record) end
   redis.call('SETRANGE', key, '0', log_header(P, L, t, base, head, pos, total))
   redis.call('PEXPIREAT', key, expire)
+end
+
+-- REFUND on a log (st, loaded), as the module's sliding_log::refund: at t = max(now, last),
+-- the `cost` newest entries still in the window of the log's own period are removed (all of
+-- them if fewer), with the entries that have left it. The log is written whole, its time
+-- `last` moved to t (a refunded header when its newest entry is older), and expires when its
+-- newest entry leaves the window. Returns the view to answer from (the log as it was when
+-- nothing was given back; nil when the key was left fresh and deleted) and t.
+local function log_give_back(key, st, cost, now)
+  local P = st.P
+  local t = max(now, st.last)
+  local v = log_view(key, st)
+  -- A stale log (its last call out of its window) holds no entry in it: nothing to walk.
+  if cost == 0 or st.last + P <= t then return v, t end
+  -- Past the entries that have left the window.
+  local cutoff = t - P
+  local pos, prev, left = v.pos, v.prev, v.left
+  while left > 0 do
+    local gap, count, nxt = log_read(v, pos)
+    if prev + gap > cutoff then break end
+    pos, prev, left = nxt, prev + gap, left - count
+  end
+  local take = min(cost, left)
+  if take == 0 then return v, t end
+  if take == left then
+    redis.call('DEL', key)
+    return nil, t
+  end
+  -- The records kept: from the first live one (its gap counts from `base`) to the one holding
+  -- the keep-th live entry, which keeps only its first entries up to there.
+  local keep = left - take
+  local from, base = pos, prev
+  local seen, gap, count, nxt, newest = 0, 0, 0, 0, 0
+  while true do
+    gap, count, nxt = log_read(v, pos)
+    newest = prev + gap
+    seen = seen + count
+    if seen >= keep then break end
+    pos, prev = nxt, newest
+  end
+  local before = ''
+  if pos > from then
+    if v.complete then
+      before = strsub(st.records, from + 1, pos)
+    else
+      before = redis.call('GETRANGE', key, fmt(HEADER + from), fmt(HEADER + pos - 1))
+    end
+  end
+  local header
+  if newest == t then
+    header = log_header(P, st.L, t, base, 0, pos - from, keep)
+  else
+    header = refunded_log_header(P, st.L, t, base, newest, keep)
+  end
+  local value = header .. before .. log_record(gap, count - (seen - keep))
+  redis.call('SET', key, value, 'PXAT', fmt_sum(newest, P))
+  return log_view(key, parse_log_header(strsub(value, 1, 128))), t
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -1072,6 +1163,43 @@ local function evaluate(key, st, spec, cost, now, commit)
   return reply, false
 end
 
+-- REFUND on a fixed-size state (st, loaded), as the module's give_back: the state brought to
+-- t = max(now, last) under its own parameters (the algorithm called with COST 0 and the state
+-- as its spec), then up to `cost` given back: tokens up to the capacity (token bucket), the
+-- level or gcra's ahead down to 0, the current window's count down to 0 (windows). Costs are
+-- compared before they are multiplied, so every product stays below 2^53. Stored with
+-- last = t and the expiry of the state's own parameters; deleted when left as a fresh key's.
+-- Returns the view to answer from (st when nothing was given back; nil when deleted) and t.
+local function give_back(key, st, cost, now)
+  local alg, P = st.alg, st.P
+  local _, t, a, b = FIXED[alg](st, st, 0, now)
+  local fresh
+  if alg == TB then
+    local missing = st.C * P - a
+    if cost == 0 or missing == 0 then return st, t end
+    fresh = cost >= ceil_div(missing, P)
+    if not fresh then a = a + cost * P end
+  elseif alg == FW or alg == SW then
+    -- The previous window's count (b) is spent.
+    if cost == 0 or a == 0 then return st, t end
+    a = max(0, a - cost)
+    fresh = a == 0 and (alg == FW or b == 0)
+  else
+    -- Leaky bucket, gcra.
+    if cost == 0 or a == 0 then return st, t end
+    fresh = cost >= ceil_div(a, P)
+    if not fresh then a = a - cost * P end
+  end
+  if fresh then
+    redis.call('DEL', key)
+    return nil, t
+  end
+  local after = { alg = alg, L = st.L, P = P, C = st.C, a = a, b = b, last = t }
+  local reset = FIXED[alg](after, st, 0, t)[5]
+  redis.call('SET', key, encode_fixed(st, a, b, t), 'PXAT', fmt_sum(t, reset))
+  return after, t
+end
+
 -- ------------------------------------------------------------------------------------------
 -- The functions.
 
@@ -1089,6 +1217,30 @@ local function check(name, keys, args, commit)
   -- A value left as it was is likely read again: rejections repeat on a key at its limit.
   if raw and not wrote then remember_state(raw, st) end
   return reply
+end
+
+-- REFUND: CHECK's arguments, COST required; the reply is PEEK's with the call's parameters and
+-- COST 0 right after, at the refund's time.
+local function refund(keys, args)
+  local name = 'ratelimit_refund'
+  if #keys ~= 1 then return redis.error_reply(one_key(name)) end
+  local spec, cost, at, cost_given = parse_check(args, 1)
+  if not spec then
+    if cost.arity then return redis.error_reply(arity(name)) end
+    return redis.error_reply(cost.msg)
+  end
+  if not cost_given then return redis.error_reply(E_REFUND_COST) end
+  local key = keys[1]
+  local st, err = load(key)
+  if err then return redis.error_reply(err) end
+  if st and st.alg ~= spec.alg then return redis.error_reply(mismatch(st.alg, spec.alg)) end
+  local view, t = nil, at or server_now()
+  if st and st.alg == SL then
+    view, t = log_give_back(key, st, cost, t)
+  elseif st then
+    view, t = give_back(key, st, cost, t)
+  end
+  return (decide(spec.alg, view, spec, 0, t))
 end
 
 -- The overall decision: allowed only if all allow; the least remaining (and the limit of the
@@ -1254,6 +1406,15 @@ redis.register_function {
   end,
   description = 'RATELIMIT.CHECKALL: N keys, one algorithm limit period [BURST c] per key, '
     .. '[COST n] [AT ms]; all or nothing',
+}
+redis.register_function {
+  function_name = 'ratelimit_refund',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return refund(keys, args)
+  end,
+  description = 'RATELIMIT.REFUND: 1 key algorithm limit period [BURST c] COST n [AT ms]; gives '
+    .. 'back up to n of what earlier calls consumed',
 }
 redis.register_function {
   function_name = 'ratelimit_reset',

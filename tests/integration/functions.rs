@@ -11,6 +11,11 @@
 //!   workload (equal decisions and `remaining`, durations within the time between the calls).
 //! - CHECKALL (checkall.rs): random CHECKALLs (keys named more than once, mixed algorithms, wrong
 //!   algorithms) get the same replies and expiries.
+//! - REFUND (refund.rs): the random sequences with refunds between their calls (random costs,
+//!   more than was consumed, COST 0, missing keys, other parameters than the stored ones, times
+//!   going backwards) and long sliding logs refunded and extended again get the same REFUND, PEEK
+//!   and CHECK replies, expiries, key existence and INFO; an admitted CHECK followed by a REFUND
+//!   of its cost leaves every PEEK as before it, and the key absent where it was fresh.
 //! - Replication as effects (replication.rs): a replica's keys (value and absolute expiry) equal
 //!   the master's; FCALL_RO of peek and info works on the replica, of check does not; calls that
 //!   change nothing write nothing.
@@ -35,6 +40,7 @@ mod equivalence;
 mod errors;
 mod limits;
 mod memory;
+mod refund;
 mod replication;
 
 /// Lua doubles are exact below 2^53: the library (like the reference scripts) refuses bucket

@@ -53,6 +53,7 @@ fn multi_acl_and_maxmemory() {
         fcall("peek", &["other"], &args),
         fcall("info", &["other"], &[]),
         fcall("reset", &["tenant1:a", "other"], &[]),
+        fcall("refund", &["other"], &words("fixed-window 3 1h COST 1")),
         fcall(
             "checkall",
             &["tenant1:a", "tenant2:b"],
@@ -66,13 +67,15 @@ fn multi_acl_and_maxmemory() {
         assert!(!exists(&mut con, key), "{key}");
     }
 
-    // Over maxmemory: a check is refused with OOM and changes nothing; peek and info answer.
+    // Over maxmemory: a check (a refund too) is refused with OOM and changes nothing; peek and
+    // info answer.
     let before = keyspace(&mut con);
     config_set(&mut con, "maxmemory", "1").unwrap();
     for cmd in [
         fcall("check", &["multi"], &args),
         fcall("check", &["fresh"], &args),
         fcall("checkall", &["multi"], &args),
+        fcall("refund", &["multi"], &words("fixed-window 3 1h COST 1")),
         fcall("reset", &["multi"], &[]),
     ] {
         let error = error_text(&send_one(&mut con, &cmd)).expect("OOM");

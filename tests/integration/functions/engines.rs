@@ -125,8 +125,10 @@ pub fn same_info(module: &Value, library: &Value) -> bool {
 /// The module's error text as the library words it: the function's name where the module names
 /// its command.
 pub fn as_library_error(module: &str) -> String {
-    let mut text = module.replace("RATELIMIT.RESET it", "ratelimit_reset it");
-    for command in ["check", "peek", "checkall", "reset", "info"] {
+    let mut text = module
+        .replace("RATELIMIT.RESET it", "ratelimit_reset it")
+        .replace("RATELIMIT.REFUND needs", "ratelimit_refund needs");
+    for command in ["check", "peek", "checkall", "refund", "reset", "info"] {
         text = text.replace(
             &format!("'ratelimit.{command}'"),
             &format!("'ratelimit_{command}'"),

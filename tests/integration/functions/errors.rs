@@ -99,13 +99,40 @@ fn every_bad_argument_gets_the_modules_message() {
     ];
     for line in check_vectors {
         let args = words(line);
-        for command in ["check", "peek"] {
+        for command in ["check", "peek", "refund"] {
             let (module, library) = (
                 native(command, &["k"], &args),
                 fcall(command, &["k"], &args),
             );
             assert_same_error(&mut con, module, library, &format!("{command} k {line}"));
         }
+    }
+    // REFUND takes CHECK's arguments (the errors above), COST required.
+    let refund_vectors = [
+        "token-bucket 10 1s",
+        "token-bucket 10 1s AT 5",
+        "TOKEN-BUCKET 10 1S burst 2 at 5",
+        "gcra 10 1s BURST 5",
+        "sliding-log 3 1h",
+        "fixed-window 10 1s COST",
+        "fixed-window 10 1s COST x",
+        "fixed-window 10 1s cost 1 COST 1",
+        "fixed-window 10 1s COST 1 BURST 2",
+        "fixed-window 10 1s COST 1 AT 9007199254740992",
+        "token-bucket 10 1s AT COST",
+        "token-bucket 10 1s BURST COST 1",
+        "fixed-window 10 1s LIMIT 3 COST 1",
+        "sliding-log 100001 1s COST 1",
+        "sliding-windows 100 1m COST 1",
+        "sliding-window 100 1 minute COST 1",
+    ];
+    for line in refund_vectors {
+        let args = words(line);
+        let (module, library) = (
+            native("refund", &["k"], &args),
+            fcall("refund", &["k"], &args),
+        );
+        assert_same_error(&mut con, module, library, &format!("refund k {line}"));
     }
     let checkall_vectors = [
         ("k", "fixed-window 1"),
@@ -210,8 +237,20 @@ fn every_bad_argument_gets_the_modules_message() {
             "ERR limit spec 2 (key 'b'): limit times the period in ms must be below 2^53",
         ),
         (
+            fcall(
+                "refund",
+                &["k"],
+                &words("token-bucket 10 1d BURST 1000000000000 COST 1"),
+            ),
+            "ERR BURST (or limit, without BURST) times the period in ms must be below 2^53",
+        ),
+        (
             fcall("check", &[], &words("fixed-window 1 1s")),
             "ERR ratelimit_check takes exactly one key",
+        ),
+        (
+            fcall("refund", &["a", "b"], &words("fixed-window 1 1s COST 1")),
+            "ERR ratelimit_refund takes exactly one key",
         ),
         (
             fcall("info", &["a", "b"], &[]),
@@ -262,6 +301,9 @@ fn keys_of_the_other_engine_or_type_are_wrongtype_and_reset_counts_like_del() {
         redis::cmd("SET").arg(&["empty", ""]).clone(),
         redis::cmd("SET").arg(&["lookalike", "rl:tb 1 2"]).clone(),
         redis::cmd("SET").arg(&["lookalike-log", "rl:sl"]).clone(),
+        redis::cmd("SET")
+            .arg(&["lookalike-refunded-log", "rl:sr"])
+            .clone(),
     ];
     let replies = send(&mut con, &setup);
     assert!(replies.iter().all(|r| error_text(r).is_none()));
@@ -273,6 +315,7 @@ fn keys_of_the_other_engine_or_type_are_wrongtype_and_reset_counts_like_del() {
         "empty",
         "lookalike",
         "lookalike-log",
+        "lookalike-refunded-log",
     ] {
         for cmd in [
             fcall("check", &[key], &args),
@@ -284,6 +327,7 @@ fn keys_of_the_other_engine_or_type_are_wrongtype_and_reset_counts_like_del() {
                 &words("token-bucket 5 1h token-bucket 5 1h"),
             ),
             fcall("reset", &["library-key", key], &[]),
+            fcall("refund", &[key], &words("token-bucket 5 1h COST 1")),
         ] {
             assert_eq!(
                 error_text(&send_one(&mut con, &cmd)).as_deref(),
@@ -295,6 +339,11 @@ fn keys_of_the_other_engine_or_type_are_wrongtype_and_reset_counts_like_del() {
     }
     for cmd in [
         native("check", &["library-key"], &args),
+        native(
+            "refund",
+            &["library-key"],
+            &words("token-bucket 5 1h COST 1"),
+        ),
         native("info", &["library-log"], &[]),
         native("reset", &["module-key", "library-key"], &[]),
     ] {
@@ -312,6 +361,16 @@ fn keys_of_the_other_engine_or_type_are_wrongtype_and_reset_counts_like_del() {
         native("check", &["module-key"], &log),
         fcall("check", &["library-key"], &log),
         "another algorithm",
+    );
+    assert_same_error(
+        &mut con,
+        native("refund", &["module-key"], &words("sliding-log 5 1h COST 1")),
+        fcall(
+            "refund",
+            &["library-key"],
+            &words("sliding-log 5 1h COST 1"),
+        ),
+        "another algorithm, refunded",
     );
     let library = error_text(&send_one(
         &mut con,

@@ -30,12 +30,21 @@ impl Limit {
     /// `algorithm limit period [BURST c] [COST n] [AT t]`, spelled as a client might: names in
     /// any case, periods with a unit when they have one, options in any order.
     pub fn args(&self, cost: u64, at: Option<u64>, rng: &mut Rng) -> Vec<String> {
+        self.spelled(cost, false, at, rng)
+    }
+
+    /// A REFUND's arguments, [`Limit::args`] with `COST` always named (a REFUND requires it).
+    pub fn refund_args(&self, cost: u64, at: Option<u64>, rng: &mut Rng) -> Vec<String> {
+        self.spelled(cost, true, at, rng)
+    }
+
+    fn spelled(&self, cost: u64, name_cost: bool, at: Option<u64>, rng: &mut Rng) -> Vec<String> {
         let mut args = self.head(rng);
         let mut options: Vec<(&str, u64)> = Vec::new();
         if let Some(burst) = self.params.burst {
             options.push(("BURST", burst));
         }
-        if cost != 1 || rng.chance(50) {
+        if name_cost || cost != 1 || rng.chance(50) {
             options.push(("COST", cost));
         }
         if let Some(at) = at {

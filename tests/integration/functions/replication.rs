@@ -62,6 +62,30 @@ fn a_replica_holds_the_masters_state_and_serves_read_only_calls() {
             ));
         }
     }
+    // With AT, refunds between the checks: every algorithm given back, logs long enough to be
+    // read in chunks written whole by a refund (the refunded header) and extended again.
+    for (i, &algorithm) in algorithms.iter().enumerate() {
+        let limit = Limit::new(algorithm, 300, 1000, None);
+        let key = format!("refund:{}", algorithm.name());
+        let mut at = base + i as u64;
+        for _ in 0..1500 {
+            at += rng.range(0, 6);
+            if rng.chance(20) {
+                let when = at.saturating_sub(rng.range(0, 3)) + rng.range(0, 3);
+                let args = limit.refund_args(rng.range(0, 4), Some(when), &mut rng);
+                cmds.push(fcall("refund", &[&key], &args));
+            } else {
+                let args = limit.args(rng.range(0, 2), Some(at), &mut rng);
+                cmds.push(fcall("check", &[&key], &args));
+            }
+        }
+        // A refund of everything deletes the key (DEL is replicated).
+        let emptied = format!("refund-emptied:{}", algorithm.name());
+        for (command, cost) in [("check", 2), ("refund", 5)] {
+            let args = limit.refund_args(cost, Some(base), &mut rng);
+            cmds.push(fcall(command, &[&emptied], &args));
+        }
+    }
     cmds.push(fcall(
         "reset",
         &["clock:token-bucket:0", "clock:token-bucket:0", "none"],
@@ -91,10 +115,14 @@ fn a_replica_holds_the_masters_state_and_serves_read_only_calls() {
     }
     // The AT keys' INFO is the same on both (every `last` is ahead of both clocks).
     for algorithm in &algorithms {
-        let info = fcall("info", &[&format!("at:{}", algorithm.name())], &[]);
-        let (m, r) = (send_one(&mut con, &info), send_one(&mut replica_con, &info));
-        assert!(matches!(m, Value::Array(_)), "{}", show_value(&m));
-        assert_eq!(m, r);
+        for prefix in ["at", "refund"] {
+            let info = fcall("info", &[&format!("{prefix}:{}", algorithm.name())], &[]);
+            let (m, r) = (send_one(&mut con, &info), send_one(&mut replica_con, &info));
+            assert!(matches!(m, Value::Array(_)), "{}", show_value(&m));
+            assert_eq!(m, r);
+        }
+        let emptied = format!("refund-emptied:{}", algorithm.name());
+        assert!(!on_master.contains_key(emptied.as_bytes()), "{emptied}");
     }
 
     // Read-only calls work on the replica; writing ones do not, and change nothing.
@@ -122,8 +150,8 @@ fn a_replica_holds_the_masters_state_and_serves_read_only_calls() {
     assert_eq!(keyspace(&mut con), on_master);
 }
 
-/// Rejections, COST 0, PEEK, INFO and errors write nothing: the dirty counter stays, nothing is
-/// replicated, every value and expiry stays.
+/// Rejections, COST 0, PEEK, INFO, errors and refunds with nothing to give back write nothing:
+/// the dirty counter stays, nothing is replicated, every value and expiry stays.
 #[test]
 fn calls_that_change_nothing_write_nothing() {
     let (server, mut con) = library_only(Server::builder());
@@ -153,6 +181,13 @@ fn calls_that_change_nothing_write_nothing() {
             calls.push(fcall("checkall", &[name, name], &twice));
         }
         calls.push(fcall("info", &[name], &[]));
+        // Nothing to give back: COST 0, and an hour later (a full bucket, an empty queue, a
+        // passed window, a sliding window's previous count only, a log out of its window).
+        for (cost, later) in [(0, 5), (1, 3_600_000), (5, 3_600_000)] {
+            let args = words(&format!("{name} 2 1h COST {cost} AT {}", at + later));
+            calls.push(fcall("refund", &[name], &args));
+        }
+        calls.push(fcall("refund", &[name], &words(&format!("{name} 2 1h"))));
         calls.push(fcall("check", &[name], &words("leaky-window 1 1s")));
         calls.push(fcall("check", &[name], &words("fixed-window 0 1s")));
         let other = if name == "fixed-window" {
@@ -163,6 +198,11 @@ fn calls_that_change_nothing_write_nothing() {
         calls.push(fcall("check", &[name], &words(&format!("{other} 5 1h"))));
     }
     calls.push(fcall("reset", &["missing", "missing2"], &[]));
+    calls.push(fcall(
+        "refund",
+        &["missing"],
+        &words("sliding-log 3 1s COST 3"),
+    ));
     calls.push(fcall(
         "check",
         &["nothing-yet"],
