@@ -21,7 +21,7 @@
 //! `<!-- snippet: at 1796006883715 +10 +6, continue -->`.
 //! - `skip (reason)`: never run, for the reason given.
 //! - `at T +d ...`: session times, in ms. The commands that take `AT` (the module's CHECK, PEEK,
-//!   CHECKALL; the library's `FCALL(_RO) ratelimit_check|peek|checkall`) are sent with
+//!   CHECKALL, REFUND; the library's `FCALL(_RO) ratelimit_check|peek|checkall|refund`) are sent with
 //!   `AT <time>` appended: the first at `T`, each next one `d` ms after the one before (after
 //!   the list, at the last time). `at +d ...` continues the times of the block before. The times
 //!   are moved by whole days to just after the server's clock and the reply's absolute times

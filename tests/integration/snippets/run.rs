@@ -319,14 +319,14 @@ pub fn takes_at(words: &[&str], env: &Env) -> bool {
     let module = env.module
         && matches!(
             name.as_str(),
-            "RATELIMIT.CHECK" | "RATELIMIT.PEEK" | "RATELIMIT.CHECKALL"
+            "RATELIMIT.CHECK" | "RATELIMIT.PEEK" | "RATELIMIT.CHECKALL" | "RATELIMIT.REFUND"
         );
     let library = env.library
         && matches!(name.as_str(), "FCALL" | "FCALL_RO")
         && words.get(1).is_some_and(|f| {
             matches!(
                 f.to_ascii_lowercase().as_str(),
-                "ratelimit_check" | "ratelimit_peek" | "ratelimit_checkall"
+                "ratelimit_check" | "ratelimit_peek" | "ratelimit_checkall" | "ratelimit_refund"
             )
         });
     module || library
