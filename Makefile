@@ -87,6 +87,9 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	cargo fmt --check
 	cargo clippy --all-targets -- -W clippy::undocumented_unsafe_blocks -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items
+	# The fuzz targets use the crate's internals: they must build whenever the crate changes.
+	cargo fmt --manifest-path fuzz/Cargo.toml --check
+	cargo clippy --manifest-path fuzz/Cargo.toml --bins -- -D warnings
 
 fmt: ## Format the code
 	cargo fmt

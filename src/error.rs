@@ -13,12 +13,12 @@ pub const BURST_ON_WINDOW: &str = "ERR BURST applies only to token-bucket, leaky
 pub const COST: &str = "ERR COST must be an integer from 0 to 1000000000000";
 pub const AT: &str = "ERR AT must be a time in ms since the Unix epoch, below 2^53";
 pub const NUMKEYS: &str = "ERR numkeys must be an integer from 1 to the number of keys given";
-pub const UNKNOWN_OPTION: &str = "expected BURST, COST or AT";
+pub const UNKNOWN_OPTION: &str = "expected BURST, BLOCK, COST or AT";
 pub const UNKNOWN_POLICY_CALL_OPTION: &str = "expected COST or AT";
-pub const UNKNOWN_POLICY_OPTION: &str = "expected BURST or SHADOW";
+pub const UNKNOWN_POLICY_OPTION: &str = "expected BURST, BLOCK or SHADOW";
 pub const REFUND_COST: &str = "ERR RATELIMIT.REFUND needs COST: how much to give back";
-pub const BURST_WITH_POLICY: &str =
-    "ERR BURST cannot be given with POLICY: the policy sets the limit";
+pub const BLOCK: &str = "ERR BLOCK must be a duration from 1 ms to 3650 days, in ms or with a \
+     unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)";
 pub const POLICY_NAME: &str =
     "ERR policy name must be 1 to 64 bytes of A-Z, a-z, 0-9, '_', '-' and '.'";
 pub const STATE: &str = "ERR invalid limiter state payload";
@@ -27,11 +27,11 @@ pub const INTERNAL: &str = "ERR internal error in ratelimit module (see the serv
 /// The options a place in the arguments takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Options {
-    /// A call with a limit spec: `BURST`, `COST`, `AT`.
+    /// A call with a limit spec: `BURST`, `BLOCK`, `COST`, `AT`.
     Call,
     /// A call with `POLICY name`: `COST`, `AT`.
     PolicyCall,
-    /// `RATELIMIT.POLICY SET`: `BURST`, `SHADOW`.
+    /// `RATELIMIT.POLICY SET`: `BURST`, `BLOCK`, `SHADOW`.
     PolicySet,
 }
 
@@ -59,8 +59,10 @@ pub enum ArgError {
         after_period: bool,
         expected: Options,
     },
-    /// `BURST` in a call that names a policy.
-    BurstWithPolicy,
+    /// `BLOCK`'s duration.
+    Block,
+    /// `BURST` or `BLOCK` in a call that names a policy.
+    OptionWithPolicy(&'static str),
     /// A `RATELIMIT.REFUND` without `COST`.
     RefundCost,
     /// A policy name outside the rule of [`crate::policy::valid_name`].
@@ -141,7 +143,12 @@ impl ArgError {
             ArgError::Cost => COST,
             ArgError::At => AT,
             ArgError::NumKeys => NUMKEYS,
-            ArgError::BurstWithPolicy => BURST_WITH_POLICY,
+            ArgError::OptionWithPolicy(option) => {
+                return format!(
+                    "ERR {option} cannot be given with POLICY: the policy sets the limit"
+                )
+            }
+            ArgError::Block => BLOCK,
             ArgError::RefundCost => REFUND_COST,
             ArgError::PolicyName => POLICY_NAME,
         };

@@ -199,44 +199,50 @@ unsafe extern "C" fn reemit(ctx: *mut raw::RedisModuleCtx, _data: *mut std::ffi:
     let _ = std::panic::catch_unwind(|| commands::policy::reemit(ctx));
 }
 
-/// `INFO ratelimit`: calls, allowed, rejected and live keys per algorithm.
+/// `INFO ratelimit`: calls, allowed, rejected (and of them, blocked) and live keys per algorithm.
 unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
     /// Field names per algorithm (Redis prefixes them with `ratelimit_`).
-    const FIELDS: [[&CStr; 4]; 6] = [
+    const FIELDS: [[&CStr; 5]; 6] = [
         [
             c"token_bucket_calls",
             c"token_bucket_allowed",
             c"token_bucket_rejected",
+            c"token_bucket_blocked",
             c"token_bucket_keys",
         ],
         [
             c"leaky_bucket_calls",
             c"leaky_bucket_allowed",
             c"leaky_bucket_rejected",
+            c"leaky_bucket_blocked",
             c"leaky_bucket_keys",
         ],
         [
             c"fixed_window_calls",
             c"fixed_window_allowed",
             c"fixed_window_rejected",
+            c"fixed_window_blocked",
             c"fixed_window_keys",
         ],
         [
             c"sliding_window_calls",
             c"sliding_window_allowed",
             c"sliding_window_rejected",
+            c"sliding_window_blocked",
             c"sliding_window_keys",
         ],
         [
             c"sliding_log_calls",
             c"sliding_log_allowed",
             c"sliding_log_rejected",
+            c"sliding_log_blocked",
             c"sliding_log_keys",
         ],
         [
             c"gcra_calls",
             c"gcra_allowed",
             c"gcra_rejected",
+            c"gcra_blocked",
             c"gcra_keys",
         ],
     ];
@@ -263,6 +269,7 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c
                 figures.calls,
                 figures.allowed,
                 figures.rejected,
+                figures.blocked,
                 figures.keys,
             ];
             for (name, value) in names.into_iter().zip(values) {
@@ -279,7 +286,8 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c
 }
 
 /// `ratelimit_policies:<count>`, then one line per policy in Redis's `cmdstat_` style:
-/// `ratelimit_policy_<name>:calls=..,allowed=..,rejected=..,shadow_rejected=..`, sorted by name.
+/// `ratelimit_policy_<name>:calls=..,allowed=..,rejected=..,shadow_rejected=..,blocked=..`,
+/// sorted by name.
 ///
 /// # Safety
 /// `ctx` must be the INFO callback's context.
@@ -311,6 +319,7 @@ unsafe fn policy_fields(ctx: *mut raw::RedisModuleInfoCtx) {
                 (c"allowed", figures.allowed),
                 (c"rejected", figures.rejected),
                 (c"shadow_rejected", figures.shadow_rejected),
+                (c"blocked", figures.blocked),
             ] {
                 api::rm!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr(), value);
             }

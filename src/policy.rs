@@ -53,6 +53,8 @@ pub struct Policy {
     pub algorithm: Algorithm,
     pub params: Params,
     pub mode: Mode,
+    /// `BLOCK duration`, in ms: how long a rejection through the policy blocks its key.
+    pub block_ms: Option<u64>,
 }
 
 /// The answer a call through a policy in `mode` gives for the limit's `decision`: in shadow mode
@@ -80,6 +82,8 @@ pub struct Counters {
     rejected: AtomicU64,
     /// Answered admitted only because the policy is in shadow mode (counted in `allowed` too).
     shadow_rejected: AtomicU64,
+    /// Rejected because the key was blocked (`BLOCK`; counted in `rejected` too).
+    blocked: AtomicU64,
 }
 
 /// A snapshot of [`Counters`].
@@ -89,11 +93,12 @@ pub struct Figures {
     pub allowed: u64,
     pub rejected: u64,
     pub shadow_rejected: u64,
+    pub blocked: u64,
 }
 
 impl Counters {
-    /// Counts one answer.
-    pub fn count(&self, allowed: bool, shadowed: bool) {
+    /// Counts one answer (`blocked`: a block decided it).
+    pub fn count(&self, allowed: bool, shadowed: bool, blocked: bool) {
         if allowed {
             self.allowed.fetch_add(1, Relaxed);
         } else {
@@ -101,6 +106,9 @@ impl Counters {
         }
         if shadowed {
             self.shadow_rejected.fetch_add(1, Relaxed);
+        }
+        if blocked {
+            self.blocked.fetch_add(1, Relaxed);
         }
     }
 
@@ -112,6 +120,7 @@ impl Counters {
             allowed,
             rejected,
             shadow_rejected: self.shadow_rejected.load(Relaxed),
+            blocked: self.blocked.load(Relaxed),
         }
     }
 
@@ -123,6 +132,7 @@ impl Counters {
         sub(&self.allowed, earlier.allowed);
         sub(&self.rejected, earlier.rejected);
         sub(&self.shadow_rejected, earlier.shadow_rejected);
+        sub(&self.blocked, earlier.blocked);
     }
 }
 
@@ -346,6 +356,7 @@ mod tests {
             algorithm: Algorithm::SlidingWindow,
             params: Params::new(limit, 60_000, None).unwrap(),
             mode,
+            block_ms: None,
         }
     }
 
@@ -404,7 +415,7 @@ mod tests {
             SetOutcome::Unchanged
         );
         let (_, counters) = table.get(b"a").unwrap();
-        counters.count(false, false);
+        counters.count(false, false, false);
         // A new definition (here: the mode) keeps the counters.
         assert_eq!(
             table.set(b"a", policy(5, Mode::Shadow), 2),
@@ -438,9 +449,9 @@ mod tests {
         let mut table = Table::default();
         table.set(b"p", policy(5, Mode::Shadow), 10);
         let (_, counters) = table.get(b"p").unwrap();
-        counters.count(true, false);
-        counters.count(true, true);
-        counters.count(false, false);
+        counters.count(true, false, false);
+        counters.count(true, true, false);
+        counters.count(false, false, false);
         let figures = counters.figures();
         assert_eq!(
             figures,
@@ -448,11 +459,12 @@ mod tests {
                 calls: 3,
                 allowed: 2,
                 rejected: 1,
-                shadow_rejected: 1
+                shadow_rejected: 1,
+                blocked: 0,
             }
         );
         let snapshot = table.figures();
-        counters.count(true, true);
+        counters.count(true, true, false);
         table.subtract(&snapshot);
         assert_eq!(
             counters.figures(),
@@ -460,7 +472,8 @@ mod tests {
                 calls: 1,
                 allowed: 1,
                 rejected: 0,
-                shadow_rejected: 1
+                shadow_rejected: 1,
+                blocked: 0,
             }
         );
     }

@@ -13,6 +13,8 @@ const ZERO_I: AtomicI64 = AtomicI64::new(0);
 
 static ALLOWED: [AtomicU64; N] = [ZERO; N];
 static REJECTED: [AtomicU64; N] = [ZERO; N];
+/// The rejections a penalty block caused (counted in `REJECTED` too).
+static BLOCKED: [AtomicU64; N] = [ZERO; N];
 /// Live limiter values per algorithm (created minus freed); signed so a free racing a create on a
 /// background thread never wraps.
 static KEYS: [AtomicI64; N] = [ZERO_I; N];
@@ -39,6 +41,11 @@ pub fn count_decision(algorithm: Algorithm, allowed: bool) {
     table[algorithm.index()].fetch_add(1, Relaxed);
 }
 
+/// Counts a rejection caused by a block (besides [`count_decision`]).
+pub fn count_blocked(algorithm: Algorithm) {
+    BLOCKED[algorithm.index()].fetch_add(1, Relaxed);
+}
+
 pub fn key_created(algorithm: Algorithm) {
     KEYS[algorithm.index()].fetch_add(1, Relaxed);
 }
@@ -53,6 +60,7 @@ pub struct Figures {
     pub calls: u64,
     pub allowed: u64,
     pub rejected: u64,
+    pub blocked: u64,
     pub keys: u64,
 }
 
@@ -65,6 +73,7 @@ pub fn figures(algorithm: Algorithm) -> Figures {
         calls: allowed + rejected,
         allowed,
         rejected,
+        blocked: BLOCKED[i].load(Relaxed),
         keys: KEYS[i].load(Relaxed).max(0) as u64,
     }
 }
@@ -75,6 +84,7 @@ pub struct Snapshot {
     pub calls: u64,
     allowed: [u64; N],
     rejected: [u64; N],
+    blocked: [u64; N],
 }
 
 /// The counters now.
@@ -83,6 +93,7 @@ pub fn snapshot() -> Snapshot {
         calls: CALLS.load(Relaxed),
         allowed: std::array::from_fn(|i| ALLOWED[i].load(Relaxed)),
         rejected: std::array::from_fn(|i| REJECTED[i].load(Relaxed)),
+        blocked: std::array::from_fn(|i| BLOCKED[i].load(Relaxed)),
     }
 }
 
@@ -95,5 +106,6 @@ pub fn subtract(earlier: &Snapshot) {
     for i in 0..N {
         sub(&ALLOWED[i], earlier.allowed[i]);
         sub(&REJECTED[i], earlier.rejected[i]);
+        sub(&BLOCKED[i], earlier.blocked[i]);
     }
 }

@@ -16,7 +16,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use redis_ratelimit::algorithms::{
-    self, sliding_log, Limiter, Params, Request, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    block::{self, Blocking},
+    sliding_log, Limiter, Params, Request, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 use redis_ratelimit::store::codec::{self, Change};
 use redis_ratelimit::store::compact;
@@ -76,6 +77,9 @@ fuzz_target!(|data: &[u8]| {
                 );
                 exercise(limiter);
             }
+            // Both apply to a stored key only (APPLY refuses them on a missing one); what
+            // they leave is a limiter the `Replace` arm above decodes and exercises.
+            Change::LogRefund { .. } | Change::Block { .. } => {}
         }
     }
 });
@@ -119,18 +123,27 @@ fn exercise(limiter: Limiter) {
             cost,
             now_ms,
         };
+        // With a `BLOCK` of one period: a decoded block is honoured, a rejection starts one.
+        let block_ms = Some(own.period_ms);
         let mut copy = stored.clone();
-        let (peeked, _) = algorithms::check(copy.as_mut(), &request, false).expect("one algorithm");
-        let (outcome, write) =
-            algorithms::check(stored.as_mut(), &request, true).expect("one algorithm");
-        assert_eq!(peeked, outcome, "PEEK and CHECK disagree");
+        let (peeked, _, _) =
+            block::check_blocking(copy.as_mut(), &request, false, block_ms).expect("one algorithm");
+        let (outcome, write, blocking) =
+            block::check_blocking(stored.as_mut(), &request, true, block_ms)
+                .expect("one algorithm");
+        if blocking == Blocking::None {
+            assert_eq!(peeked, outcome, "PEEK and CHECK disagree");
+        } else {
+            // Both reject; the CHECK that starts a block answers the block's wait.
+            assert!(!peeked.decision.allowed && !outcome.decision.allowed);
+        }
         let decision = outcome.decision;
         assert!(decision.remaining <= decision.limit);
         assert_eq!(decision.allowed, decision.retry_after_ms == 0);
         if let Write::Created(created) = write {
             stored = Some(created);
         }
-        if outcome.consumed {
+        if outcome.consumed || matches!(blocking, Blocking::Started(_)) {
             let limiter = stored.as_ref().expect("stored");
             assert_eq!(
                 codec::decode(&codec::to_bytes(limiter)).as_ref(),

@@ -1,17 +1,17 @@
 //! Fuzzes `parse_checkall`, the parser of `RATELIMIT.CHECKALL numkeys key [key ...] spec [spec ...]
-//! [COST cost] [AT unix-ms]`, whose index arithmetic over a variable number of specs is where a
+//! [COST cost] [AT unix-ms]` (each spec inline, with `BURST` and `BLOCK`, or `POLICY name`), whose index arithmetic over a variable number of specs is where a
 //! parser would slice out of bounds.
 //!
 //! Input: the arguments after the command name, separated by `\n` (as for `parse_check`).
 //!
 //! Beyond "never panics", it checks that an accepted vector has one spec per key, each within the
 //! bounds of docs/commands.md, and that a CHECKALL of one key parses exactly as a CHECK of the same
-//! arguments (docs/commands.md: "a `CHECKALL` of one key is a `CHECK`").
+//! arguments (docs/commands.md: "a `CHECKALL` of one key is a `CHECK`"), policies included.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use redis_ratelimit::algorithms::{MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
-use redis_ratelimit::commands::parse::{parse_check, parse_checkall};
+use redis_ratelimit::commands::parse::{parse_call, parse_checkall, LimitArg};
 
 const MAX_LOG_LIMIT: u64 = 100_000;
 
@@ -32,11 +32,18 @@ fuzz_target!(|data: &[u8]| {
         // numkeys, the keys, then at least three arguments per spec.
         assert!(args.len() > parsed.numkeys * 4);
         for spec in &parsed.specs {
+            let LimitArg::Inline(spec) = spec else {
+                // `POLICY name`: the name is checked where it is looked up.
+                continue;
+            };
             let params = spec.params;
             assert!((1..=MAX_AMOUNT).contains(&params.limit));
             assert!((1..=MAX_PERIOD_MS).contains(&params.period_ms));
             assert!((1..=MAX_AMOUNT).contains(&params.capacity));
             assert!(spec.algorithm.is_bucket() || params.capacity == params.limit);
+            assert!(spec
+                .block_ms
+                .is_none_or(|ms| (1..=MAX_PERIOD_MS).contains(&ms)));
         }
         assert!(parsed.cost <= MAX_AMOUNT);
         assert!(parsed.at_ms.is_none_or(|at| at < TIME_LIMIT_MS));
@@ -45,10 +52,10 @@ fuzz_target!(|data: &[u8]| {
     let mut one: Vec<&[u8]> = vec![b"1", b"key"];
     one.extend_from_slice(&args);
     let as_checkall = parse_checkall(&one, MAX_LOG_LIMIT);
-    let as_check = parse_check(&args, MAX_LOG_LIMIT);
+    let as_check = parse_call(&args, MAX_LOG_LIMIT);
     match (&as_checkall, &as_check) {
         (Ok(all), Ok(check)) => {
-            assert_eq!(all.specs, [check.spec]);
+            assert_eq!(all.specs, [check.limit]);
             assert_eq!((all.cost, all.at_ms), (check.cost, check.at_ms));
         }
         (Err(_), Err(_)) => {}

@@ -92,7 +92,7 @@ local E_COST = 'ERR COST must be an integer from 0 to 1000000000000'
 local E_AT = 'ERR AT must be a time in ms since the Unix epoch, below 2^53'
 local E_REFUND_COST = 'ERR ratelimit_refund needs COST: how much to give back'
 local E_NUMKEYS = 'ERR numkeys must be an integer from 1 to the number of keys given'
-local E_OPTION = 'expected BURST, COST or AT'
+local E_OPTION = 'expected BURST, BLOCK, COST or AT'
 -- Lua's own bounds (the module computes these products in 128 bits).
 local E_EXACT_BUCKET = 'ERR BURST (or limit, without BURST) times the period in ms must be '
   .. 'below 2^53 for exact arithmetic in the ratelimit functions library (the module has no '

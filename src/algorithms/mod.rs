@@ -8,6 +8,7 @@
 //! `L` scaled units flow per millisecond, so a rate of `L` per `P` ms never needs a fraction.
 //! Products such as `C·P` reach 10^12 · 3.15·10^11 and are computed in `u128`.
 
+pub mod block;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -246,6 +247,9 @@ pub struct Limiter {
     /// `last`: the time of the last consuming call; calls are evaluated at `max(call, last)`.
     pub last_ms: u64,
     pub state: State,
+    /// The end of a penalty block (`BLOCK`, see [`block`]): every call before it is rejected.
+    /// 0 when the key was never blocked, or a consuming call since cleared it.
+    pub blocked_until_ms: u64,
 }
 
 impl Limiter {
@@ -285,7 +289,14 @@ impl Limiter {
 
     /// The absolute time (ms) at which this stored key expires.
     pub fn expires_at_ms(&self) -> u64 {
-        self.last_ms.saturating_add(self.reset_after_ms())
+        self.last_ms
+            .saturating_add(self.reset_after_ms())
+            .max(self.blocked_until_ms)
+    }
+
+    /// Blocked at `t_ms`: a block that has not ended.
+    pub fn blocked_at(&self, t_ms: u64) -> bool {
+        t_ms < self.blocked_until_ms
     }
 }
 
@@ -394,7 +405,9 @@ pub enum Refunded {
 /// - sliding log: the `cost` newest entries still in the window are removed.
 ///
 /// The decision is what a non-committing call of `request`'s parameters with `COST 0` answers
-/// right after (`t` is its time). A refund that gives back nothing changes nothing.
+/// right after (`t` is its time). A refund that gives back nothing changes nothing. A refund
+/// does not lift a block (see [`block`]): a blocked key whose state it leaves fresh keeps that
+/// state until the block ends, and answers blocked.
 pub fn refund(
     stored: Option<&mut Limiter>,
     request: &Request,
@@ -436,7 +449,7 @@ pub fn refund(
         Refunded::Emptied => None,
         _ => Some(limiter),
     };
-    let (outcome, _) = check(after, &peek, false)?;
+    let (outcome, _, _) = block::check_blocking(after, &peek, false, None)?;
     Ok((outcome, refunded))
 }
 
@@ -454,7 +467,8 @@ fn give_back<A: FixedSize>(limiter: &mut Limiter, cost: u64, t_ms: u64) -> Refun
     if refunded == state {
         return Refunded::Nothing;
     }
-    if A::is_fresh(&refunded, &params) {
+    // A refund does not lift a block: a blocked key keeps its state, fresh or not.
+    if A::is_fresh(&refunded, &params) && !limiter.blocked_at(t_ms) {
         return Refunded::Emptied;
     }
     limiter.last_ms = t_ms;
@@ -493,6 +507,8 @@ fn drive<A: FixedSize>(
         params: *new_params,
         last_ms: t_ms,
         state: A::store(after),
+        // Consuming: any block had ended.
+        blocked_until_ms: 0,
     };
     match stored {
         Some(slot) => {

@@ -384,6 +384,7 @@ pub fn refund(limiter: &mut Limiter, cost: u64, t_ms: u64) -> Refunded {
     let Some(mark) = slid_out(limiter, &limiter.params, t_ms) else {
         return Refunded::Nothing;
     };
+    let blocked = limiter.blocked_at(t_ms);
     let State::SlidingLog(log) = &mut limiter.state else {
         return Refunded::Nothing;
     };
@@ -392,11 +393,16 @@ pub fn refund(limiter: &mut Limiter, cost: u64, t_ms: u64) -> Refunded {
     if take == 0 {
         return Refunded::Nothing;
     }
-    if take == live {
+    if take == live && !blocked {
         return Refunded::Emptied;
     }
     log.drop_front(mark);
-    log.remove_newest(take);
+    if take == live {
+        // Blocked: the key stays, its log empty, until the block ends.
+        *log = SlidingLog::default();
+    } else {
+        log.remove_newest(take);
+    }
     limiter.last_ms = t_ms;
     Refunded::Updated
 }
@@ -459,6 +465,8 @@ fn record(
             }
             limiter.params = *params;
             limiter.last_ms = t_ms;
+            // An admitted call: any block had ended.
+            limiter.blocked_until_ms = 0;
             Write::Updated
         }
         _ => {
@@ -468,6 +476,7 @@ fn record(
                 params: *params,
                 last_ms: t_ms,
                 state: State::SlidingLog(log),
+                blocked_until_ms: 0,
             })
         }
     }

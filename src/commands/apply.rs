@@ -121,6 +121,19 @@ fn run(call: &Call) -> c_int {
                 Refunded::Nothing => return call.error(error::STATE),
             }
         }
+        Change::Block { until_ms } => {
+            // Only onto a limiter the block starts after, as the master's did.
+            let Some(limiter) = stored
+                .as_deref_mut()
+                .filter(|limiter| limiter.last_ms < until_ms)
+            else {
+                return call.error(error::STATE);
+            };
+            limiter.blocked_until_ms = until_ms;
+            let expires_at_ms = limiter.expires_at_ms();
+            drop(stored);
+            Some(expires_at_ms)
+        }
     };
     if let Some(expires_at_ms) = expires_at_ms {
         key.expire_at(expires_at_ms);

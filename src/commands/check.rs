@@ -10,6 +10,7 @@ use super::parse::{parse_call as parse_args, CallArgs};
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT};
 use super::{decide, handler, now_ms, Call};
+use crate::algorithms::block::Blocking;
 use crate::algorithms::Request;
 use crate::config::max_log_limit;
 use crate::error::ArgError;
@@ -112,12 +113,13 @@ fn run(call: &Call, commit: bool) -> c_int {
         .through
         .as_ref()
         .map_or(Mode::Enforce, |(mode, _)| *mode);
-    let (decision, shadowed) = match decide(call, &request, commit, mode) {
-        Ok(decided) => decided,
-        Err(message) => return call.error(&message),
-    };
+    let (decision, shadowed, blocking) =
+        match decide(call, &request, commit, mode, resolved.block_ms) {
+            Ok(decided) => decided,
+            Err(message) => return call.error(&message),
+        };
     if let (true, Some((_, counters))) = (commit, &resolved.through) {
-        counters.count(decision.allowed, shadowed);
+        counters.count(decision.allowed, shadowed, blocking == Blocking::Blocked);
     }
     call.reply_decision(&decision, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int

@@ -25,17 +25,19 @@ use redis_module::raw;
 
 use super::parse::{parse_checkall, parse_integer};
 use super::policy::{resolve, Resolved};
-use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT_SPEC};
+use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::{
-    evaluate, handler, notify_rejected, notify_shadow_rejected, now_ms, replicate_apply, Call,
-    KeyGroups,
+    evaluate, handler, notify, notify_rejected, notify_shadow_rejected, now_ms, replicate_apply,
+    Call, KeyGroups,
 };
-use crate::algorithms::{self, Decision, Limiter, Outcome, Request, Write};
+use crate::algorithms::block::{blocked_answer, check_blocking, Blocking};
+use crate::algorithms::{Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
 use crate::error;
 use crate::policy::{self, Mode};
 use crate::stats;
+use crate::store::codec::Change;
 use crate::store::codec::StackBuf;
 use crate::store::{Key, Slot};
 
@@ -46,7 +48,7 @@ const FIRST_KEY: usize = 2;
 const ARGS: [Arg; 5] = [
     Arg::new(c"numkeys", ArgType::Integer),
     Arg::new(c"key", ArgType::Key).multiple(),
-    Arg::block(c"limit-spec", &LIMIT_SPEC).multiple(),
+    Arg::one_of(c"limit", &LIMIT).multiple(),
     Arg::option(c"COST", c"cost", ArgType::Integer),
     Arg::option(c"AT", c"unix-ms", ArgType::UnixTime),
 ];
@@ -118,8 +120,8 @@ fn run(call: &Call) -> c_int {
 
     // First pass: decide every limit without writing. An error (WRONGTYPE, another algorithm)
     // is the reply, and nothing has changed.
-    let outcomes = match decide(&mut keys, &groups, &requests) {
-        Ok(outcomes) => outcomes,
+    let (outcomes, blockings) = match decide(&mut keys, &groups, &requests) {
+        Ok(decided) => decided,
         Err(message) => return call.error(&message),
     };
     // Admitted when every limit enforced admits; a limit in shadow mode never rejects.
@@ -139,7 +141,7 @@ fn run(call: &Call) -> c_int {
             }
             let key = &mut keys[groups.group[i]];
             let mut payload = StackBuf::default();
-            let (outcome, written) = match evaluate(key, request, true, &mut payload) {
+            let (outcome, written, _) = match evaluate(key, request, true, None, &mut payload) {
                 Ok(evaluated) => evaluated,
                 Err(message) => return call.error(&message),
             };
@@ -148,6 +150,27 @@ fn run(call: &Call) -> c_int {
                 replicate_apply(call, key_name(i), payload);
             }
             outcomes[i] = outcome;
+        }
+    }
+    // Blocks: a limit with BLOCK that its algorithm rejected (a cost it can ever admit, on a key
+    // not blocked already) blocks its key, whether or not the request was admitted (a shadow
+    // limit stores what enforcement would). Once per key, the first such limit's; nothing else
+    // of the key changes, whatever the limits before it were decided on.
+    let mut blocked = vec![false; groups.first.len()];
+    for (i, limit) in resolved.iter().enumerate() {
+        let (outcome, group) = (&outcomes[i], groups.group[i]);
+        let starts = parsed.cost > 0
+            && !outcome.decision.allowed
+            && outcome.decision.retry_after_ms >= 0
+            && blockings[i] == Blocking::None
+            && !blocked[group];
+        let Some(block_ms) = limit.block_ms.filter(|_| starts) else {
+            continue;
+        };
+        let until_ms = outcome.t_ms.saturating_add(block_ms);
+        if block_key(call, &mut keys[group], key_name(i), until_ms) {
+            blocked[group] = true;
+            outcomes[i].decision = blocked_answer(&outcome.decision, until_ms, outcome.t_ms);
         }
     }
     // Closed before the events: a subscriber to keyspace events may touch the keys.
@@ -169,13 +192,30 @@ fn run(call: &Call) -> c_int {
         if shadowed[i] {
             notify_shadow_rejected(call, key_name(first));
         }
+        if blocked[i] {
+            notify(call, key_name(first), c"ratelimit.blocked");
+        }
     }
     // One decision per limit: admitted (consumed) or not, whatever the key alone would say; a
-    // policy also counts what its own limit would have rejected in shadow mode.
-    for ((request, limit), outcome) in requests.iter().zip(&resolved).zip(&outcomes) {
+    // policy also counts what its own limit would have rejected in shadow mode. A limit its
+    // key's block rejected counts as blocked too.
+    for (((request, limit), outcome), blocking) in requests
+        .iter()
+        .zip(&resolved)
+        .zip(&outcomes)
+        .zip(&blockings)
+    {
+        let by_block = *blocking == Blocking::Blocked;
         stats::count_decision(request.algorithm, admitted);
+        if by_block {
+            stats::count_blocked(request.algorithm);
+        }
         if let Some((mode, counters)) = &limit.through {
-            counters.count(admitted, *mode == Mode::Shadow && !outcome.decision.allowed);
+            counters.count(
+                admitted,
+                *mode == Mode::Shadow && !outcome.decision.allowed,
+                by_block,
+            );
         }
     }
 
@@ -189,24 +229,29 @@ fn run(call: &Call) -> c_int {
     raw::REDISMODULE_OK as c_int
 }
 
-/// Every limit's decision, without writing. A key named once is peeked at. A key named more
-/// than once is decided on a copy of its limiter, limit after limit, each one seeing what the
-/// admitted ones before it consumed: what the same CHECKs in sequence would answer.
+/// Every limit's decision, without writing, and whether its key's block decided it. A key named
+/// once is peeked at. A key named more than once is decided on a copy of its limiter, limit after
+/// limit, each one seeing what the admitted ones before it consumed: what the same CHECKs in
+/// sequence would answer.
 fn decide(
     keys: &mut [Key],
     groups: &KeyGroups,
     requests: &[Request],
-) -> Result<Vec<Outcome>, String> {
+) -> Result<(Vec<Outcome>, Vec<Blocking>), String> {
     let mut occurrences = vec![0usize; keys.len()];
     for &group in &groups.group {
         occurrences[group] += 1;
     }
     let mut copies: Vec<Option<Option<Limiter>>> = vec![None; keys.len()];
     let mut outcomes = Vec::with_capacity(requests.len());
+    let mut blockings = Vec::with_capacity(requests.len());
     for (request, &group) in requests.iter().zip(&groups.group) {
         let key = &mut keys[group];
         if occurrences[group] == 1 {
-            outcomes.push(evaluate(key, request, false, &mut StackBuf::default())?.0);
+            let (outcome, _, blocking) =
+                evaluate(key, request, false, None, &mut StackBuf::default())?;
+            outcomes.push(outcome);
+            blockings.push(blocking);
             continue;
         }
         let copy = match &mut copies[group] {
@@ -221,16 +266,41 @@ fn decide(
                 }
             }),
         };
-        let (outcome, write) =
-            algorithms::check(copy.as_mut(), request, true).map_err(|mismatch| {
+        let (outcome, write, blocking) = check_blocking(copy.as_mut(), request, true, None)
+            .map_err(|mismatch| {
                 error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
             })?;
         if let Write::Created(limiter) = write {
             *copy = Some(limiter);
         }
         outcomes.push(outcome);
+        blockings.push(blocking);
     }
-    Ok(outcomes)
+    Ok((outcomes, blockings))
+}
+
+/// Blocks the limiter in `key` until `until_ms` (a rejection with BLOCK), and replicates it as
+/// such. False when the key holds no limiter.
+fn block_key(
+    call: &Call,
+    key: &mut Key,
+    key_name: *mut raw::RedisModuleString,
+    until_ms: u64,
+) -> bool {
+    let expires_at_ms = match key.slot() {
+        Slot::Limiter(mut limiter) => {
+            limiter.blocked_until_ms = until_ms;
+            limiter.expires_at_ms()
+        }
+        Slot::Empty | Slot::WrongType => return false,
+    };
+    key.expire_at(expires_at_ms);
+    let mut payload = StackBuf::default();
+    Change::Block { until_ms }.encode(&mut payload);
+    if let Some(bytes) = payload.as_slice() {
+        replicate_apply(call, key_name, bytes);
+    }
+    true
 }
 
 /// The overall decision: allowed only if all allow; `remaining` the least; `retry_after_ms` the

@@ -225,8 +225,8 @@ fn run(call: &Call, parse: fn(&[&[u8]]) -> Result<DialectCall, String>) -> c_int
         cost: parsed.cost,
         now_ms: now_ms(),
     };
-    let decision = match decide(call, &request, true, Mode::Enforce) {
-        Ok((decision, _)) => decision,
+    let decision = match decide(call, &request, true, Mode::Enforce, None) {
+        Ok((decision, _, _)) => decision,
         Err(message) => return call.error(&message),
     };
     let reply = dialect_reply(&decision);

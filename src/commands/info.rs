@@ -11,7 +11,8 @@ use redis_module::raw;
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ};
 use super::{handler, now_ms, Call};
-use crate::algorithms::{self, ceil_div, to_u64, Limiter, Request, State};
+use crate::algorithms::block::check_blocking;
+use crate::algorithms::{ceil_div, to_u64, Limiter, Request, State};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
@@ -91,11 +92,17 @@ fn run(call: &Call) -> c_int {
         cost: 0,
         now_ms: now,
     };
-    let decision = match algorithms::check(Some(&mut limiter), &request, false) {
-        Ok((outcome, _)) => outcome.decision,
+    // What a COST 0 PEEK answers now: a block too.
+    let (outcome, _, _) = match check_blocking(Some(&mut limiter), &request, false, None) {
+        Ok(decided) => decided,
         Err(_) => return call.error(error::INTERNAL),
     };
-    let own = own_fields(&limiter);
+    let decision = outcome.decision;
+    let mut own = own_fields(&limiter);
+    // A block that has not ended, at the time it is read at.
+    if limiter.blocked_at(outcome.t_ms) {
+        own.push((c"blocked_until_ms", limiter.blocked_until_ms));
+    }
     let resp3 = call.resp3();
     call.reply_map(7 + own.len(), resp3);
     call.reply_name(c"algorithm");

@@ -23,7 +23,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 
-use crate::algorithms::{self, Algorithm, Decision, Outcome, Request, Write};
+use crate::algorithms::block::{self, Blocking};
+use crate::algorithms::{Algorithm, Decision, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::error;
 use crate::log::log_warning;
@@ -351,19 +352,27 @@ pub(crate) fn evaluate(
     key: &mut Key,
     request: &Request,
     commit: bool,
+    block_ms: Option<u64>,
     payload: &mut StackBuf,
-) -> Result<(Outcome, bool), String> {
+) -> Result<(Outcome, bool, Blocking), String> {
     let mut stored = match key.slot() {
         Slot::Empty => None,
         Slot::Limiter(limiter) => Some(limiter),
         Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
     };
-    let (outcome, write) =
-        algorithms::check(stored.as_deref_mut(), request, commit).map_err(|mismatch| {
-            error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
-        })?;
+    let (outcome, write, blocking) =
+        block::check_blocking(stored.as_deref_mut(), request, commit, block_ms).map_err(
+            |mismatch| error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name()),
+        )?;
     let replicated = match (&write, &mut stored) {
         (Write::Nothing, _) => false,
+        // A block started: only its end changed.
+        _ if matches!(blocking, Blocking::Started(_)) => {
+            if let Blocking::Started(until_ms) = blocking {
+                Change::Block { until_ms }.encode(payload);
+            }
+            true
+        }
         // A log replicates what it appended, not its whole state.
         _ if request.algorithm == Algorithm::SlidingLog => {
             Change::LogAppend {
@@ -400,7 +409,7 @@ pub(crate) fn evaluate(
         // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
         key.expire_at(outcome.t_ms.saturating_add(outcome.decision.reset_after_ms));
     }
-    Ok((outcome, written && replicated))
+    Ok((outcome, written && replicated, blocking))
 }
 
 /// Stores a bucket or window changed through `handle` now, and writes the payload that replicates
@@ -425,11 +434,12 @@ pub(crate) fn decide(
     request: &Request,
     commit: bool,
     mode: Mode,
-) -> Result<(Decision, bool), String> {
+    block_ms: Option<u64>,
+) -> Result<(Decision, bool, Blocking), String> {
     let key_name = call.raw_arg(1);
     let mut key = Key::open(call.ctx, key_name, commit);
     let mut payload = StackBuf::default();
-    let (outcome, written) = evaluate(&mut key, request, commit, &mut payload)?;
+    let (outcome, written, blocking) = evaluate(&mut key, request, commit, block_ms, &mut payload)?;
     if let Some(payload) = payload.as_slice().filter(|_| written) {
         replicate_apply(call, key_name, payload);
     }
@@ -438,13 +448,19 @@ pub(crate) fn decide(
     let (answer, shadowed) = crate::policy::answer(outcome.decision, mode);
     if commit {
         stats::count_decision(request.algorithm, answer.allowed);
+        if blocking == Blocking::Blocked {
+            stats::count_blocked(request.algorithm);
+        }
         if shadowed {
             notify_shadow_rejected(call, key_name);
         } else if !answer.allowed {
             notify_rejected(call, key_name);
         }
+        if let Blocking::Started(_) = blocking {
+            notify(call, key_name, c"ratelimit.blocked");
+        }
     }
-    Ok((answer, shadowed))
+    Ok((answer, shadowed, blocking))
 }
 
 /// Raises the `ratelimit.rejected` keyspace event (Redis drops it unless module events are on).
@@ -464,12 +480,22 @@ pub(crate) fn notify_rejected(call: &Call, key_name: *mut raw::RedisModuleString
 /// Raises the `ratelimit.shadow-rejected` keyspace event: a policy in shadow mode admitted a
 /// request its limit rejects. Call it with the key closed.
 pub(crate) fn notify_shadow_rejected(call: &Call, key_name: *mut raw::RedisModuleString) {
+    notify(call, key_name, c"ratelimit.shadow-rejected");
+}
+
+/// Raises the module keyspace event `event` on the key (`ratelimit.blocked`: a rejection started
+/// a block). Call it with the key closed.
+pub(crate) fn notify(
+    call: &Call,
+    key_name: *mut raw::RedisModuleString,
+    event: &'static std::ffi::CStr,
+) {
     // SAFETY: the command's context, a static NUL-terminated event name and the command's key.
     unsafe {
         rm!(RedisModule_NotifyKeyspaceEvent)(
             call.ctx,
             raw::REDISMODULE_NOTIFY_MODULE,
-            c"ratelimit.shadow-rejected".as_ptr(),
+            event.as_ptr(),
             key_name,
         )
     };

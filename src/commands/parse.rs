@@ -9,6 +9,8 @@ use crate::policy;
 pub struct LimitSpec {
     pub algorithm: Algorithm,
     pub params: Params,
+    /// `BLOCK duration`, in ms: how long a rejection blocks the key (see `algorithms::block`).
+    pub block_ms: Option<u64>,
 }
 
 /// `RATELIMIT.CHECK` / `PEEK` arguments after the key.
@@ -71,7 +73,7 @@ fn finish_spec(
     algorithm: Algorithm,
     limit: u64,
     period_ms: u64,
-    burst: Option<u64>,
+    (burst, block_ms): (Option<u64>, Option<u64>),
     max_log_limit: u64,
 ) -> Result<LimitSpec, ArgError> {
     if burst.is_some() && !algorithm.is_bucket() {
@@ -84,13 +86,18 @@ fn finish_spec(
         });
     }
     let params = Params::new(limit, period_ms, burst)?;
-    Ok(LimitSpec { algorithm, params })
+    Ok(LimitSpec {
+        algorithm,
+        params,
+        block_ms,
+    })
 }
 
 /// Options recognised case-insensitively.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum OptionName {
     Burst,
+    Block,
     Cost,
     At,
 }
@@ -98,6 +105,7 @@ enum OptionName {
 fn option(name: &[u8]) -> Option<OptionName> {
     [
         (OptionName::Burst, "BURST"),
+        (OptionName::Block, "BLOCK"),
         (OptionName::Cost, "COST"),
         (OptionName::At, "AT"),
     ]
@@ -109,6 +117,7 @@ fn option(name: &[u8]) -> Option<OptionName> {
 fn option_name(option: OptionName) -> &'static str {
     match option {
         OptionName::Burst => "BURST",
+        OptionName::Block => "BLOCK",
         OptionName::Cost => "COST",
         OptionName::At => "AT",
     }
@@ -118,6 +127,7 @@ fn option_name(option: OptionName) -> &'static str {
 fn option_value(option: OptionName, bytes: &[u8]) -> Result<u64, ArgError> {
     match option {
         OptionName::Burst => amount(bytes, 1, ArgError::Burst),
+        OptionName::Block => parse_period(bytes).ok_or(ArgError::Block),
         OptionName::Cost => amount(bytes, 0, ArgError::Cost),
         OptionName::At => parse_integer(bytes)
             .filter(|at| *at < TIME_LIMIT_MS)
@@ -125,10 +135,11 @@ fn option_value(option: OptionName, bytes: &[u8]) -> Result<u64, ArgError> {
     }
 }
 
-/// Shared `COST` and `AT` (and, for CHECK, `BURST`) collected from option pairs.
+/// Shared `COST` and `AT` (and, for CHECK, `BURST` and `BLOCK`) collected from option pairs.
 #[derive(Default)]
 struct OptionValues {
     burst: Option<u64>,
+    block_ms: Option<u64>,
     cost: Option<u64>,
     at_ms: Option<u64>,
 }
@@ -140,6 +151,7 @@ impl OptionValues {
         let value = option_value(option, bytes)?;
         let slot = match option {
             OptionName::Burst => &mut self.burst,
+            OptionName::Block => &mut self.block_ms,
             OptionName::Cost => &mut self.cost,
             OptionName::At => &mut self.at_ms,
         };
@@ -164,7 +176,13 @@ pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgE
         options.set(option, args.get(i + 1))?;
         i += 2;
     }
-    let spec = finish_spec(algorithm, limit, period_ms, options.burst, max_log_limit)?;
+    let spec = finish_spec(
+        algorithm,
+        limit,
+        period_ms,
+        (options.burst, options.block_ms),
+        max_log_limit,
+    )?;
     Ok(CheckArgs {
         spec,
         cost: options.cost.unwrap_or(1),
@@ -211,7 +229,9 @@ pub fn parse_call<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<
     let mut i = 2;
     while let Some(word) = args.get(i) {
         match option(word) {
-            Some(OptionName::Burst) => return Err(ArgError::BurstWithPolicy),
+            Some(option @ (OptionName::Burst | OptionName::Block)) => {
+                return Err(ArgError::OptionWithPolicy(option_name(option)))
+            }
             Some(option) => options.set(option, args.get(i + 1))?,
             None => {
                 return Err(ArgError::UnknownOption {
@@ -269,7 +289,8 @@ pub fn parse_policy_set<'a>(
         return Err(ArgError::PolicyName);
     }
     let (algorithm, limit, period_ms) = parse_spec_head(spec_args).map_err(|e| e.shifted(1))?;
-    let (mut burst, mut shadow) = (None, false);
+    let mut options = OptionValues::default();
+    let mut shadow = false;
     let mut i = 4;
     while let Some(word) = args.get(i) {
         if word.eq_ignore_ascii_case(b"SHADOW") {
@@ -280,25 +301,29 @@ pub fn parse_policy_set<'a>(
             i += 1;
             continue;
         }
-        if option(word) != Some(OptionName::Burst) {
-            return Err(ArgError::UnknownOption {
-                at: i,
-                after_period: i == 4,
-                expected: Expected::PolicySet,
-            });
-        }
-        let value = args.get(i + 1).ok_or(ArgError::MissingValue("BURST"))?;
-        if burst
-            .replace(option_value(OptionName::Burst, value)?)
-            .is_some()
-        {
-            return Err(ArgError::Duplicate("BURST"));
+        match option(word) {
+            Some(option @ (OptionName::Burst | OptionName::Block)) => {
+                options.set(option, args.get(i + 1))?
+            }
+            _ => {
+                return Err(ArgError::UnknownOption {
+                    at: i,
+                    after_period: i == 4,
+                    expected: Expected::PolicySet,
+                })
+            }
         }
         i += 2;
     }
     Ok(PolicyDefinition {
         name,
-        spec: finish_spec(algorithm, limit, period_ms, burst, max_log_limit)?,
+        spec: finish_spec(
+            algorithm,
+            limit,
+            period_ms,
+            (options.burst, options.block_ms),
+            max_log_limit,
+        )?,
         shadow,
     })
 }
@@ -377,17 +402,15 @@ pub fn parse_checkall<'a>(
     }
     let mut specs = Vec::with_capacity(numkeys);
     let mut i = numkeys;
-    let mut burst = None;
-    // The spec before ended with its period (no BURST, not a policy): the hint of an unknown
-    // algorithm right after it.
+    // The spec before ended with its period (no BURST or BLOCK, not a policy): the hint of an
+    // unknown algorithm right after it.
     let mut after_period = false;
     for spec in 1..numkeys {
         // Positions in `args`, whose first argument is numkeys.
         let offset = 1 + i;
         let in_spec = move |error: ArgError| CheckAllError::in_spec(error.shifted(offset), spec);
-        let head = spec_start(&rest[i..], burst.is_some())
+        let head = spec_start(&rest[i..])
             .map_err(|error| CheckAllError::in_spec(wrong_count(error), spec - 1))?;
-        burst = None;
         if head.first().is_some_and(|word| is_policy(word)) {
             let name = head
                 .get(1)
@@ -395,8 +418,10 @@ pub fn parse_checkall<'a>(
             specs.push(LimitArg::Policy(name));
             i += 2;
             after_period = false;
-            if rest.get(i).and_then(|word| option(word)) == Some(OptionName::Burst) {
-                return Err(in_spec(ArgError::BurstWithPolicy));
+            if let Some(option @ (OptionName::Burst | OptionName::Block)) =
+                rest.get(i).and_then(|word| option(word))
+            {
+                return Err(in_spec(ArgError::OptionWithPolicy(option_name(option))));
             }
             continue;
         }
@@ -408,20 +433,26 @@ pub fn parse_checkall<'a>(
         })?;
         i += 3;
         after_period = true;
-        if rest.get(i).and_then(|name| option(name)) == Some(OptionName::Burst) {
-            let value = rest
-                .get(i + 1)
-                .ok_or(ArgError::MissingValue("BURST"))
-                .map_err(in_spec)?;
-            burst = Some(option_value(OptionName::Burst, value).map_err(in_spec)?);
+        // The spec's own options, right after its period, each once: BURST and BLOCK.
+        let mut options = OptionValues::default();
+        while let Some(option @ (OptionName::Burst | OptionName::Block)) =
+            rest.get(i).and_then(|name| option(name))
+        {
+            options.set(option, rest.get(i + 1)).map_err(in_spec)?;
             i += 2;
             after_period = false;
         }
-        let spec =
-            finish_spec(algorithm, limit, period_ms, burst, max_log_limit).map_err(in_spec)?;
+        let spec = finish_spec(
+            algorithm,
+            limit,
+            period_ms,
+            (options.burst, options.block_ms),
+            max_log_limit,
+        )
+        .map_err(in_spec)?;
         specs.push(LimitArg::Inline(spec));
     }
-    let tail = spec_start(&rest[i..], burst.is_some())
+    let tail = spec_start(&rest[i..])
         .map_err(|error| CheckAllError::in_spec(wrong_count(error), numkeys - 1))?;
     let last = parse_call(tail, max_log_limit).map_err(|error| match error.shifted(1 + i) {
         // Another spec after the last one: more specs than keys.
@@ -489,11 +520,9 @@ impl From<ArgError> for CheckAllError {
     }
 }
 
-/// Where a spec must start. `COST` or `AT` there means a spec is missing; `BURST` there is the
-/// spec before giving a second one.
-fn spec_start<'a, 'b>(args: &'a [&'b [u8]], after_burst: bool) -> Result<&'a [&'b [u8]], ArgError> {
+/// Where a spec must start. `COST` or `AT` there means a spec is missing.
+fn spec_start<'a, 'b>(args: &'a [&'b [u8]]) -> Result<&'a [&'b [u8]], ArgError> {
     match args.first().and_then(|name| option(name)) {
-        Some(OptionName::Burst) if after_burst => Err(ArgError::Duplicate("BURST")),
         Some(OptionName::Cost | OptionName::At) => Err(ArgError::WrongArity),
         _ => Ok(args),
     }
@@ -703,15 +732,18 @@ mod tests {
             [
                 LimitArg::Inline(LimitSpec {
                     algorithm: Algorithm::TokenBucket,
-                    params: Params::new(10, 1000, Some(20)).unwrap()
+                    params: Params::new(10, 1000, Some(20)).unwrap(),
+                    block_ms: None,
                 }),
                 LimitArg::Inline(LimitSpec {
                     algorithm: Algorithm::FixedWindow,
-                    params: Params::new(100, 3_600_000, None).unwrap()
+                    params: Params::new(100, 3_600_000, None).unwrap(),
+                    block_ms: None,
                 }),
                 LimitArg::Inline(LimitSpec {
                     algorithm: Algorithm::SlidingLog,
-                    params: Params::new(5, 60_000, None).unwrap()
+                    params: Params::new(5, 60_000, None).unwrap(),
+                    block_ms: None,
                 }),
             ]
         );
@@ -722,7 +754,8 @@ mod tests {
             args.specs[1],
             LimitArg::Inline(LimitSpec {
                 algorithm: Algorithm::LeakyBucket,
-                params: Params::new(3, 1000, Some(9)).unwrap()
+                params: Params::new(3, 1000, Some(9)).unwrap(),
+                block_ms: None,
             })
         );
         assert_eq!(args.cost, 0);
@@ -872,27 +905,27 @@ mod tests {
         };
         assert_eq!(
             check("sliding-window 100 1 minute"),
-            "ERR unknown option 'minute': expected BURST, COST or AT; a period takes its unit in \
+            "ERR unknown option 'minute': expected BURST, BLOCK, COST or AT; a period takes its unit in \
              the same argument: 1m, not '1 minute'"
         );
         assert_eq!(
             check("fixed-window 5 15 Secs"),
-            "ERR unknown option 'Secs': expected BURST, COST or AT; a period takes its unit in \
+            "ERR unknown option 'Secs': expected BURST, BLOCK, COST or AT; a period takes its unit in \
              the same argument: 15s, not '15 Secs'"
         );
         assert_eq!(
             check("fixed-window 5 15 fortnights"),
-            "ERR unknown option 'fortnights': expected BURST, COST or AT; a period takes its unit \
+            "ERR unknown option 'fortnights': expected BURST, BLOCK, COST or AT; a period takes its unit \
              in the same argument: 15ms, 15s, 15m, 15h or 15d"
         );
         // No hint after a period with its unit, or after another option's value.
         assert_eq!(
             check("fixed-window 5 15s minute"),
-            "ERR unknown option 'minute': expected BURST, COST or AT"
+            "ERR unknown option 'minute': expected BURST, BLOCK, COST or AT"
         );
         assert_eq!(
             check("fixed-window 5 15s COST 1 minute"),
-            "ERR unknown option 'minute': expected BURST, COST or AT"
+            "ERR unknown option 'minute': expected BURST, BLOCK, COST or AT"
         );
         assert_eq!(
             check("sliding-windows 100 1m"),
@@ -904,13 +937,13 @@ mod tests {
         assert_eq!(
             check(&long),
             format!(
-                "ERR unknown option '{}...': expected BURST, COST or AT",
+                "ERR unknown option '{}...': expected BURST, BLOCK, COST or AT",
                 "y".repeat(32)
             )
         );
         assert_eq!(
             check("fixed-window 5 1s a\u{1}b"),
-            "ERR unknown option 'a?b': expected BURST, COST or AT"
+            "ERR unknown option 'a?b': expected BURST, BLOCK, COST or AT"
         );
     }
 
@@ -947,7 +980,7 @@ mod tests {
         );
         assert_eq!(
             message("2 a b fixed-window 100 1m fixed-window 10 1 hour"),
-            "ERR unknown option 'hour': expected BURST, COST or AT; a period takes its unit in \
+            "ERR unknown option 'hour': expected BURST, BLOCK, COST or AT; a period takes its unit in \
              the same argument: 1h, not '1 hour'"
         );
         // A spec whose own arguments are missing is still a wrong number of arguments.

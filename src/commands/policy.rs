@@ -29,12 +29,13 @@ use crate::error::{self, ArgError};
 use crate::log::log_warning;
 use crate::policy::{self, Counters, Mode, Policy, SetOutcome};
 
-const SET_ARGS: [Arg; 6] = [
+const SET_ARGS: [Arg; 7] = [
     Arg::new(c"name", ArgType::String),
     LIMIT_SPEC[0],
     LIMIT_SPEC[1],
     LIMIT_SPEC[2],
     LIMIT_SPEC[3],
+    LIMIT_SPEC[4],
     Arg::flag(c"SHADOW"),
 ];
 const NAME_ARG: [Arg; 1] = [Arg::new(c"name", ArgType::String)];
@@ -101,6 +102,8 @@ const CONTAINER_NAME: &std::ffi::CStr = c"ratelimit.policy";
 pub(crate) struct Resolved {
     pub algorithm: Algorithm,
     pub params: Params,
+    /// How long a rejection blocks the key (`BLOCK`), if at all.
+    pub block_ms: Option<u64>,
     /// The policy the call named: its mode and counters.
     pub through: Option<(Mode, Arc<Counters>)>,
 }
@@ -114,6 +117,7 @@ pub(crate) fn resolve(limit: &LimitArg) -> Result<Resolved, String> {
         LimitArg::Inline(spec) => Ok(Resolved {
             algorithm: spec.algorithm,
             params: spec.params,
+            block_ms: spec.block_ms,
             through: None,
         }),
         LimitArg::Policy(name) => {
@@ -133,6 +137,7 @@ pub(crate) fn resolve(limit: &LimitArg) -> Result<Resolved, String> {
             Ok(Resolved {
                 algorithm: found.algorithm,
                 params: found.params,
+                block_ms: found.block_ms,
                 through: Some((found.mode, counters)),
             })
         }
@@ -167,6 +172,7 @@ fn run_set(call: &Call) -> c_int {
         } else {
             Mode::Enforce
         },
+        block_ms: definition.spec.block_ms,
     };
     let max = if replayed {
         MAX_MAX_POLICIES as u64
@@ -197,7 +203,7 @@ fn run_get(call: &Call) -> c_int {
         return raw::REDISMODULE_OK as c_int;
     };
     let resp3 = call.resp3();
-    call.reply_map(5, resp3);
+    call.reply_map(6, resp3);
     call.reply_name(c"algorithm");
     reply_text(call, policy.algorithm.name());
     for (field, value) in [
@@ -210,6 +216,8 @@ fn run_get(call: &Call) -> c_int {
     }
     call.reply_name(c"mode");
     reply_text(call, policy.mode.name());
+    call.reply_name(c"block_ms");
+    call.reply_integer(i64::try_from(policy.block_ms.unwrap_or(0)).unwrap_or(i64::MAX));
     raw::REDISMODULE_OK as c_int
 }
 
@@ -262,6 +270,10 @@ pub(crate) fn set_arguments(name: &[u8], policy: &Policy) -> Vec<Vec<u8>> {
     if policy.algorithm.is_bucket() {
         args.push(b"BURST".to_vec());
         args.push(policy.params.capacity.to_string().into_bytes());
+    }
+    if let Some(block_ms) = policy.block_ms {
+        args.push(b"BLOCK".to_vec());
+        args.push(format!("{block_ms}ms").into_bytes());
     }
     if policy.mode == Mode::Shadow {
         args.push(b"SHADOW".to_vec());

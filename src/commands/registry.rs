@@ -170,12 +170,14 @@ impl Arg {
     }
 }
 
-/// The arguments of a limit spec after the key: `algorithm limit period [BURST capacity]`.
-pub(crate) const LIMIT_SPEC: [Arg; 4] = [
+/// The arguments of a limit spec after the key:
+/// `algorithm limit period [BURST capacity] [BLOCK duration]`.
+pub(crate) const LIMIT_SPEC: [Arg; 5] = [
     Arg::new(c"algorithm", ArgType::String),
     Arg::new(c"limit", ArgType::Integer),
     Arg::new(c"period", ArgType::String),
     Arg::option(c"BURST", c"capacity", ArgType::Integer),
+    Arg::option(c"BLOCK", c"duration", ArgType::String),
 ];
 
 /// A limit a call applies: a limit spec, or `POLICY name`.

@@ -17,7 +17,12 @@
 //! (four little-endian u64) it takes in memory (`3`, see `value.rs`): 33 bytes in all, so Redis
 //! keeps the replicated argument in one allocation (it does up to 44 bytes). Commands replicate
 //! `3` where it fits and `1` otherwise; AOF rewrites write `1`. A sliding log's refund is `4`:
-//! u64 t_ms, u64 cost, the newest entries it gave back.
+//! u64 t_ms, u64 cost, the newest entries it gave back. A block started by a rejection is `5`:
+//! u64 blocked_until_ms (the key's state is unchanged).
+//!
+//! A blocked limiter's encoding ends with a trailer, u64 blocked_until_ms (> last_ms); an
+//! unblocked one has none, so its bytes are those of every earlier version. A module older than
+//! blocks refuses a blocked key's trailer (bytes left over): upgrade replicas before their master.
 //!
 //! Decoding validates everything a command could never have stored, so a corrupt RDB payload,
 //! RESTORE or AOF line is refused, never trusted: parameters within docs/algorithms.md's bounds,
@@ -41,7 +46,9 @@
 //! encoding version (`store::ENCODING_VERSION`, or a new `Change` kind), with the old one still
 //! read. tests/integration/fixtures/ pins them byte for byte.
 
-use crate::algorithms::{Algorithm, Limiter, Params, SlidingLog, State, MAX_AMOUNT, TIME_LIMIT_MS};
+use crate::algorithms::{
+    Algorithm, Limiter, Params, SlidingLog, State, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
+};
 
 /// Bytes of the fixed-size head: algorithm, limit, period, capacity, last.
 const HEAD_LEN: usize = 1 + 4 * 8;
@@ -72,7 +79,7 @@ impl Sink for Vec<u8> {
 
 /// A fixed stack buffer, large enough for every change a command replicates.
 pub struct StackBuf {
-    bytes: [u8; 64],
+    bytes: [u8; 80],
     len: usize,
     overflowed: bool,
 }
@@ -80,7 +87,7 @@ pub struct StackBuf {
 impl Default for StackBuf {
     fn default() -> Self {
         StackBuf {
-            bytes: [0; 64],
+            bytes: [0; 80],
             len: 0,
             overflowed: false,
         }
@@ -145,6 +152,9 @@ pub fn encode(limiter: &Limiter, out: &mut impl Sink) {
             }
         }
     }
+    if limiter.blocked_until_ms != 0 {
+        out.put(&limiter.blocked_until_ms.to_le_bytes());
+    }
 }
 
 /// The encoding of `limiter` as a new buffer.
@@ -200,51 +210,25 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
     if params.capacity != capacity || last_ms >= TIME_LIMIT_MS {
         return Err(DecodeError::Params);
     }
-    let period = u128::from(period_ms);
     let state = match algorithm {
-        // The bounds of the module comment; `C·P ≥ P`, as `C ≥ 1`.
-        Algorithm::TokenBucket => {
-            let tokens_scaled = reader.u128()?;
-            require(tokens_scaled < params.capacity_scaled())?;
-            State::TokenBucket { tokens_scaled }
-        }
-        Algorithm::LeakyBucket => {
-            let level_scaled = reader.u128()?;
-            require((1..=params.capacity_scaled()).contains(&level_scaled))?;
-            State::LeakyBucket { level_scaled }
-        }
-        Algorithm::Gcra => {
-            let ahead_scaled = reader.u128()?;
-            require((1..=params.capacity_scaled()).contains(&ahead_scaled))?;
-            State::Gcra { ahead_scaled }
-        }
-        Algorithm::FixedWindow => {
-            let window_start_ms = reader.u64()?;
-            let count = reader.u64()?;
-            require(
-                window_start_ms == params.window_start(last_ms)
-                    && (1..=params.limit).contains(&count),
-            )?;
-            State::FixedWindow {
-                window_start_ms,
-                count,
-            }
-        }
-        Algorithm::SlidingWindow => {
-            let window_start_ms = reader.u64()?;
-            let current = reader.u64()?;
-            let previous = reader.u64()?;
-            require(window_start_ms == params.window_start(last_ms) && previous <= MAX_AMOUNT)?;
-            // Below 2^104 each: no overflow.
-            let elapsed = u128::from(last_ms - window_start_ms);
-            let estimate = u128::from(previous) * (period - elapsed) + u128::from(current) * period;
-            require(current.max(previous) >= 1 && estimate <= u128::from(params.limit) * period)?;
-            State::SlidingWindow {
-                window_start_ms,
-                current,
-                previous,
-            }
-        }
+        Algorithm::TokenBucket => State::TokenBucket {
+            tokens_scaled: reader.u128()?,
+        },
+        Algorithm::LeakyBucket => State::LeakyBucket {
+            level_scaled: reader.u128()?,
+        },
+        Algorithm::Gcra => State::Gcra {
+            ahead_scaled: reader.u128()?,
+        },
+        Algorithm::FixedWindow => State::FixedWindow {
+            window_start_ms: reader.u64()?,
+            count: reader.u64()?,
+        },
+        Algorithm::SlidingWindow => State::SlidingWindow {
+            window_start_ms: reader.u64()?,
+            current: reader.u64()?,
+            previous: reader.u64()?,
+        },
         Algorithm::SlidingLog => {
             let runs = reader.u64()?;
             // Each run takes 16 bytes: a count beyond the payload is corrupt, not a reason to allocate.
@@ -255,24 +239,75 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
                 let count = reader.u64()?;
                 pairs.push((timestamp_ms, count));
             }
-            let log = SlidingLog::from_runs(pairs).map_err(|_| DecodeError::State)?;
-            let oldest = log.oldest_ms();
-            require(
-                (1..=params.limit).contains(&log.len())
-                    && log.newest_ms().is_some_and(|newest| newest <= last_ms)
-                    && oldest.is_some_and(|oldest| oldest + period_ms > last_ms),
-            )?;
-            State::SlidingLog(log)
+            State::SlidingLog(SlidingLog::from_runs(pairs).map_err(|_| DecodeError::State)?)
         }
     };
-    if !reader.bytes.is_empty() {
-        return Err(DecodeError::Length);
-    }
-    Ok(Limiter {
+    // A blocked limiter's block: after its start (`last_ms` at the latest), at most 3650 days
+    // after a time below 2^53.
+    let blocked_until_ms = match reader.bytes.len() {
+        0 => 0,
+        8 => reader.u64()?,
+        _ => return Err(DecodeError::Length),
+    };
+    require(
+        blocked_until_ms == 0
+            || (blocked_until_ms > last_ms && blocked_until_ms < TIME_LIMIT_MS + MAX_PERIOD_MS),
+    )?;
+    let limiter = Limiter {
         params,
         last_ms,
         state,
-    })
+        blocked_until_ms,
+    };
+    require(storable(&limiter))?;
+    Ok(limiter)
+}
+
+/// Whether `limiter`'s state is one the calls that store a state can leave (the bounds of the
+/// module comment); a blocked limiter may also hold a fresh state (a refund during its block).
+fn storable(limiter: &Limiter) -> bool {
+    let params = &limiter.params;
+    let (last_ms, period_ms) = (limiter.last_ms, params.period_ms);
+    let period = u128::from(period_ms);
+    let full = params.capacity_scaled();
+    // At least 1 unless blocked.
+    let least = u128::from(limiter.blocked_until_ms == 0);
+    match &limiter.state {
+        State::TokenBucket { tokens_scaled } => {
+            *tokens_scaled < full || (least == 0 && *tokens_scaled == full)
+        }
+        State::LeakyBucket { level_scaled: v } | State::Gcra { ahead_scaled: v } => {
+            (least..=full).contains(v)
+        }
+        State::FixedWindow {
+            window_start_ms,
+            count,
+        } => {
+            *window_start_ms == params.window_start(last_ms)
+                && (least as u64..=params.limit).contains(count)
+        }
+        State::SlidingWindow {
+            window_start_ms,
+            current,
+            previous,
+        } => {
+            if *window_start_ms != params.window_start(last_ms) || *previous > MAX_AMOUNT {
+                return false;
+            }
+            // Below 2^104 each: no overflow.
+            let elapsed = u128::from(last_ms - window_start_ms);
+            let estimate =
+                u128::from(*previous) * (period - elapsed) + u128::from(*current) * period;
+            u128::from((*current).max(*previous)) >= least
+                && estimate <= u128::from(params.limit) * period
+        }
+        State::SlidingLog(log) => {
+            let oldest = log.oldest_ms();
+            (least as u64..=params.limit).contains(&log.len())
+                && log.newest_ms().is_none_or(|newest| newest <= last_ms)
+                && oldest.is_none_or(|oldest| oldest + period_ms > last_ms)
+        }
+    }
 }
 
 /// Writes `Change::Replace(limiter)` without owning the limiter, packed (kind `3`) when it can
@@ -332,12 +367,15 @@ pub enum Change {
     },
     /// A sliding log gave back its `cost` newest entries at `t_ms` (`RATELIMIT.REFUND`).
     LogRefund { t_ms: u64, cost: u64 },
+    /// The key is blocked until `until_ms` (a rejection with `BLOCK`); nothing else changed.
+    Block { until_ms: u64 },
 }
 
 const REPLACE: u8 = 1;
 const LOG_APPEND: u8 = 2;
 const PACKED: u8 = 3;
 const LOG_REFUND: u8 = 4;
+const BLOCK: u8 = 5;
 
 impl Change {
     /// Writes the change to `out`.
@@ -353,6 +391,10 @@ impl Change {
                 out.put(&[LOG_REFUND]);
                 out.put(&t_ms.to_le_bytes());
                 out.put(&cost.to_le_bytes());
+            }
+            Change::Block { until_ms } => {
+                out.put(&[BLOCK]);
+                out.put(&until_ms.to_le_bytes());
             }
         }
     }
@@ -393,6 +435,15 @@ impl Change {
                 }
                 require(t_ms < TIME_LIMIT_MS && (1..=MAX_AMOUNT).contains(&cost))?;
                 Ok(Change::LogRefund { t_ms, cost })
+            }
+            BLOCK => {
+                let mut reader = Reader { bytes: rest };
+                let until_ms = reader.u64()?;
+                if !reader.bytes.is_empty() {
+                    return Err(DecodeError::Length);
+                }
+                require(until_ms > 0 && until_ms < TIME_LIMIT_MS + MAX_PERIOD_MS)?;
+                Ok(Change::Block { until_ms })
             }
             _ => Err(DecodeError::Algorithm),
         }
@@ -810,6 +861,7 @@ mod tests {
                 },
                 last_ms,
                 state,
+                blocked_until_ms: 0,
             })
         };
         let fixed = |window_start_ms, count| State::FixedWindow {

@@ -205,6 +205,9 @@ impl Entry {
     /// and epoch and the state fits.
     #[inline(always)]
     fn word(&self, index: usize, limiter: &Limiter) -> Option<u64> {
+        if limiter.blocked_until_ms != 0 {
+            return None;
+        }
         let shape = self.shape()?;
         if shape.algorithm != limiter.algorithm() || self.params() != limiter.params {
             return None;
@@ -227,6 +230,10 @@ fn index(word: u64) -> usize {
 /// The compact word for a new value holding `limiter`, taking a reference on its entry; `None`
 /// when it does not fit (see the module comment).
 pub fn compact(limiter: &Limiter) -> Option<u64> {
+    // A blocked limiter carries its block's end too: no word holds it.
+    if limiter.blocked_until_ms != 0 {
+        return None;
+    }
     let recent = RECENT.load(Ordering::Relaxed) as usize % ENTRIES;
     let word = match TABLE[recent].word(recent, limiter) {
         Some(word) => word,
@@ -322,6 +329,7 @@ pub fn expand(word: u64) -> Limiter {
         params,
         last_ms,
         state,
+        blocked_until_ms: 0,
     }
 }
 

@@ -3,11 +3,12 @@
 //! Stored format (one string buffer; changing it needs a new version byte, handled here for
 //! every version ever written):
 //! ```text
-//! u8  version              1
+//! u8  version              2 (1: without the block)
 //! u32 count (LE)
 //! per policy, sorted by name:
 //!   u8 name length, the name (1 to 64 bytes of A-Z a-z 0-9 _ - .)
 //!   u8 algorithm (as in codec.rs), u64 limit, u64 period_ms, u64 capacity (LE), u8 mode (0 enforce, 1 shadow)
+//!   version 2: u64 block_ms (LE; 0: no BLOCK)
 //! ```
 //! Decoding refuses anything `RATELIMIT.POLICY SET` could not have defined.
 //!
@@ -22,13 +23,13 @@ use std::sync::Mutex;
 
 use redis_module::raw;
 
-use crate::algorithms::{Algorithm, Params};
+use crate::algorithms::{Algorithm, Params, MAX_PERIOD_MS};
 use crate::api::rm;
 use crate::config::MAX_MAX_LOG_LIMIT;
 use crate::policy::{self, Definitions, Mode, Policy, Table};
 use crate::store::{guarded, log_warning};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// The table's definitions in the stored format.
 pub fn encode(definitions: &[(Box<[u8]>, Policy)]) -> Vec<u8> {
@@ -50,6 +51,7 @@ pub fn encode(definitions: &[(Box<[u8]>, Policy)]) -> Vec<u8> {
             Mode::Enforce => 0,
             Mode::Shadow => 1,
         });
+        out.extend_from_slice(&policy.block_ms.unwrap_or(0).to_le_bytes());
     }
     out
 }
@@ -75,7 +77,7 @@ pub fn decode(bytes: &[u8]) -> Result<Definitions, DecodeError> {
         Ok(head)
     };
     let version = take(1)?[0];
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(DecodeError::Version(version));
     }
     let count = u32::from_le_bytes(take(4)?.try_into().map_err(|_| DecodeError::Length)?);
@@ -101,6 +103,15 @@ pub fn decode(bytes: &[u8]) -> Result<Definitions, DecodeError> {
             1 => Mode::Shadow,
             _ => return Err(DecodeError::Mode),
         };
+        let block_ms = if version >= 2 {
+            match word(take(8)?) {
+                0 => None,
+                ms if ms <= MAX_PERIOD_MS => Some(ms),
+                _ => return Err(DecodeError::Params),
+            }
+        } else {
+            None
+        };
         // Written sorted: a name out of order is a repeated (or a damaged) one.
         if definitions.last().is_some_and(|(last, _)| **last >= *name) {
             return Err(DecodeError::Duplicate);
@@ -111,6 +122,7 @@ pub fn decode(bytes: &[u8]) -> Result<Definitions, DecodeError> {
                 algorithm,
                 params,
                 mode,
+                block_ms,
             },
         ));
     }
@@ -230,6 +242,7 @@ mod tests {
                     algorithm: Algorithm::TokenBucket,
                     params: Params::new(10, 1000, Some(20)).unwrap(),
                     mode: Mode::Enforce,
+                    block_ms: None,
                 },
             ),
             (
@@ -238,9 +251,30 @@ mod tests {
                     algorithm: Algorithm::SlidingLog,
                     params: Params::new(3, 3_600_000, None).unwrap(),
                     mode: Mode::Shadow,
+                    block_ms: None,
                 },
             ),
         ]
+    }
+
+    #[test]
+    fn version_1_without_blocks_still_loads() {
+        // What the first version wrote: no block after the mode.
+        let mut v1 = vec![1u8, 1, 0, 0, 0, 5];
+        v1.extend_from_slice(b"login");
+        v1.push(Algorithm::FixedWindow.index() as u8);
+        for value in [3u64, 60_000, 3] {
+            v1.extend_from_slice(&value.to_le_bytes());
+        }
+        v1.push(1);
+        let decoded = decode(&v1).unwrap();
+        assert_eq!(decoded.len(), 1);
+        assert_eq!(decoded[0].1.block_ms, None);
+        assert_eq!(decoded[0].1.mode, Mode::Shadow);
+        // And a block round-trips in version 2.
+        let mut blocked = policies();
+        blocked[0].1.block_ms = Some(900_000);
+        assert_eq!(decode(&encode(&blocked)), Ok(blocked));
     }
 
     #[test]
@@ -265,7 +299,13 @@ mod tests {
             bytes[at] = byte;
             decode(&bytes)
         };
-        assert_eq!(damaged(0, 2), Err(DecodeError::Version(2)));
+        assert_eq!(damaged(0, 3), Err(DecodeError::Version(3)));
+        assert_eq!(damaged(0, 0), Err(DecodeError::Version(0)));
+        // A block longer than 3650 days (the first policy's block, after its mode).
+        let mut long = good.clone();
+        let at = 5 + 1 + 8 + 1 + 24 + 1;
+        long[at..at + 8].copy_from_slice(&(3650 * 86_400_000u64 + 1).to_le_bytes());
+        assert_eq!(decode(&long), Err(DecodeError::Params));
         // The first name's first byte, its algorithm, its mode.
         assert_eq!(damaged(6, b':'), Err(DecodeError::Name));
         assert_eq!(damaged(5 + 1 + 8, 9), Err(DecodeError::Algorithm));

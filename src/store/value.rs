@@ -118,6 +118,10 @@ fn put(bits: &mut [u128; 2], at: u32, width: u32, value: u128) -> u128 {
 /// The 32-byte packed form of `limiter`, when it has one (every bucket and window within the
 /// bounds of docs/algorithms.md; never a sliding log). Replication sends it as is.
 pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
+    // A blocked limiter carries its block's end too: it takes the boxed form.
+    if limiter.blocked_until_ms != 0 {
+        return None;
+    }
     let mut bits = [0u128; 2];
     let params = &limiter.params;
     // A window's start is not stored: it must be the window of `last_ms` (one division, which
@@ -209,6 +213,7 @@ fn unpack(words: &[u64; 4]) -> Limiter {
         params,
         last_ms,
         state,
+        blocked_until_ms: 0,
     }
 }
 
@@ -451,9 +456,13 @@ impl LimiterRef<'_> {
                 limiter,
                 write_back,
             } => {
-                let packed = pack(limiter)?;
-                value.set_words(packed);
                 *write_back = false;
+                let Some(packed) = pack(limiter) else {
+                    // No longer packable (a block started): the boxed form, in place.
+                    **value = Value::new(limiter.clone());
+                    return None;
+                };
+                value.set_words(packed);
                 Some(packed)
             }
             LimiterRef::Compact {
@@ -499,10 +508,11 @@ impl Drop for LimiterRef<'_> {
             write_back: true,
         } = self
         {
-            // A packed limiter stays packable: commands keep its algorithm and the bounds of
-            // docs/algorithms.md.
-            if let Some(packed) = pack(limiter) {
-                value.set_words(packed);
+            // A packed limiter stays packable (commands keep its algorithm and the bounds of
+            // docs/algorithms.md) but for a block, which takes the boxed form, in place.
+            match pack(limiter) {
+                Some(packed) => value.set_words(packed),
+                None => **value = Value::new(limiter.clone()),
             }
         }
         if let LimiterRef::Compact {
@@ -550,6 +560,7 @@ mod tests {
             params,
             last_ms,
             state: State::TokenBucket { tokens_scaled },
+            blocked_until_ms: 0,
         };
         let window = |count: u64, previous: u64| Limiter {
             params,
@@ -559,6 +570,7 @@ mod tests {
                 current: count,
                 previous,
             },
+            blocked_until_ms: 0,
         };
         let max = |bits: u32| (1u64 << bits) - 1;
         let cases = |extra: u64| {
@@ -652,6 +664,7 @@ mod tests {
             params: Params::new(3, 1000, None).unwrap(),
             last_ms: 7,
             state: State::SlidingLog(SlidingLog::from_runs([(7, 2)]).unwrap()),
+            blocked_until_ms: 0,
         });
         log.limiter().last_ms = 9;
         assert_eq!(log.to_limiter().last_ms, 9);

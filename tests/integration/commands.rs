@@ -183,7 +183,7 @@ fn bad_arguments_are_named_and_create_nothing() {
         ),
         (
             "RATELIMIT.CHECK k sliding-window 100 1 minute",
-            "unknown option 'minute': expected BURST, COST or AT; a period takes its unit in the \
+            "unknown option 'minute': expected BURST, BLOCK, COST or AT; a period takes its unit in the \
              same argument: 1m, not '1 minute'",
         ),
         ("RATELIMIT.CHECK k token-bucket 0 1s", "limit"),

@@ -682,6 +682,7 @@ fn apply_and_restore_refuse_states_no_command_could_store() {
         params: Params::new(limit, 1_000, capacity).unwrap(),
         last_ms: base + 250,
         state,
+        blocked_until_ms: 0,
     };
     let window = |current: u64, previous: u64| State::SlidingWindow {
         window_start_ms: base,

@@ -71,9 +71,9 @@ fn info_section_has_every_field() {
         .unwrap();
     assert!(text.starts_with("# ratelimit\r\n"), "{text}");
     let fields = parse_info(&text);
-    // The server and its optional APIs, four counters per algorithm, and the count of policies
+    // The server and its optional APIs, five counters per algorithm, and the count of policies
     // (a line each follows when there are some).
-    assert_eq!(fields.len(), 3 + 4 * Algorithm::ALL.len(), "{text}");
+    assert_eq!(fields.len(), 3 + 5 * Algorithm::ALL.len(), "{text}");
     assert_eq!(fields["ratelimit_policies"], "0");
     assert!(
         fields["ratelimit_server"].starts_with("redis ")
@@ -84,7 +84,7 @@ fn info_section_has_every_field() {
         "{text}"
     );
     for algorithm in Algorithm::ALL.map(Algorithm::name) {
-        for name in ["calls", "allowed", "rejected", "keys"] {
+        for name in ["calls", "allowed", "rejected", "blocked", "keys"] {
             assert_eq!(
                 fields.get(&field(algorithm, name)).map(String::as_str),
                 Some("0")

@@ -80,7 +80,7 @@ pub fn get(con: &mut Connection, name: &str) -> Option<BTreeMap<String, String>>
     match send_one(con, redis::cmd("RATELIMIT.POLICY").arg("GET").arg(name)) {
         Value::Nil => None,
         Value::Array(items) => {
-            assert_eq!(items.len(), 10, "GET {name}: {items:?}");
+            assert_eq!(items.len(), 12, "GET {name}: {items:?}");
             Some(
                 items
                     .chunks(2)
@@ -104,6 +104,7 @@ pub fn definition(spec: &Spec, shadow: bool) -> BTreeMap<String, String> {
             "mode",
             if shadow { "shadow" } else { "enforce" }.to_string(),
         ),
+        ("block_ms", "0".to_string()),
     ]
     .into_iter()
     .map(|(field, value)| (field.to_string(), value))
@@ -187,10 +188,12 @@ pub struct Figures {
     pub allowed: u64,
     pub rejected: u64,
     pub shadow_rejected: u64,
+    pub blocked: u64,
 }
 
 impl Figures {
-    /// Parses `calls=..,allowed=..,rejected=..,shadow_rejected=..` (those fields, in that order).
+    /// Parses `calls=..,allowed=..,rejected=..,shadow_rejected=..,blocked=..` (those fields, in
+    /// that order).
     pub fn parse(text: &str) -> Figures {
         let values: Vec<(&str, u64)> = text
             .split(',')
@@ -202,7 +205,7 @@ impl Figures {
         let names: Vec<&str> = values.iter().map(|(name, _)| *name).collect();
         assert_eq!(
             names,
-            ["calls", "allowed", "rejected", "shadow_rejected"],
+            ["calls", "allowed", "rejected", "shadow_rejected", "blocked"],
             "{text}"
         );
         Figures {
@@ -210,6 +213,7 @@ impl Figures {
             allowed: values[1].1,
             rejected: values[2].1,
             shadow_rejected: values[3].1,
+            blocked: values[4].1,
         }
     }
 }

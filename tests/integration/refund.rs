@@ -228,6 +228,7 @@ fn model_refund(stored: &mut Option<Limiter>, request: &Request) -> [i64; 6] {
                 params,
                 last_ms: t_ms,
                 state: after,
+                blocked_until_ms: 0,
             });
         }
     }

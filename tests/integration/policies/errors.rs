@@ -60,7 +60,7 @@ fn get_and_list_answer_the_definitions() {
     // The RESP2 reply is a flat array in this order; RESP3 a map of the same.
     assert_eq!(
         show_value(&run(&mut con, "RATELIMIT.POLICY GET api.v2_read-heavy")),
-        "[algorithm, token-bucket, limit, 10, period_ms, 1000, burst, 20, mode, enforce]"
+        "[algorithm, token-bucket, limit, 10, period_ms, 1000, burst, 20, mode, enforce, block_ms, 0]"
     );
     let mut resp3 = server.client_resp3();
     let Value::Map(pairs) = run(&mut resp3, "RATELIMIT.POLICY GET B") else {
@@ -77,7 +77,8 @@ fn get_and_list_answer_the_definitions() {
             ("limit", "5"),
             ("period_ms", "60000"),
             ("burst", "5"),
-            ("mode", "shadow")
+            ("mode", "shadow"),
+            ("block_ms", "0")
         ]
         .map(|(f, v)| (f.to_string(), v.to_string()))
     );
@@ -303,7 +304,7 @@ fn set_takes_checks_limit_arguments_with_their_errors_and_only_burst_and_shadow(
                 &mut con,
                 &format!("RATELIMIT.POLICY SET p token-bucket 5 1s {option}")
             ),
-            format!("ERR unknown option '{word}': expected BURST or SHADOW")
+            format!("ERR unknown option '{word}': expected BURST, BLOCK or SHADOW")
         );
     }
     assert_eq!(

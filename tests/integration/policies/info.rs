@@ -23,6 +23,7 @@ fn figures(calls: u64, allowed: u64, rejected: u64, shadow_rejected: u64) -> Fig
         allowed,
         rejected,
         shadow_rejected,
+        blocked: 0,
     }
 }
 
@@ -114,9 +115,9 @@ fn info_lines_count_each_policys_answers() {
         lines,
         [
             "ratelimit_policies:3",
-            "ratelimit_policy_idle:calls=0,allowed=0,rejected=0,shadow_rejected=0",
-            "ratelimit_policy_sh:calls=7,allowed=6,rejected=1,shadow_rejected=4",
-            "ratelimit_policy_tb:calls=9,allowed=6,rejected=3,shadow_rejected=0",
+            "ratelimit_policy_idle:calls=0,allowed=0,rejected=0,shadow_rejected=0,blocked=0",
+            "ratelimit_policy_sh:calls=7,allowed=6,rejected=1,shadow_rejected=4,blocked=0",
+            "ratelimit_policy_tb:calls=9,allowed=6,rejected=3,shadow_rejected=0,blocked=0",
         ],
         "{text}"
     );

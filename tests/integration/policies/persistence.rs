@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 
 use common::model::Spec;
-use common::{decision, future_base_ms, run, send_one, Server};
+use common::{decision, future_base_ms, run, run_ok, send_one, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::algorithms::Algorithm;
 
@@ -279,18 +279,17 @@ fn an_rdb_with_a_damaged_policy_record_is_refused_at_load() {
         .config(&[("rdbcompression", "no")])
         .start();
     let mut con = server.client();
-    let spec = Spec {
-        burst: Some(9),
-        ..Spec::new(Algorithm::TokenBucket, 5, 60_000)
-    };
-    define(&mut con, std::str::from_utf8(NAME).unwrap(), &spec, true);
+    run_ok(
+        &mut con,
+        "RATELIMIT.POLICY SET damaged.record token-bucket 5 1m BURST 9 BLOCK 30s SHADOW",
+    );
     let _: () = redis::cmd("SAVE").query(&mut con).unwrap();
     server.kill9();
     let dir = server.dir().to_path_buf();
     let saved = fs::read(dir.join("dump.rdb")).expect("dump.rdb");
-    // The record (docs: store/policies.rs): version 1, count 1 (u32 LE), the name's length and
-    // bytes, the algorithm, limit, period_ms and capacity (u64 LE), the mode.
-    let mut head = vec![1u8, 1, 0, 0, 0, NAME.len() as u8];
+    // The record (docs: store/policies.rs): version 2, count 1 (u32 LE), the name's length and
+    // bytes, the algorithm, limit, period_ms and capacity (u64 LE), the mode, the block.
+    let mut head = vec![2u8, 1, 0, 0, 0, NAME.len() as u8];
     head.extend_from_slice(NAME);
     let at = saved
         .windows(head.len())
@@ -302,6 +301,8 @@ fn an_rdb_with_a_damaged_policy_record_is_refused_at_load() {
     let mode_at = limit_at + 24;
     assert_eq!(saved[limit_at..limit_at + 8], 5u64.to_le_bytes());
     assert_eq!(saved[mode_at], 1, "shadow");
+    let block_at = mode_at + 1;
+    assert_eq!(saved[block_at..block_at + 8], 30_000u64.to_le_bytes());
 
     // The file as saved (its CRC recomputed: the same) loads.
     let loaded = on_rdb(&dir, &with_valid_crc(saved.clone())).start();
@@ -313,13 +314,14 @@ fn an_rdb_with_a_damaged_policy_record_is_refused_at_load() {
     );
     drop(loaded);
 
-    let damages: [(&str, usize, &[u8]); 6] = [
-        ("a version never written", at, &[2]),
+    let damages: [(&str, usize, &[u8]); 7] = [
+        ("a version never written", at, &[3]),
         ("a ':' in the name", name_at + 3, b":"),
         ("an unknown algorithm", algorithm_at, &[0x63]),
         ("a limit of 0", limit_at, &[0; 8]),
         ("a mode that is neither", mode_at, &[7]),
         ("a count of 2 with one record", at + 1, &[2]),
+        ("a block above 3650 days", block_at, &[0xff; 8]),
     ];
     for (what, offset, bytes) in damages {
         let mut damaged = saved.clone();

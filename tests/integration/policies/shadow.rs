@@ -103,7 +103,8 @@ fn a_shadow_policy_answers_as_its_enforce_twin_with_rejections_admitted_and_stor
                 calls: enforced,
                 allowed: enforced - rejected,
                 rejected,
-                shadow_rejected: 0
+                shadow_rejected: 0,
+                blocked: 0
             },
             "{enforce}"
         );
@@ -114,7 +115,8 @@ fn a_shadow_policy_answers_as_its_enforce_twin_with_rejections_admitted_and_stor
                 calls: enforced,
                 allowed: enforced,
                 rejected: 0,
-                shadow_rejected: rejected
+                shadow_rejected: rejected,
+                blocked: 0
             },
             "{shadow}"
         );
@@ -179,7 +181,8 @@ fn flipping_a_policy_between_modes_changes_nothing_stored() {
                 calls: 5,
                 allowed: 4,
                 rejected: 1,
-                shadow_rejected: 2
+                shadow_rejected: 2,
+                blocked: 0
             },
             "{name}"
         );
