@@ -24,7 +24,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw;
 
 use crate::algorithms::block::{self, Blocking};
-use crate::algorithms::{Algorithm, Decision, Outcome, Request, Write};
+use crate::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::error;
 use crate::log::log_warning;
@@ -360,10 +360,31 @@ pub(crate) fn evaluate(
         Slot::Limiter(limiter) => Some(limiter),
         Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
     };
+    // A block keeps the limiter in the boxed form: once a consuming call has cleared it, the
+    // key goes back to the smallest form it fits.
+    let was_blocked = stored
+        .as_deref()
+        .is_some_and(|limiter| limiter.blocked_until_ms != 0);
     let (outcome, write, blocking) =
         block::check_blocking(stored.as_deref_mut(), request, commit, block_ms).map_err(
             |mismatch| error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name()),
         )?;
+    // A block started: the key lives until the stored state (under its own parameters, not the
+    // call's) is fresh and the block has ended.
+    let block_expiry = match blocking {
+        Blocking::Started(_) => stored.as_deref().map(Limiter::expires_at_ms),
+        _ => None,
+    };
+    let unblocked = match (&write, stored.as_deref()) {
+        (Write::Updated, Some(limiter))
+            if was_blocked
+                && limiter.blocked_until_ms == 0
+                && request.algorithm != Algorithm::SlidingLog =>
+        {
+            Some(limiter.clone())
+        }
+        _ => None,
+    };
     let replicated = match (&write, &mut stored) {
         (Write::Nothing, _) => false,
         // A block started: only its end changed.
@@ -405,9 +426,17 @@ pub(crate) fn evaluate(
         Write::Updated => true,
         Write::Created(limiter) => key.set(limiter),
     };
+    if let Some(limiter) = unblocked {
+        // The same limiter, stored anew in the form it now fits (the expiry is set below). If
+        // Redis refused the value, the boxed one it holds is the same state.
+        key.set(limiter);
+    }
     if written {
         // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
-        key.expire_at(outcome.t_ms.saturating_add(outcome.decision.reset_after_ms));
+        key.expire_at(
+            block_expiry
+                .unwrap_or_else(|| outcome.t_ms.saturating_add(outcome.decision.reset_after_ms)),
+        );
     }
     Ok((outcome, written && replicated, blocking))
 }

@@ -113,6 +113,15 @@ fn exhausted(con: &mut Connection) {
         );
         assert_eq!(allowed(&reply), 1);
     }
+    // And one blocked for an hour by its second call.
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
+        for expected in [1, 0] {
+            let line = format!("RATELIMIT.CHECK blocked:{algorithm} {algorithm} 1 1h BLOCK 1h");
+            assert_eq!(allowed(&run_ok(con, &line)), expected, "{line}");
+        }
+        let info = limiter_info(con, &format!("blocked:{algorithm}")).expect("stored");
+        assert!(info.contains_key("blocked_until_ms"), "{info:?}");
+    }
     run_ok(con, "SET str value");
 }
 
@@ -155,7 +164,20 @@ fn calls_that_change_nothing_signal_nothing() {
             format!("RATELIMIT.REFUND {key} {algorithm} 1 1h COST 0"),
             format!("RATELIMIT.REFUND {key} {other} 1 1h COST 1"),
             format!("RATELIMIT.REFUND {key} {algorithm} 1 1h"),
+            // A rejection without BLOCK on an exhausted key, with BLOCK on a blocked one.
+            format!("RATELIMIT.CHECK blocked:{key} {algorithm} 1 1h"),
+            format!("RATELIMIT.CHECK blocked:{key} {algorithm} 1 1h BLOCK 1h"),
+            format!("RATELIMIT.CHECK blocked:{key} {algorithm} 1 1h BLOCK 2h COST 0"),
+            format!("RATELIMIT.CHECK blocked:{key} {algorithm} 50 1h BLOCK 1h"),
+            format!("RATELIMIT.PEEK blocked:{key} {algorithm} 1 1h BLOCK 1h"),
+            format!("RATELIMIT.CHECKALL 2 blocked:{key} free {algorithm} 1 1h BLOCK 1h token-bucket 5 1h"),
+            format!("RATELIMIT.CHECKALL 2 free blocked:{key} token-bucket 5 1h {algorithm} 1 1h BLOCK 1h"),
         ] {
+            if let Some(blocked) = line.split(' ').find(|word| word.starts_with("blocked:")) {
+                assert!(!signals(&server, blocked, &line), "{line} signalled {blocked}");
+                assert!(!signals(&server, "free", &line), "{line} signalled free");
+                continue;
+            }
             assert!(!signals(&server, key, &line), "{line} signalled {key}");
             // Neither was the key of the CHECKALL that had room.
             assert!(!signals(&server, "free", &line), "{line} signalled free");
@@ -200,6 +222,22 @@ fn calls_that_change_a_key_signal_it() {
         // Each key once, whichever of its occurrences.
         let twice = format!("RATELIMIT.CHECKALL 2 {key} {key} {algorithm} 10 1h {algorithm} 10 1h");
         assert!(signals(&server, key, &twice), "{twice}");
+        // A rejection that starts a block writes it, inline and in a CHECKALL.
+        let fill = format!("RATELIMIT.CHECK b:{key} {algorithm} 1 1h");
+        assert!(signals(&server, &format!("b:{key}"), &fill), "{fill}");
+        let block = format!("RATELIMIT.CHECK b:{key} {algorithm} 1 1h BLOCK 1m");
+        assert!(signals(&server, &format!("b:{key}"), &block), "{block}");
+        let fill = format!("RATELIMIT.CHECK c:{key} {algorithm} 1 1h");
+        assert!(signals(&server, &format!("c:{key}"), &fill), "{fill}");
+        let all = format!(
+            "RATELIMIT.CHECKALL 2 d:{key} c:{key} fixed-window 5 1h {algorithm} 1 1h BLOCK 1m"
+        );
+        assert!(signals(&server, &format!("c:{key}"), &all), "{all}");
+        assert!(
+            !signals(&server, &format!("c:{key}"), &all),
+            "{all}, blocked"
+        );
+        assert_eq!(run_ok(&mut con, &format!("EXISTS d:{key}")), Value::Int(0));
         let refund = format!("RATELIMIT.REFUND {key} {algorithm} 10 1h COST 1");
         assert!(signals(&server, key, &refund), "{refund}");
         let reset = format!("RATELIMIT.RESET {key} {key} missing");

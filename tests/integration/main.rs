@@ -8,6 +8,7 @@
 
 mod common;
 
+mod block;
 mod checkall;
 mod cluster;
 mod commands;

@@ -169,6 +169,24 @@ fn populate(server: &Server, base: u64, round: u64) -> Vec<Probe> {
             clock: false,
         });
 
+        // Blocked by its third call, for longer than the probes look ahead: the block and the
+        // state under it must both come back.
+        let blocking = Limit::new(algorithm, 2, "1000", Some(2)).with_block("5s");
+        let key = format!("{algorithm}:blocked:{round}");
+        run(
+            &mut con,
+            &[
+                blocking.check(&key, 2, Some(t + 100)),
+                blocking.check(&key, 1, Some(t + 150)),
+                blocking.check(&key, 1, Some(t + 300)),
+            ],
+        );
+        probes.push(Probe {
+            key,
+            limit: blocking,
+            clock: false,
+        });
+
         // An hour-long limit on the server's own clock: nothing expires during the test.
         let hourly = Limit::new(algorithm, 100, "1h", Some(100));
         let key = format!("{algorithm}:clock");

@@ -19,6 +19,8 @@ pub struct Limit {
     pub limit: u64,
     pub period: String,
     pub burst: Option<u64>,
+    /// `BLOCK duration`, as given.
+    pub block: Option<String>,
 }
 
 impl Limit {
@@ -28,7 +30,14 @@ impl Limit {
             limit,
             period: period.to_string(),
             burst: burst.filter(|_| is_bucket(algorithm)),
+            block: None,
         }
+    }
+
+    /// The same limit with `BLOCK duration`.
+    pub fn with_block(mut self, duration: &str) -> Limit {
+        self.block = Some(duration.to_string());
+        self
     }
 
     /// The most that can be admitted at one instant: the capacity of a bucket, else the limit.
@@ -44,6 +53,9 @@ impl Limit {
             .arg(&self.period);
         if let Some(burst) = self.burst {
             cmd.arg("BURST").arg(burst);
+        }
+        if let Some(block) = &self.block {
+            cmd.arg("BLOCK").arg(block);
         }
         cmd.arg("COST").arg(cost);
         if let Some(at) = at_ms {
