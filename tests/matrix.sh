@@ -77,12 +77,12 @@ total_skipped=0
 for server in "${servers[@]}"; do
     version=$("$server" --version | grep -o 'v=[^ ]*' | cut -c3-)
     name=redis
-    cli=redis-cli
+    cli=$(command -v redis-cli)
     case $(basename "$server") in
         valkey*)
             name=valkey
             cli=$(dirname "$server")/valkey-cli
-            [ -x "$cli" ] || cli=valkey-cli
+            [ -x "$cli" ] || cli=$(command -v valkey-cli)
             ;;
     esac
     label="$name $version"

@@ -83,12 +83,16 @@ fn write_wrapper(path: &Path, port: u16) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).expect("chmod the wrapper");
 }
 
-/// `$REDIS_CLI`, else `redis-cli` found on PATH.
+/// `$REDIS_CLI`, else `redis-cli`, as a path: a bare name is looked up on this process's PATH,
+/// so the wrapper never finds itself (its folder comes first on the snippets' PATH).
 pub fn real_redis_cli() -> PathBuf {
-    if let Some(cli) = std::env::var_os("REDIS_CLI") {
-        return PathBuf::from(cli);
+    let cli =
+        std::env::var_os("REDIS_CLI").map_or_else(|| PathBuf::from("redis-cli"), PathBuf::from);
+    if cli.components().count() > 1 {
+        return cli;
     }
-    find_on_path("redis-cli").unwrap_or_else(|| panic!("redis-cli is not on PATH (make deps)"))
+    find_on_path(&cli.to_string_lossy())
+        .unwrap_or_else(|| panic!("{} is not on PATH (make deps)", cli.display()))
 }
 
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
