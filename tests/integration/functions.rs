@@ -11,6 +11,10 @@
 //!   workload (equal decisions and `remaining`, durations within the time between the calls).
 //! - CHECKALL (checkall.rs): random CHECKALLs (keys named more than once, mixed algorithms, wrong
 //!   algorithms) get the same replies and expiries.
+//! - BLOCK (block.rs, and with BLOCK in the random sequences of equivalence.rs, checkall.rs and
+//!   refund.rs): a block's start, its replies (PEEK, COST 0, other parameters, calls without
+//!   BLOCK), REFUND during it, its end, its expiry, INFO's `blocked_until_ms`, blocks in
+//!   CHECKALL, long logs, blocks ending past 2^53.
 //! - REFUND (refund.rs): the random sequences with refunds between their calls (random costs,
 //!   more than was consumed, COST 0, missing keys, other parameters than the stored ones, times
 //!   going backwards) and long sliding logs refunded and extended again get the same REFUND, PEEK
@@ -32,6 +36,7 @@
 //! limits.rs. `FUNCTIONS_SEED=<n>` (decimal or 0x-hex) replays another seed, `FUNCTIONS_CALLS=<n>`
 //! sets the calls per algorithm of the equivalence run (default 4000).
 
+mod block;
 mod checkall;
 mod cluster;
 mod contexts;
