@@ -4,10 +4,11 @@
 -- that cannot load modules (managed Redis and Valkey). Same arguments, same replies, same
 -- exact integer arithmetic (see docs/algorithms.md and docs/functions.md).
 --
---   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [COST n] [AT ms]
---   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [COST n] [AT ms]
---   FCALL    ratelimit_checkall N key1 .. keyN algorithm limit period [BURST c] [...] [COST n] [AT ms]
---   FCALL    ratelimit_refund   1 key algorithm limit period [BURST c] COST n [AT ms]
+--   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [BLOCK d] [COST n] [AT ms]
+--   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [BLOCK d] [COST n] [AT ms]
+--   FCALL    ratelimit_checkall N key1 .. keyN algorithm limit period [BURST c] [BLOCK d] [...]
+--                                 [COST n] [AT ms]
+--   FCALL    ratelimit_refund   1 key algorithm limit period [BURST c] [BLOCK d] COST n [AT ms]
 --   FCALL    ratelimit_reset    N key1 .. keyN
 --   FCALL_RO ratelimit_info     1 key
 --
@@ -26,12 +27,14 @@
 --   * Replies are RESP2-shaped under RESP3 too (arrays, not maps; `allowed` is 1 or 0): a
 --     function cannot see its caller's protocol.
 --   * Error texts are the module's, with its command names replaced by these functions' names.
---   * No INFO section, no `ratelimit.rejected` events; ratelimit_reset is refused under
+--   * No INFO section (nor its `_blocked` counters), no `ratelimit.rejected` or
+--     `ratelimit.blocked` events; ratelimit_reset is refused under
 --     maxmemory OOM like every function that may write (no function has allow-oom).
 --
--- State: one Redis string per key, written only by a consuming call or a refund that gives
--- something back, with an absolute expiry (PXAT / PEXPIREAT) at the moment it becomes
--- equivalent to a fresh key (deleted when a refund leaves it so):
+-- State: one Redis string per key, written only by a consuming call, a refund that gives
+-- something back or a rejection that starts a block (BLOCK), with an absolute expiry (PXAT /
+-- PEXPIREAT) at the moment it becomes equivalent to a fresh key, or its block's end if later
+-- (deleted when a refund leaves it so, unless it is blocked):
 --   rl:tb <limit> <period_ms> <burst> <tokens_scaled> <last_ms>      token bucket
 --   rl:lb <limit> <period_ms> <burst> <level_scaled> <last_ms>       leaky bucket
 --   rl:fw <limit> <period_ms> <count> <last_ms>                      fixed window
@@ -39,6 +42,7 @@
 --   rl:gc <limit> <period_ms> <burst> <ahead_scaled> <last_ms>       gcra
 --   rl:sl <33-byte binary header: LOG_FORMAT> <records>               sliding log
 --   rl:sr <33-byte binary header: REFUNDED_LOG_FORMAT> <records>      sliding log after a refund
+--   rl:bk <blocked_until_ms> <any of the above>                     a blocked key (see parse_state)
 -- (scaled: requests * period_ms; gcra's ahead_scaled, how far its theoretical arrival time is
 -- ahead of last_ms, counts limit units per ms; a window's start is last_ms - last_ms mod
 -- period_ms). The
@@ -507,7 +511,9 @@ local function parse_checkall(keys, args, name)
     while true do
       local option = args[i] and OPTIONS[upper(args[i])]
       if not SPEC_OPTION[option] then break end
-      if args[i + 1] == nil then return nil, in_spec(bad('ERR ' .. option .. ' needs a value'), s) end
+      if args[i + 1] == nil then
+        return nil, in_spec(bad('ERR ' .. option .. ' needs a value'), s)
+      end
       local value
       value, err = option_value(option, args[i + 1])
       if not value then return nil, in_spec(err, s) end
@@ -1554,7 +1560,8 @@ redis.register_function {
     if not bound then bind() end
     return check('ratelimit_check', keys, args, true)
   end,
-  description = 'RATELIMIT.CHECK: 1 key algorithm limit period [BURST c] [COST n] [AT ms]',
+  description = 'RATELIMIT.CHECK: 1 key algorithm limit period [BURST c] [BLOCK d] [COST n] '
+    .. '[AT ms]',
 }
 redis.register_function {
   function_name = 'ratelimit_peek',
@@ -1571,7 +1578,8 @@ redis.register_function {
     if not bound then bind() end
     return checkall(keys, args)
   end,
-  description = 'RATELIMIT.CHECKALL: N keys, one algorithm limit period [BURST c] per key, '
+  description = 'RATELIMIT.CHECKALL: N keys, one algorithm limit period [BURST c] [BLOCK d] '
+    .. 'per key, '
     .. '[COST n] [AT ms]; all or nothing',
 }
 redis.register_function {
@@ -1580,7 +1588,8 @@ redis.register_function {
     if not bound then bind() end
     return refund(keys, args)
   end,
-  description = 'RATELIMIT.REFUND: 1 key algorithm limit period [BURST c] COST n [AT ms]; gives '
+  description = 'RATELIMIT.REFUND: 1 key algorithm limit period [BURST c] [BLOCK d] COST n '
+    .. '[AT ms]; gives '
     .. 'back up to n of what earlier calls consumed',
 }
 redis.register_function {
