@@ -22,7 +22,7 @@
 //!   of its cost leaves every PEEK as before it, and the key absent where it was fresh.
 //! - Replication as effects (replication.rs): a replica's keys (value and absolute expiry) equal
 //!   the master's; FCALL_RO of peek and info works on the replica, of check does not; calls that
-//!   change nothing write nothing.
+//!   change nothing write nothing, calls on a blocked key neither; a block replicates.
 //! - MULTI, ACL key patterns, `maxmemory` (contexts.rs): OOM refuses check, peek still answers.
 //! - Errors (errors.rs): every bad argument gets the module's message (with the function's name
 //!   for the command's); keys of the other engine or type are `WRONGTYPE`.
