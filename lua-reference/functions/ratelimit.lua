@@ -4,10 +4,11 @@
 -- that cannot load modules (managed Redis and Valkey). Same arguments, same replies, same
 -- exact integer arithmetic (see docs/algorithms.md and docs/functions.md).
 --
---   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [COST n] [AT ms]
---   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [COST n] [AT ms]
---   FCALL    ratelimit_checkall N key1 .. keyN algorithm limit period [BURST c] [...] [COST n] [AT ms]
---   FCALL    ratelimit_refund   1 key algorithm limit period [BURST c] COST n [AT ms]
+--   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [BLOCK d] [COST n] [AT ms]
+--   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [BLOCK d] [COST n] [AT ms]
+--   FCALL    ratelimit_checkall N key1 .. keyN algorithm limit period [BURST c] [BLOCK d] [...]
+--                                 [COST n] [AT ms]
+--   FCALL    ratelimit_refund   1 key algorithm limit period [BURST c] [BLOCK d] COST n [AT ms]
 --   FCALL    ratelimit_reset    N key1 .. keyN
 --   FCALL_RO ratelimit_info     1 key
 --
@@ -26,12 +27,14 @@
 --   * Replies are RESP2-shaped under RESP3 too (arrays, not maps; `allowed` is 1 or 0): a
 --     function cannot see its caller's protocol.
 --   * Error texts are the module's, with its command names replaced by these functions' names.
---   * No INFO section, no `ratelimit.rejected` events; ratelimit_reset is refused under
+--   * No INFO section (nor its `_blocked` counters), no `ratelimit.rejected` or
+--     `ratelimit.blocked` events; ratelimit_reset is refused under
 --     maxmemory OOM like every function that may write (no function has allow-oom).
 --
--- State: one Redis string per key, written only by a consuming call or a refund that gives
--- something back, with an absolute expiry (PXAT / PEXPIREAT) at the moment it becomes
--- equivalent to a fresh key (deleted when a refund leaves it so):
+-- State: one Redis string per key, written only by a consuming call, a refund that gives
+-- something back or a rejection that starts a block (BLOCK), with an absolute expiry (PXAT /
+-- PEXPIREAT) at the moment it becomes equivalent to a fresh key, or its block's end if later
+-- (deleted when a refund leaves it so, unless it is blocked):
 --   rl:tb <limit> <period_ms> <burst> <tokens_scaled> <last_ms>      token bucket
 --   rl:lb <limit> <period_ms> <burst> <level_scaled> <last_ms>       leaky bucket
 --   rl:fw <limit> <period_ms> <count> <last_ms>                      fixed window
@@ -39,6 +42,7 @@
 --   rl:gc <limit> <period_ms> <burst> <ahead_scaled> <last_ms>       gcra
 --   rl:sl <33-byte binary header: LOG_FORMAT> <records>               sliding log
 --   rl:sr <33-byte binary header: REFUNDED_LOG_FORMAT> <records>      sliding log after a refund
+--   rl:bk <blocked_until_ms> <any of the above>                     a blocked key (see parse_state)
 -- (scaled: requests * period_ms; gcra's ahead_scaled, how far its theoretical arrival time is
 -- ahead of last_ms, counts limit units per ms; a window's start is last_ms - last_ms mod
 -- period_ms). The
@@ -75,7 +79,9 @@ local BUCKET = { [TB] = true, [LB] = true, [GC] = true }
 local TAG = {
   [TB] = 'rl:tb', [LB] = 'rl:lb', [FW] = 'rl:fw', [SW] = 'rl:sw', [SL] = 'rl:sl', [GC] = 'rl:gc',
 }
-local OPTIONS = { BURST = 'BURST', COST = 'COST', AT = 'AT' }
+local OPTIONS = { BURST = 'BURST', BLOCK = 'BLOCK', COST = 'COST', AT = 'AT' }
+-- The limit spec's own options (an error in one names the spec in CHECKALL).
+local SPEC_OPTION = { BURST = true, BLOCK = true }
 
 -- ------------------------------------------------------------------------------------------
 -- Error replies: the module's texts (src/error.rs).
@@ -88,6 +94,8 @@ local E_PERIOD = 'ERR period must be an integer from 1 ms to 3650 days, in ms or
   .. 'with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)'
 local E_BURST = 'ERR BURST must be an integer from 1 to 1000000000000'
 local E_BURST_ON_WINDOW = 'ERR BURST applies only to token-bucket, leaky-bucket and gcra'
+local E_BLOCK = 'ERR BLOCK must be a duration from 1 ms to 3650 days, in ms or with a unit '
+  .. 'ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)'
 local E_COST = 'ERR COST must be an integer from 0 to 1000000000000'
 local E_AT = 'ERR AT must be a time in ms since the Unix epoch, below 2^53'
 local E_REFUND_COST = 'ERR ratelimit_refund needs COST: how much to give back'
@@ -213,6 +221,53 @@ local function fmt_sum(a, b)
   return fmt(hi) .. format('%08d', lo)
 end
 
+-- The later of two times in decimal (digit strings without leading zeros).
+local function later(a, b)
+  if #a ~= #b then
+    if #a > #b then return a end
+    return b
+  end
+  if a > b then return a end
+  return b
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Blocks (BLOCK duration, the module's src/algorithms/block.rs). A consuming call the algorithm
+-- rejects (a cost it can ever admit) with BLOCK d, on a stored key, blocks the key until t + d;
+-- until then every call is rejected and changes nothing. The block's end may pass 2^53 (t just
+-- below it): it is kept in decimal too, and the time left computed exactly.
+
+-- The time left at t in the block of st (a state table), or nil when it is not blocked at t.
+local function block_left(st, t)
+  local until_ms = st.blocked
+  if not until_ms or t >= until_ms then return nil end
+  if until_ms < EXACT then return until_ms - t end
+  -- until = hi * 10^8 + lo: hi * 10^8 is exact (a multiple of 2^8 below 2^61), and so is the
+  -- difference, an integer below 2^53.
+  local s = st.blocked_s
+  return (strsub(s, 1, -9) * 1e8 - t) + strsub(s, -8)
+end
+
+-- The answer of a call on a blocked key, given what the algorithm alone answers (`own`) and the
+-- time left in the block.
+local function blocked_answer(own, left)
+  local retry = -1
+  if own[4] >= 0 then retry = max(own[4], left) end
+  return { 0, own[2], 0, retry, max(own[5], left), 0 }
+end
+
+-- The value of a blocked key: st's state (its value without any earlier block), blocked until
+-- `until_s` (decimal).
+local function blocked_value(key, st, until_s)
+  local state
+  if st.alg ~= SL or #st.raw < 128 then
+    state = strsub(st.raw, st.off + 1)
+  else
+    state = redis.call('GETRANGE', key, fmt(st.off), '-1')
+  end
+  return 'rl:bk ' .. until_s .. ' ' .. state
+end
+
 local function window_start(t, p) -- t - t mod p
   return floor_div(t, p) * p
 end
@@ -279,6 +334,9 @@ local function option_value(option, s)
   if option == 'BURST' then
     v = parse_amount(s, 1)
     if not v then return nil, bad(E_BURST, false) end
+  elseif option == 'BLOCK' then
+    v = parse_period(s)
+    if not v then return nil, bad(E_BLOCK, false) end
   elseif option == 'COST' then
     v = parse_amount(s, 0)
     if not v then return nil, bad(E_COST, true) end
@@ -348,13 +406,14 @@ local function finish_spec(head, burst)
   return spec
 end
 
--- `algorithm limit period [BURST c] [COST n] [AT ms]` from args[i] on, options in any order,
--- each once. Returns spec, cost, at (nil: the server's clock) and whether COST was given, or
--- nil, error (an unknown option's error has its position in `at`). `after` as for parse_head.
+-- `algorithm limit period [BURST c] [BLOCK d] [COST n] [AT ms]` from args[i] on, options in
+-- any order, each once. Returns spec, cost, at (nil: the server's clock), whether COST was given
+-- and BLOCK's duration in ms (nil: none), or nil, error (an unknown option's error has its
+-- position in `at`). `after` as for parse_head.
 local function parse_check(args, i, after)
   local head, err = parse_head(args, i, after)
   if not head then return nil, err end
-  local burst, cost, at
+  local burst, block, cost, at
   local j = i + 3
   while args[j] ~= nil do
     local option = OPTIONS[args[j]] or OPTIONS[upper(args[j])]
@@ -364,13 +423,15 @@ local function parse_check(args, i, after)
       e.at = j
       return nil, e
     end
-    local shared = option ~= 'BURST'
+    local shared = not SPEC_OPTION[option]
     if args[j + 1] == nil then return nil, bad('ERR ' .. option .. ' needs a value', shared) end
     local value, verr = option_value(option, args[j + 1])
     if value == nil then return nil, verr end
     local before
     if option == 'BURST' then
       before, burst = burst, value
+    elseif option == 'BLOCK' then
+      before, block = block, value
     elseif option == 'COST' then
       before, cost = cost, value
     else
@@ -382,12 +443,13 @@ local function parse_check(args, i, after)
   local spec
   spec, err = finish_spec(head, burst)
   if not spec then return nil, err end
-  return spec, cost or 1, at, cost ~= nil
+  return spec, cost or 1, at, cost ~= nil, block
 end
 
--- CHECKALL: one spec per key, `algorithm limit period [BURST c]` each, the last one followed by
--- the shared COST and AT (the last spec and the options parse exactly as CHECK's). An error in
--- a spec names it and its key. Returns specs, cost, at or nil, error message.
+-- CHECKALL: one spec per key, `algorithm limit period [BURST c] [BLOCK d]` each (BURST and
+-- BLOCK in any order, each once), the last one followed by the shared COST and AT (the last spec
+-- and the options parse exactly as CHECK's). An error in a spec names it and its key. Returns
+-- specs, cost, at, blocks (BLOCK's duration per spec, false: none) or nil, error message.
 local function parse_checkall(keys, args, name)
   local n = #keys
   local total = n + #args
@@ -424,39 +486,51 @@ local function parse_checkall(keys, args, name)
     if s == 0 or err.whole then return err.msg end
     return 'ERR limit spec ' .. s .. ' (key \'' .. keys[s] .. '\'): ' .. strsub(err.msg, 5)
   end
-  -- Where a spec must start: COST or AT there means a spec is missing; BURST there is a second
-  -- one for the spec before.
-  local function spec_start(i, after_burst)
+  -- Where a spec must start: COST or AT there means a spec is missing.
+  local function spec_start(i)
     local option = args[i] and OPTIONS[upper(args[i])]
-    if option == 'BURST' and after_burst then return bad('ERR BURST given more than once') end
     if option == 'COST' or option == 'AT' then return ARITY end
     return nil
   end
 
-  local specs = {}
+  local specs, blocks = {}, {}
   local i = 1
-  local burst
+  -- The spec before ended with its period (no BURST or BLOCK): the hint of an unknown
+  -- algorithm right after it.
+  local after_period = false
   for s = 1, n - 1 do
-    local err = spec_start(i, burst ~= nil)
+    local err = spec_start(i)
     if err then return nil, in_spec(wrong_count(err), s - 1) end
     local head, spec
-    head, err = parse_head(args, i, s > 1 and burst == nil and args[i - 1] or nil)
+    head, err = parse_head(args, i, after_period and args[i - 1] or nil)
     if not head then return nil, in_spec(err, s) end
     i = i + 3
-    burst = nil
-    if args[i] and OPTIONS[upper(args[i])] == 'BURST' then
-      if args[i + 1] == nil then return nil, in_spec(bad('ERR BURST needs a value'), s) end
-      burst, err = option_value('BURST', args[i + 1])
-      if not burst then return nil, in_spec(err, s) end
+    after_period = true
+    -- The spec's own options, right after its period, each once.
+    local values = {}
+    while true do
+      local option = args[i] and OPTIONS[upper(args[i])]
+      if not SPEC_OPTION[option] then break end
+      if args[i + 1] == nil then
+        return nil, in_spec(bad('ERR ' .. option .. ' needs a value'), s)
+      end
+      local value
+      value, err = option_value(option, args[i + 1])
+      if not value then return nil, in_spec(err, s) end
+      if values[option] then
+        return nil, in_spec(bad('ERR ' .. option .. ' given more than once'), s)
+      end
+      values[option] = value
       i = i + 2
+      after_period = false
     end
-    spec, err = finish_spec(head, burst)
+    spec, err = finish_spec(head, values.BURST)
     if not spec then return nil, in_spec(err, s) end
-    specs[s] = spec
+    specs[s], blocks[s] = spec, values.BLOCK or false
   end
-  local err = spec_start(i, burst ~= nil)
+  local err = spec_start(i)
   if err then return nil, in_spec(wrong_count(err), n - 1) end
-  local spec, cost, at = parse_check(args, i, n > 1 and burst == nil and args[i - 1] or nil)
+  local spec, cost, at, _, block = parse_check(args, i, after_period and args[i - 1] or nil)
   if not spec then
     -- Another spec after the last one: more specs than keys.
     if cost.at and ALGORITHMS[lower(args[cost.at])] then
@@ -465,8 +539,8 @@ local function parse_checkall(keys, args, name)
     if cost.shared then return nil, cost.msg end
     return nil, in_spec(cost, n)
   end
-  specs[n] = spec
-  return specs, cost, at
+  specs[n], blocks[n] = spec, block or false
+  return specs, cost, at, blocks
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -505,27 +579,30 @@ local function refunded_log_header(P, L, last, base, newest, total)
 end
 
 -- `newest`: the newest run's ms (`last` but in a refunded log); a refunded log has no
--- newest_pos.
-local function parse_log_header(raw)
-  if #raw <= HEADER then return nil end
+-- newest_pos. The log starts after `off` bytes of raw (a block's prefix, see parse_state); a
+-- blocked log may be empty (a refund took every entry during the block: no records, total 0).
+local function parse_log_header(raw, off, blocked)
+  local hdr = off + HEADER
+  if #raw < hdr or (#raw == hdr and not blocked) then return nil end
   local P, L, last, base, head, newest_pos, newest, total
-  if byte(raw, 5) == 108 then -- 'l': rl:sl
-    P, L, last, base, head, newest_pos, total = unpack_bytes(LOG_FORMAT, raw, 6)
+  if byte(raw, off + 5) == 108 then -- 'l': rl:sl
+    P, L, last, base, head, newest_pos, total = unpack_bytes(LOG_FORMAT, raw, off + 6)
     newest = last
     if head > newest_pos then return nil end
   else
-    P, L, last, base, newest, total = unpack_bytes(REFUNDED_LOG_FORMAT, raw, 6)
+    P, L, last, base, newest, total = unpack_bytes(REFUNDED_LOG_FORMAT, raw, off + 6)
     head = 0
     if newest >= last then return nil end
   end
   if P < 1 or P > MAX_PERIOD_MS or L < 1 or L > MAX_LOG_LIMIT
-    or last >= EXACT or base > newest or total < 1 then
+    or last >= EXACT or base > newest or (total < 1 and not (blocked and #raw == hdr)) then
     return nil
   end
-  -- records: the records read with the header (all of them when the value is under 128 bytes).
+  -- records: the records read with the header (all of them when the value is under 128 bytes);
+  -- hdr: their offset in the value.
   return { alg = SL, P = P, L = L, C = L, last = last, newest = newest, base = base,
-    head = head, newest_pos = newest_pos, total = total, raw = raw,
-    records = strsub(raw, HEADER + 1) }
+    head = head, newest_pos = newest_pos, total = total, raw = raw, hdr = hdr,
+    records = strsub(raw, hdr + 1) }
 end
 
 local FIXED_PATTERN = {
@@ -540,11 +617,8 @@ local ALG_OF_TAG = {
   ['rl:sr'] = SL, -- a refunded sliding log (see LOG_FORMAT)
 }
 
--- A stored value (its first bytes: up to 128) as a state table, or nil if it is not a limiter.
-local function parse_state(raw)
-  local alg = ALG_OF_TAG[strsub(raw, 1, 5)]
-  if alg == SL then return parse_log_header(raw) end
-  if not alg or #raw >= 128 then return nil end
+-- A fixed-size algorithm's value as a state table, or nil if it is not one.
+local function parse_fixed(alg, raw)
   local f1, f2, f3, f4, f5 = match(raw, FIXED_PATTERN[alg])
   if not f1 then return nil end
   -- Each field below 2^53 (a longer digit string converts to a larger double). The fields are
@@ -566,6 +640,30 @@ local function parse_state(raw)
   end
   if BUCKET[alg] and (st.C * st.P >= EXACT or st.a > st.C * st.P) then return nil end
   if alg == SW and st.L * st.P >= EXACT then return nil end
+  return st
+end
+
+-- A stored value (its first bytes: up to 128) as a state table, or nil if it is not a limiter.
+-- A blocked key's value is its state's prefixed with `rl:bk <blocked_until_ms> `: the state
+-- gets `blocked`, the block's end (a double: rounded above 2^53), `blocked_s`, the same in
+-- decimal (exact), and `off`, the prefix's length (0 and nil without one).
+local function parse_state(raw)
+  local off, until_s = 0, nil
+  if strsub(raw, 1, 6) == 'rl:bk ' then
+    local digits, pos = match(raw, '^rl:bk ([1-9]%d*) ()')
+    if not digits or #digits > 17 then return nil end
+    until_s, off = digits, pos - 1
+  end
+  local alg = ALG_OF_TAG[strsub(raw, off + 1, off + 5)]
+  local st
+  if alg == SL then
+    st = parse_log_header(raw, off, until_s ~= nil)
+  elseif alg and #raw < 128 then
+    st = parse_fixed(alg, off == 0 and raw or strsub(raw, off + 1))
+  end
+  if not st then return nil end
+  st.raw, st.off = raw, off
+  if until_s then st.blocked, st.blocked_s = until_s + 0, until_s end
   return st
 end
 
@@ -881,7 +979,7 @@ local function log_byte(v, off)
   local k = off - v.buf_at + 1
   if k < 1 or k > #v.buf then
     if v.complete and off >= v.buf_at then error(redis.error_reply(E_CORRUPT)) end
-    v.buf = redis.call('GETRANGE', v.key, fmt(HEADER + off), fmt(HEADER + off + v.chunk - 1))
+    v.buf = redis.call('GETRANGE', v.key, fmt(v.hdr + off), fmt(v.hdr + off + v.chunk - 1))
     v.buf_at = off
     v.chunk = min(v.chunk * 2, 65536)
     k = 1
@@ -936,7 +1034,7 @@ local NO_RUNS = {}
 local function log_view(key, st)
   if not st then return nil end
   return {
-    key = key, buf = st.records, buf_at = 0, chunk = 256,
+    key = key, buf = st.records, buf_at = 0, chunk = 256, hdr = st.hdr,
     complete = #st.raw < 128,
     P = st.P, last = st.last, newest = st.newest,
     pos = st.head, prev = st.base, left = st.total, x = 1, extra = NO_RUNS, n = st.total,
@@ -1007,7 +1105,7 @@ end
 -- CHECKALL's first pass: what a consuming call would leave, in memory.
 local function log_consume_in_view(key, v, res, spec, cost, t)
   if not v then
-    v = { key = key, buf = '', buf_at = 0, chunk = 256, complete = true }
+    v = { key = key, buf = '', buf_at = 0, chunk = 256, hdr = HEADER, complete = true }
   end
   if res.live and res.count > 0 then
     v.pos, v.prev, v.left, v.x = res.pos, res.prev, res.left, res.x
@@ -1037,9 +1135,11 @@ local function log_write(key, st, res, spec, cost, t, reset)
   local head, pos = res.pos, st.newest_pos
   local record, size
   local same_ms = t == st.newest
-  if #st.raw < 128 then
-    -- A small log, read whole by load(): one SET rewrites it without its dead records.
+  if #st.raw < 128 or st.off > 0 then
+    -- A small log, read whole by load(): one SET rewrites it without its dead records. A log
+    -- whose block has ended is rewritten so too, without the block.
     local records = st.records
+    if #st.raw >= 128 then records = redis.call('GETRANGE', key, fmt(st.hdr), '-1') end
     if same_ms then
       local v = { key = key, buf = records, buf_at = 0, chunk = 256, complete = true }
       local gap, count = log_read(v, pos)
@@ -1099,9 +1199,16 @@ local function log_give_back(key, st, cost, now)
   end
   local take = min(cost, left)
   if take == 0 then return v, t end
+  -- A refund does not lift a block: a blocked log keeps its state, empty or not.
+  local blocked = block_left(st, t) and st.blocked_s
   if take == left then
-    redis.call('DEL', key)
-    return nil, t
+    if not blocked then
+      redis.call('DEL', key)
+      return nil, t
+    end
+    local value = 'rl:bk ' .. blocked .. ' ' .. log_header(P, st.L, t, t, 0, 0, 0)
+    redis.call('SET', key, value, 'PXAT', blocked)
+    return log_view(key, parse_state(value)), t
   end
   -- The records kept: from the first live one (its gap counts from `base`) to the one holding
   -- the keep-th live entry, which keeps only its first entries up to there.
@@ -1120,7 +1227,7 @@ local function log_give_back(key, st, cost, now)
     if v.complete then
       before = strsub(st.records, from + 1, pos)
     else
-      before = redis.call('GETRANGE', key, fmt(HEADER + from), fmt(HEADER + pos - 1))
+      before = redis.call('GETRANGE', key, fmt(st.hdr + from), fmt(st.hdr + pos - 1))
     end
   end
   local header
@@ -1130,8 +1237,13 @@ local function log_give_back(key, st, cost, now)
     header = refunded_log_header(P, st.L, t, base, newest, keep)
   end
   local value = header .. before .. log_record(gap, count - (seen - keep))
-  redis.call('SET', key, value, 'PXAT', fmt_sum(newest, P))
-  return log_view(key, parse_log_header(strsub(value, 1, 128))), t
+  local expire = fmt_sum(newest, P)
+  if blocked then
+    value = 'rl:bk ' .. blocked .. ' ' .. value
+    expire = later(expire, blocked)
+  end
+  redis.call('SET', key, value, 'PXAT', expire)
+  return log_view(key, parse_state(strsub(value, 1, 128))), t
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -1148,17 +1260,36 @@ local function decide(alg, view, spec, cost, now)
   return FIXED[alg](view, spec, cost, now)
 end
 
--- CHECK (commit) or PEEK on a loaded key; returns the reply and whether it wrote, or nil, error.
-local function evaluate(key, st, spec, cost, now, commit)
+-- The time a key's state becomes a fresh key's, without its block (decimal): what its expiry
+-- would be (the module's expires_at_ms before the block's end is taken into account).
+local function state_expiry(key, st)
+  return fmt_sum(st.last, decide(st.alg, view_of(key, st), st, 0, st.last)[5])
+end
+
+-- CHECK (commit) or PEEK on a loaded key, with the call's BLOCK (ms, nil: none); returns the
+-- reply, whether it wrote and whether the key's block decided it, or nil, error. A block is
+-- written by the rejection that starts it; a consuming call after its end clears it.
+local function evaluate(key, st, spec, cost, now, commit, block)
   if st and st.alg ~= spec.alg then return nil, mismatch(st.alg, spec.alg) end
-  local reply, t, a, b = decide(spec.alg, view_of(key, st), spec, cost, now)
-  if commit and reply[1] == 1 and cost > 0 then
-    if spec.alg == SL then
-      log_write(key, st, a, spec, cost, t, reply[5])
-    else
-      redis.call('SET', key, encode_fixed(spec, a, b, t), 'PXAT', fmt_sum(t, reply[5]))
+  local view = view_of(key, st)
+  local reply, t, a, b = decide(spec.alg, view, spec, cost, now)
+  local left = st and block_left(st, t)
+  if left then return blocked_answer(reply, left), false, true end
+  if commit and cost > 0 then
+    if reply[1] == 1 then
+      if spec.alg == SL then
+        log_write(key, st, a, spec, cost, t, reply[5])
+      else
+        redis.call('SET', key, encode_fixed(spec, a, b, t), 'PXAT', fmt_sum(t, reply[5]))
+      end
+      return reply, true
     end
-    return reply, true
+    if block and st and reply[4] >= 0 then
+      reply = blocked_answer(reply, block)
+      redis.call('SET', key, blocked_value(key, st, fmt_sum(t, block)), 'PXAT',
+        fmt_sum(t, reply[5]))
+      return reply, true
+    end
   end
   return reply, false
 end
@@ -1173,6 +1304,7 @@ end
 local function give_back(key, st, cost, now)
   local alg, P = st.alg, st.P
   local _, t, a, b = FIXED[alg](st, st, 0, now)
+  local blocked = block_left(st, t) and st.blocked_s
   local fresh
   if alg == TB then
     local missing = st.C * P - a
@@ -1191,12 +1323,20 @@ local function give_back(key, st, cost, now)
     if not fresh then a = a - cost * P end
   end
   if fresh then
-    redis.call('DEL', key)
-    return nil, t
+    if not blocked then
+      redis.call('DEL', key)
+      return nil, t
+    end
+    -- A refund does not lift a block: a blocked key keeps its state, fresh or not.
+    if alg == TB then a = st.C * P else a = 0 end
   end
   local after = { alg = alg, L = st.L, P = P, C = st.C, a = a, b = b, last = t }
   local reset = FIXED[alg](after, st, 0, t)[5]
-  redis.call('SET', key, encode_fixed(st, a, b, t), 'PXAT', fmt_sum(t, reset))
+  local value, expire = encode_fixed(st, a, b, t), fmt_sum(t, reset)
+  if blocked then
+    value, expire = 'rl:bk ' .. blocked .. ' ' .. value, later(expire, blocked)
+  end
+  redis.call('SET', key, value, 'PXAT', expire)
   return after, t
 end
 
@@ -1205,14 +1345,14 @@ end
 
 local function check(name, keys, args, commit)
   if #keys ~= 1 then return redis.error_reply(one_key(name)) end
-  local spec, cost, at = parse_check(args, 1)
+  local spec, cost, at, _, block = parse_check(args, 1)
   if not spec then
     if cost.arity then return redis.error_reply(arity(name)) end
     return redis.error_reply(cost.msg)
   end
   local st, err, raw = load(keys[1])
   if err then return redis.error_reply(err) end
-  local reply, wrote = evaluate(keys[1], st, spec, cost, at or server_now(), commit)
+  local reply, wrote = evaluate(keys[1], st, spec, cost, at or server_now(), commit, block)
   if not reply then return redis.error_reply(wrote) end
   -- A value left as it was is likely read again: rejections repeat on a key at its limit.
   if raw and not wrote then remember_state(raw, st) end
@@ -1240,7 +1380,11 @@ local function refund(keys, args)
   elseif st then
     view, t = give_back(key, st, cost, t)
   end
-  return (decide(spec.alg, view, spec, 0, t))
+  local reply = decide(spec.alg, view, spec, 0, t)
+  -- A refund does not lift a block: the answer is the blocked one.
+  local left = st and block_left(st, t)
+  if left then return blocked_answer(reply, left) end
+  return reply
 end
 
 -- The overall decision: allowed only if all allow; the least remaining (and the limit of the
@@ -1263,14 +1407,15 @@ local function combine(replies)
 end
 
 local function checkall(keys, args)
-  local specs, cost, at = parse_checkall(keys, args, 'ratelimit_checkall')
+  local specs, cost, at, blocks = parse_checkall(keys, args, 'ratelimit_checkall')
   if not specs then return redis.error_reply(cost) end
   local now = at or server_now()
 
   -- First pass: decide every limit in order without writing. A key named more than once is
-  -- decided on a view that carries what the admitted limits before it consumed.
+  -- decided on a view that carries what the admitted limits before it consumed. A blocked key
+  -- rejects every limit on it (by_block), and its view stays as it is.
   local loaded, views, algs, seen = {}, {}, {}, {}
-  local replies = {}
+  local replies, times, by_block = {}, {}, {}
   for i, key in ipairs(keys) do
     local spec = specs[i]
     if not seen[key] then
@@ -1284,7 +1429,11 @@ local function checkall(keys, args)
       return redis.error_reply(mismatch(algs[key], spec.alg))
     end
     local reply, t, a, b = decide(spec.alg, views[key], spec, cost, now)
-    if reply[1] == 1 and cost > 0 then
+    local st = loaded[key]
+    local left = st and block_left(st, t)
+    if left then
+      reply, by_block[i] = blocked_answer(reply, left), true
+    elseif reply[1] == 1 and cost > 0 then
       algs[key] = spec.alg
       if spec.alg == SL then
         views[key] = log_consume_in_view(key, views[key], a, spec, cost, t)
@@ -1292,7 +1441,7 @@ local function checkall(keys, args)
         views[key] = { alg = spec.alg, L = spec.L, P = spec.P, C = spec.C, a = a, b = b, last = t }
       end
     end
-    replies[i] = reply
+    replies[i], times[i] = reply, t
   end
 
   local admitted = true
@@ -1314,6 +1463,23 @@ local function checkall(keys, args)
       if not reply then return redis.error_reply(err) end
       replies[i] = reply
       fresh[key] = true
+    end
+  end
+  -- Blocks: a limit with BLOCK that its algorithm rejected (a cost it can ever admit, on a
+  -- stored key not blocked already) blocks its key, whether or not the request was admitted;
+  -- once per key, the first such limit's. Nothing else of the key changes; it expires at the
+  -- later of its state's expiry and the block's end.
+  local blocked = {}
+  if cost > 0 then
+    for i, key in ipairs(keys) do
+      local r, st, block = replies[i], loaded[key], blocks[i]
+      if block and st and r[1] == 0 and r[4] >= 0 and not by_block[i] and not blocked[key] then
+        local until_s = fmt_sum(times[i], block)
+        redis.call('SET', key, blocked_value(key, st, until_s), 'PXAT',
+          later(state_expiry(key, st), until_s))
+        replies[i] = blocked_answer(r, block)
+        blocked[key] = true
+      end
     end
   end
 
@@ -1352,8 +1518,10 @@ local function info(keys, args)
   local st, err = load(key)
   if err then return redis.error_reply(err) end
   if not st then return false end
-  -- remaining and reset_after_ms: a COST 0 PEEK with the stored parameters, now.
-  local reply = decide(st.alg, view_of(key, st), st, 0, server_now())
+  -- remaining and reset_after_ms: a COST 0 PEEK with the stored parameters, now (a block too).
+  local reply, t = decide(st.alg, view_of(key, st), st, 0, server_now())
+  local left = block_left(st, t)
+  if left then reply = blocked_answer(reply, left) end
   local out = {
     status('algorithm'), status(st.alg), status('limit'), st.L, status('period_ms'), st.P,
     status('burst'), st.C, status('remaining'), reply[3], status('reset_after_ms'), reply[5],
@@ -1374,6 +1542,11 @@ local function info(keys, args)
   else
     own = { 'entries', st.total }
   end
+  -- A block that has not ended (a double: rounded above 2^53).
+  if left then
+    own[#own + 1] = 'blocked_until_ms'
+    own[#own + 1] = st.blocked
+  end
   for k = 1, #own, 2 do
     out[#out + 1] = status(own[k])
     out[#out + 1] = own[k + 1]
@@ -1387,7 +1560,8 @@ redis.register_function {
     if not bound then bind() end
     return check('ratelimit_check', keys, args, true)
   end,
-  description = 'RATELIMIT.CHECK: 1 key algorithm limit period [BURST c] [COST n] [AT ms]',
+  description = 'RATELIMIT.CHECK: 1 key algorithm limit period [BURST c] [BLOCK d] [COST n] '
+    .. '[AT ms]',
 }
 redis.register_function {
   function_name = 'ratelimit_peek',
@@ -1404,7 +1578,8 @@ redis.register_function {
     if not bound then bind() end
     return checkall(keys, args)
   end,
-  description = 'RATELIMIT.CHECKALL: N keys, one algorithm limit period [BURST c] per key, '
+  description = 'RATELIMIT.CHECKALL: N keys, one algorithm limit period [BURST c] [BLOCK d] '
+    .. 'per key, '
     .. '[COST n] [AT ms]; all or nothing',
 }
 redis.register_function {
@@ -1413,7 +1588,8 @@ redis.register_function {
     if not bound then bind() end
     return refund(keys, args)
   end,
-  description = 'RATELIMIT.REFUND: 1 key algorithm limit period [BURST c] COST n [AT ms]; gives '
+  description = 'RATELIMIT.REFUND: 1 key algorithm limit period [BURST c] [BLOCK d] COST n '
+    .. '[AT ms]; gives '
     .. 'back up to n of what earlier calls consumed',
 }
 redis.register_function {

@@ -11,6 +11,10 @@
 //!   workload (equal decisions and `remaining`, durations within the time between the calls).
 //! - CHECKALL (checkall.rs): random CHECKALLs (keys named more than once, mixed algorithms, wrong
 //!   algorithms) get the same replies and expiries.
+//! - BLOCK (block.rs, and with BLOCK in the random sequences of equivalence.rs, checkall.rs and
+//!   refund.rs): a block's start, its replies (PEEK, COST 0, other parameters, calls without
+//!   BLOCK), REFUND during it, its end, its expiry, INFO's `blocked_until_ms`, blocks in
+//!   CHECKALL, long logs, blocks ending past 2^53.
 //! - REFUND (refund.rs): the random sequences with refunds between their calls (random costs,
 //!   more than was consumed, COST 0, missing keys, other parameters than the stored ones, times
 //!   going backwards) and long sliding logs refunded and extended again get the same REFUND, PEEK
@@ -18,7 +22,7 @@
 //!   of its cost leaves every PEEK as before it, and the key absent where it was fresh.
 //! - Replication as effects (replication.rs): a replica's keys (value and absolute expiry) equal
 //!   the master's; FCALL_RO of peek and info works on the replica, of check does not; calls that
-//!   change nothing write nothing.
+//!   change nothing write nothing, calls on a blocked key neither; a block replicates.
 //! - MULTI, ACL key patterns, `maxmemory` (contexts.rs): OOM refuses check, peek still answers.
 //! - Errors (errors.rs): every bad argument gets the module's message (with the function's name
 //!   for the command's); keys of the other engine or type are `WRONGTYPE`.
@@ -32,6 +36,7 @@
 //! limits.rs. `FUNCTIONS_SEED=<n>` (decimal or 0x-hex) replays another seed, `FUNCTIONS_CALLS=<n>`
 //! sets the calls per algorithm of the equivalence run (default 4000).
 
+mod block;
 mod checkall;
 mod cluster;
 mod contexts;

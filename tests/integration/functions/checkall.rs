@@ -1,5 +1,6 @@
 //! Random CHECKALLs on both engines: keys named two or three times, mixed algorithms, BURST in
-//! any spec, now and then an algorithm the key does not hold.
+//! any spec, now and then an algorithm the key does not hold; and the same with BLOCK in most
+//! specs (blocks started whether or not the request is admitted, once per key).
 
 use std::fmt::Write as _;
 
@@ -8,18 +9,29 @@ use redis::Value;
 use super::engines::{
     algorithms, both_engines, both_infos, fcall, native, same_info, same_reply, seed,
 };
-use super::limits::Limit;
+use super::limits::{block_duration, with_block, Limit};
 use crate::common::rng::Rng;
 use crate::common::{error_text, future_base_ms, send, show_value, try_reply6, DAY_MS};
 use crate::equivalence::sequences::LuaReference;
 
 #[test]
 fn checkall_answers_as_the_module_with_repeated_keys_and_wrong_algorithms() {
+    random_checkalls(100, false);
+}
+
+#[test]
+fn checkall_with_blocks_answers_as_the_module() {
+    random_checkalls(110, true);
+}
+
+/// 60 groups of 40 random CHECKALLs on three keys; `with_blocks`: a BLOCK duration for most
+/// keys, named by most of their specs (the rest of the calls are the same generator's).
+fn random_checkalls(stream: u64, with_blocks: bool) {
     let (_server, mut con) = both_engines();
     let seed = seed();
     let base = future_base_ms();
     let algorithms = algorithms();
-    let mut rng = Rng::with_stream(seed, 100);
+    let mut rng = Rng::with_stream(seed, stream);
     let mut calls = 0;
     let mut admitted = 0;
     let mut repeated = 0;
@@ -34,6 +46,13 @@ fn checkall_answers_as_the_module_with_repeated_keys_and_wrong_algorithms() {
                 let limit = rng.range(1, 8).min(algorithm.bound(period));
                 let burst = rng.chance(50).then(|| rng.range(1, 10));
                 Limit::new(algorithm, limit, period, burst)
+            })
+            .collect();
+        let blocks: Vec<Option<u64>> = limits
+            .iter()
+            .map(|limit| {
+                (with_blocks && rng.chance(70))
+                    .then(|| block_duration(limit.params.period, &mut rng))
             })
             .collect();
         let nkeys: Vec<String> = names.iter().map(|k| format!("n:{group}:{k}")).collect();
@@ -64,8 +83,9 @@ fn checkall_answers_as_the_module_with_repeated_keys_and_wrong_algorithms() {
                     limit.algorithm = rng.pick(&algorithms); // most likely another algorithm
                     limit.params.burst = limit.params.burst.filter(|_| limit.algorithm.is_bucket());
                 }
-                if i + 1 < count {
-                    args.extend(limit.spec_args(&mut rng));
+                let block = blocks[k].filter(|_| rng.chance(80));
+                let spelled = if i + 1 < count {
+                    limit.spec_args(&mut rng)
                 } else {
                     let cost = match rng.below(10) {
                         0 => 0,
@@ -85,8 +105,12 @@ fn checkall_answers_as_the_module_with_repeated_keys_and_wrong_algorithms() {
                         cursor + step
                     };
                     cursor = cursor.max(at);
-                    args.extend(limit.args(cost, Some(at), &mut rng));
-                }
+                    limit.args(cost, Some(at), &mut rng)
+                };
+                args.extend(match block {
+                    Some(ms) => with_block(spelled, ms, &mut rng),
+                    None => spelled,
+                });
             }
             let n: Vec<&str> = picked.iter().map(|&k| nkeys[k].as_str()).collect();
             let f: Vec<&str> = picked.iter().map(|&k| fkeys[k].as_str()).collect();
@@ -145,8 +169,20 @@ fn checkall_answers_as_the_module_with_repeated_keys_and_wrong_algorithms() {
             );
         }
     }
+    let info: String = redis::cmd("INFO").arg("ratelimit").query(&mut con).unwrap();
+    let blocked: u64 = info
+        .lines()
+        .filter(|line| line.starts_with("ratelimit_") && line.contains("_blocked:"))
+        .filter_map(|line| line.split(':').nth(1)?.trim().parse::<u64>().ok())
+        .sum();
     println!(
-        "{calls} CHECKALLs: {admitted} admitted, {repeated} with a repeated key, {errors} errors"
+        "{calls} CHECKALLs: {admitted} admitted, {repeated} with a repeated key, {errors} errors, \
+         {blocked} limits rejected by a block"
     );
-    assert!(admitted > calls / 5 && repeated > calls / 5 && errors > 0);
+    assert!(admitted > calls / 10 && repeated > calls / 5 && errors > 0);
+    if with_blocks {
+        assert!(blocked > calls as u64 / 20, "too few blocks");
+    } else {
+        assert!(admitted > calls / 5 && blocked == 0);
+    }
 }

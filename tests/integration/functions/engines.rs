@@ -100,16 +100,17 @@ pub fn both_infos(con: &mut Connection, nkey: &str, fkey: &str) -> (Value, Value
     (replies.pop().expect("two replies"), library)
 }
 
-/// Equal INFO replies, but for the one field the library cannot always answer exactly: gcra's
-/// `tat` (ms since the epoch) at or beyond 2^53, reachable only with `AT` near 2^53, is a Lua
-/// double there, at most 1 ms off (docs/functions.md, "Where it differs from the module").
+/// Equal INFO replies, but for the fields the library cannot always answer exactly: gcra's
+/// `tat` and a block's `blocked_until_ms` (ms since the epoch) at or beyond 2^53, reachable only
+/// with `AT` near 2^53, are Lua doubles there, at most 1 ms off (docs/functions.md, "Where it
+/// differs from the module").
 pub fn same_info(module: &Value, library: &Value) -> bool {
     let (Value::Array(m), Value::Array(l)) = (module, library) else {
         return module == library;
     };
     let is_tat = |name: &Value| match name {
-        Value::SimpleString(text) => text == "tat",
-        Value::BulkString(bytes) => bytes == b"tat",
+        Value::SimpleString(text) => text == "tat" || text == "blocked_until_ms",
+        Value::BulkString(bytes) => bytes == b"tat" || bytes == b"blocked_until_ms",
         _ => false,
     };
     m.len() == l.len()

@@ -11,10 +11,10 @@ use super::engines::{
     algorithms, both_engines, both_infos, calls_per_algorithm, fcall, native, same_info, seed,
     words,
 };
-use super::limits::{gen_sequence, Call, Limit};
+use super::limits::{gen_blocked_sequence, gen_sequence, Call, Limit};
 use crate::common::rng::Rng;
 use crate::common::{
-    dbsize, error_text, future_base_ms, int, now_ms, reply6, send, show_value, DAY_MS,
+    dbsize, error_text, future_base_ms, int, now_ms, reply6, send, show_value, try_reply6, DAY_MS,
 };
 
 /// What one call of a sequence answered, `[module, library]`.
@@ -58,12 +58,17 @@ fn run_sequence(con: &mut Connection, nkey: &str, fkey: &str, calls: &[Call]) ->
 }
 
 /// The first call where the engines differ, or where an expiry is not `t + reset_after`.
-fn first_difference(calls: &[Call], steps: &[Step]) -> Option<(usize, String)> {
+/// `blocks`: the calls that name BLOCK (none when shorter): a rejection that starts a block
+/// answers the block, the PEEK before it the algorithm alone.
+fn first_difference(calls: &[Call], steps: &[Step], blocks: &[bool]) -> Option<(usize, String)> {
     let mut last: Option<u64> = None;
     for (i, (call, s)) in calls.iter().zip(steps).enumerate() {
+        let starts_block = blocks.get(i) == Some(&true)
+            && try_reply6(&s.check[0]).is_some_and(|r| r[0] == 0)
+            && try_reply6(&s.peek[0]).is_some_and(|r| r[0] == 0);
         let what = if s.check[0] != s.check[1] {
             format!("CHECK: {}", both(&s.check))
-        } else if s.peek[0] != s.peek[1] || s.peek[0] != s.check[0] {
+        } else if s.peek[0] != s.peek[1] || (s.peek[0] != s.check[0] && !starts_block) {
             format!(
                 "PEEK: {}, then CHECK {}",
                 both(&s.peek),
@@ -132,7 +137,7 @@ fn the_library_answers_as_the_module_on_random_sequences() {
             let nkey = format!("n:{name}:{sequences}");
             let fkey = format!("f:{name}:{sequences}");
             let steps = run_sequence(&mut con, &nkey, &fkey, &calls);
-            if let Some((i, what)) = first_difference(&calls, &steps) {
+            if let Some((i, what)) = first_difference(&calls, &steps, &[]) {
                 panic!(
                     "FUNCTIONS_SEED={seed:#x}, {name}, sequence {sequences}, call {i}: {what}\n{}",
                     describe(&nkey, &fkey, &calls, &steps)
@@ -176,6 +181,60 @@ fn the_library_answers_as_the_module_on_random_sequences() {
     println!("{:?} in all", started.elapsed());
 }
 
+/// BLOCK on the random sequences: on all, most or some calls of a sequence (a call without it on
+/// a blocked key is still rejected), durations from 1 ms to 3650 days (blocks ending past 2^53
+/// near the top), parameter changes, COST 0 and PEEK during blocks: the same replies, expiries
+/// (the block's end when it outlasts the state) and INFO (`blocked_until_ms`). The module's
+/// `_blocked` counter says blocks decided calls.
+#[test]
+fn blocks_answer_as_the_module_on_random_sequences() {
+    let (_server, mut con) = both_engines();
+    let seed = seed();
+    let base = future_base_ms();
+    let per_algorithm = calls_per_algorithm() / 2;
+    for algorithm in algorithms() {
+        let name = algorithm.name();
+        let mut rng = Rng::with_stream(seed, 600 + algorithm.index() as u64);
+        let (mut done, mut sequences) = (0, 0);
+        while done < per_algorithm {
+            let len = rng.range(10, 80) as usize;
+            let (calls, blocks) = gen_blocked_sequence(algorithm, &mut rng, base, len);
+            let nkey = format!("n:block:{name}:{sequences}");
+            let fkey = format!("f:block:{name}:{sequences}");
+            let steps = run_sequence(&mut con, &nkey, &fkey, &calls);
+            if let Some((i, what)) = first_difference(&calls, &steps, &blocks) {
+                panic!(
+                    "FUNCTIONS_SEED={seed:#x}, {name}, sequence {sequences}, call {i}: {what}\n{}",
+                    describe(&nkey, &fkey, &calls, &steps)
+                );
+            }
+            let (module, library) = both_infos(&mut con, &nkey, &fkey);
+            assert!(
+                same_info(&module, &library),
+                "FUNCTIONS_SEED={seed:#x}, {name}, sequence {sequences}: INFO module {} \
+                 != library {}\n{}",
+                show_value(&module),
+                show_value(&library),
+                describe(&nkey, &fkey, &calls, &steps)
+            );
+            done += len;
+            sequences += 1;
+        }
+        let info: String = redis::cmd("INFO").arg("ratelimit").query(&mut con).unwrap();
+        let field = format!("ratelimit_{}_blocked:", name.replace('-', "_"));
+        let blocked: u64 = info
+            .lines()
+            .find_map(|line| line.strip_prefix(field.as_str()))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in INFO ratelimit:\n{info}"));
+        println!("{name}: {done} calls on {sequences} keys, {blocked} rejected by a block");
+        assert!(
+            per_algorithm < 1000 || blocked as usize >= per_algorithm / 20,
+            "{name}: too few calls decided by a block ({blocked})"
+        );
+    }
+}
+
 /// Long runs on single sliding logs: thousands of entries slide through, so the library's dead
 /// records are reclaimed many times, runs at one ms grow in place, limits and periods change.
 #[test]
@@ -215,7 +274,7 @@ fn long_sliding_logs_answer_as_the_module() {
         }
         let (nkey, fkey) = (format!("n:log:{key}"), format!("f:log:{key}"));
         let steps = run_sequence(&mut con, &nkey, &fkey, &calls);
-        if let Some((i, what)) = first_difference(&calls, &steps) {
+        if let Some((i, what)) = first_difference(&calls, &steps, &[]) {
             let from = i.saturating_sub(20);
             panic!(
                 "FUNCTIONS_SEED={seed:#x}, log {key}, call {i}: {what}\ncalls {from}..={i}:\n{}",
@@ -263,7 +322,7 @@ fn gcra_keeps_its_tat_as_time_through_parameter_changes() {
         .collect();
     let (nkey, fkey) = ("n:gcra:tat", "f:gcra:tat");
     let steps = run_sequence(&mut con, nkey, fkey, &calls);
-    if let Some((i, what)) = first_difference(&calls, &steps) {
+    if let Some((i, what)) = first_difference(&calls, &steps, &[]) {
         panic!("call {i}: {what}\n{}", describe(nkey, fkey, &calls, &steps));
     }
     // 259,199,000 ms ahead, at 10^12 units per ms: past 2^53 units, and exact.

@@ -96,6 +96,23 @@ fn every_bad_argument_gets_the_modules_message() {
         "fixed-window 5 1s yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy",
         "fixed-window 5 1s a\u{1}\u{ff}b",
         "sliding-windows 100 1m",
+        // BLOCK: a duration as a period is, once, among the options in any order.
+        "fixed-window 10 1s BLOCK",
+        "fixed-window 10 1s BLOCK 0",
+        "fixed-window 10 1s BLOCK 0s",
+        "fixed-window 10 1s BLOCK 3651d",
+        "fixed-window 10 1s BLOCK 1w",
+        "fixed-window 10 1s BLOCK -1s",
+        "fixed-window 10 1s BLOCK 1.5s",
+        "fixed-window 10 1s BLOCK x",
+        "fixed-window 10 1s block 1s BLOCK 2s",
+        "token-bucket 10 1s BLOCK 1s BURST 2 block 1m",
+        "fixed-window 10 1s BLOCK 1s BURST 2",
+        "fixed-window 10 1s BLOCK 1s COST 1 minute",
+        "fixed-window 10 1s BLOCK 1 minute",
+        "sliding-log 100001 1s BLOCK 1s",
+        "token-bucket 10 1s BLOCK x COST y",
+        "token-bucket 10 1s COST y BLOCK x",
     ];
     for line in check_vectors {
         let args = words(line);
@@ -118,6 +135,9 @@ fn every_bad_argument_gets_the_modules_message() {
         "fixed-window 10 1s COST x",
         "fixed-window 10 1s cost 1 COST 1",
         "fixed-window 10 1s COST 1 BURST 2",
+        "fixed-window 10 1s BLOCK 1s",
+        "fixed-window 10 1s BLOCK x COST 1",
+        "fixed-window 10 1s COST 1 BLOCK 1s BLOCK 1s",
         "fixed-window 10 1s COST 1 AT 9007199254740992",
         "token-bucket 10 1s AT COST",
         "token-bucket 10 1s BURST COST 1",
@@ -176,6 +196,43 @@ fn every_bad_argument_gets_the_modules_message() {
         ("a b c", "token-bucket 1 1s BURST 2 fixed-window 1 1h AT 5"),
         ("a b", "sliding-window 100 1 minute fixed-window 10 1h"),
         ("a b", "fixed-window 100 1m fixed-window 10 1 hour"),
+        // BLOCK in a spec: after its period, with BURST in any order, each once.
+        ("a b", "fixed-window 1 1s BLOCK fixed-window 1 1s"),
+        ("a b", "fixed-window 1 1s BLOCK 0 fixed-window 1 1s"),
+        (
+            "a b",
+            "fixed-window 1 1s BLOCK 1s BLOCK 2s fixed-window 1 1s",
+        ),
+        (
+            "a b",
+            "token-bucket 1 1s BLOCK 1s BURST 2 BLOCK 2s fixed-window 1 1s",
+        ),
+        (
+            "a b",
+            "token-bucket 1 1s BURST 2 BLOCK 1s BURST 3 fixed-window 1 1s",
+        ),
+        (
+            "a b",
+            "fixed-window 1 1s BLOCK 1s BURST 2 fixed-window 1 1s",
+        ),
+        (
+            "a b",
+            "token-bucket 1 1s BLOCK 1s BURST x fixed-window 1 1s",
+        ),
+        ("a b", "fixed-window 1 1s BLOCK 1s sliding-logs 1 1s"),
+        ("a b", "fixed-window 1 1s BLOCK 1s fixed-window 1 1 hour"),
+        ("a b", "fixed-window 1 1s fixed-window 1 1s BLOCK 3651d"),
+        ("a b", "fixed-window 1 1s fixed-window 1 1s COST 1 BLOCK x"),
+        (
+            "a b",
+            "fixed-window 1 1s fixed-window 1 1s BLOCK 1s COST 1 BLOCK 1s",
+        ),
+        ("a b", "fixed-window 1 1s fixed-window 1 1s BLOCK"),
+        ("a b", "fixed-window 1 1s BLOCK 1s COST 1"),
+        (
+            "a b c",
+            "fixed-window 1 1s BLOCK 1s fixed-window 1 1s BLOCK 1s",
+        ),
         ("a b", "token-bucket 100 1m BURST 5 minute 10 1h"),
         (
             "a b",

@@ -143,3 +143,58 @@ pub fn gen_sequence(algorithm: Algorithm, rng: &mut Rng, base: u64, len: usize) 
         })
         .collect()
 }
+
+/// `args` (a call's, or a CHECKALL spec's: `algorithm limit period` then option pairs) with
+/// `BLOCK d` among its options: right after the period or after any option pair, the name in
+/// any case, the duration spelled as a period might be.
+pub fn with_block(mut args: Vec<String>, block_ms: u64, rng: &mut Rng) -> Vec<String> {
+    let pairs = args.len().saturating_sub(3) / 2;
+    let at = 3 + 2 * rng.index(pairs + 1);
+    let name = if rng.chance(20) { "block" } else { "BLOCK" };
+    args.splice(at..at, [name.to_string(), spelled_period(block_ms, rng)]);
+    args
+}
+
+/// A block's duration for a limit of `period` ms: shorter than the period, about it, a few
+/// periods, or anything up to the largest (3650 days).
+pub fn block_duration(period: u64, rng: &mut Rng) -> u64 {
+    let ms = match rng.below(10) {
+        0..=2 => rng.range(1, period.max(2)),
+        3..=4 => period,
+        5..=8 => rng.range(period, period.saturating_mul(4)),
+        _ => rng.log_uniform(1, 3650 * DAY_MS),
+    };
+    ms.clamp(1, 3650 * DAY_MS)
+}
+
+/// [`gen_sequence`] with `BLOCK` on a share of its calls (all, most or some; a call without it
+/// on a blocked key must still be rejected): the calls, and per call whether it names BLOCK.
+pub fn gen_blocked_sequence(
+    algorithm: Algorithm,
+    rng: &mut Rng,
+    base: u64,
+    len: usize,
+) -> (Vec<Call>, Vec<bool>) {
+    let times = if rng.chance(8) {
+        sequences::Times::NearTop
+    } else {
+        sequences::Times::Future(base)
+    };
+    let share = rng.pick(&[100, 70, 30]);
+    sequences::gen_sequence(algorithm, rng, times, len)
+        .into_iter()
+        .map(|call| {
+            let limit = Limit {
+                algorithm,
+                params: call.params,
+            };
+            let mut made = Call::new(&limit, call.cost, call.at, rng);
+            let blocks = rng.chance(share);
+            if blocks {
+                let ms = block_duration(call.params.period, rng);
+                made.args = with_block(made.args, ms, rng);
+            }
+            (made, blocks)
+        })
+        .unzip()
+}

@@ -13,7 +13,7 @@ use super::engines::{
     algorithms, both_engines, both_infos, calls_per_algorithm, fcall, native, same_info,
     same_reply, seed,
 };
-use super::limits::Limit;
+use super::limits::{block_duration, with_block, Limit};
 use crate::common::rng::Rng;
 use crate::common::{future_base_ms, send, show_value, try_reply6, MAX_AMOUNT, TIME_LIMIT_MS};
 use crate::equivalence::sequences::{self, Params, Times};
@@ -28,6 +28,10 @@ struct Call {
     peek: Vec<String>,
     /// A REFUND naming other parameters than the CHECK before it (or another algorithm).
     other_params: bool,
+    /// A CHECK naming BLOCK: when it starts a block it answers the block, its PEEK does not.
+    block: bool,
+    /// The period of the call's limit (ms).
+    period: u64,
 }
 
 impl Call {
@@ -39,6 +43,8 @@ impl Call {
             peek: args.clone(),
             args,
             other_params: false,
+            block: false,
+            period: limit.params.period,
         }
     }
 
@@ -48,6 +54,8 @@ impl Call {
             args: limit.refund_args(cost, Some(at), rng),
             peek: limit.args(0, Some(at), rng),
             other_params,
+            block: false,
+            period: limit.params.period,
         }
     }
 
@@ -140,7 +148,11 @@ fn first_difference(calls: &[Call], steps: &[Step]) -> Option<(usize, String)> {
             format!("{}: {}", call.command.to_uppercase(), both(&s.call))
         } else if !same_reply(&s.peek[0], &s.peek[1]) {
             format!("PEEK: {}", both(&s.peek))
-        } else if &s.peek[0] != call.decision(&s.call[0]) {
+        } else if &s.peek[0] != call.decision(&s.call[0])
+            && !(call.block
+                && try_reply6(&s.peek[0]).is_some_and(|r| r[0] == 0)
+                && try_reply6(call.decision(&s.call[0])).is_some_and(|r| r[0] == 0))
+        {
             format!(
                 "the module's PEEK {} != its {} {}",
                 show_value(&s.peek[0]),
@@ -648,4 +660,55 @@ fn peeks(nkey: &str, fkey: &str, probes: &[Vec<String>]) -> Vec<Cmd> {
         .iter()
         .flat_map(|args| [native("peek", &[nkey], args), fcall("peek", &[fkey], args)])
         .collect()
+}
+
+/// The sequences with refunds, BLOCK on most CHECKs of some sequences: refunds during blocks
+/// give back and keep the key (also when left as a fresh one) and answer the block, calls without
+/// BLOCK on a blocked key are rejected, blocks end; the same replies, expiries, existence and
+/// INFO on both engines.
+#[test]
+fn refunds_during_blocks_answer_as_the_module() {
+    let (_server, mut con) = both_engines();
+    let seed = seed();
+    let base = future_base_ms();
+    let per_algorithm = calls_per_algorithm() / 2;
+    for algorithm in algorithms() {
+        let name = algorithm.name();
+        let mut rng = Rng::with_stream(seed, 700 + algorithm.index() as u64);
+        let (mut checks, mut sequences, mut during, mut kept) = (0, 0, 0, 0);
+        while checks < per_algorithm {
+            let len = rng.range(10, 80) as usize;
+            let mut calls = gen_with_refunds(algorithm, &mut rng, base, len);
+            let share = rng.pick(&[90, 50]);
+            for call in calls.iter_mut().filter(|call| !call.is_refund()) {
+                if rng.chance(share) {
+                    let ms = block_duration(call.period, &mut rng);
+                    call.args = with_block(std::mem::take(&mut call.args), ms, &mut rng);
+                    call.block = true;
+                }
+            }
+            let nkey = format!("n:blockrefund:{name}:{sequences}");
+            let fkey = format!("f:blockrefund:{name}:{sequences}");
+            let what = format!("{name}, blocked sequence {sequences}");
+            let steps = assert_same(&mut con, &what, &nkey, &fkey, &calls);
+            let mut before = Value::Nil;
+            for (call, s) in calls.iter().zip(&steps) {
+                if call.is_refund() && starts_with(&before, b"rl:bk ") {
+                    during += 1;
+                    kept += usize::from(before != s.value);
+                } else if !call.is_refund() {
+                    checks += 1;
+                }
+                before = s.value.clone();
+            }
+            sequences += 1;
+        }
+        println!("{name}: {sequences} keys, {checks} checks, {during} refunds during a block, {kept} of them gave back");
+        if per_algorithm >= 1000 {
+            assert!(
+                during >= 20 && kept >= 5,
+                "{name}: too few refunds during a block"
+            );
+        }
+    }
 }

@@ -222,3 +222,62 @@ fn calls_that_change_nothing_write_nothing() {
     );
     assert_eq!((dirty(&server), keyspace(&mut con)), before);
 }
+
+/// Calls on a blocked key write nothing, whatever they name: CHECK with or without BLOCK, with
+/// other parameters or a longer BLOCK, COST 0, a cost above the limit, PEEK, CHECKALL (its own
+/// BLOCK too), INFO, a refund with nothing to give back. Then the block's replica: the same
+/// value and absolute expiry.
+#[test]
+fn calls_on_a_blocked_key_write_nothing_and_the_block_replicates() {
+    let (server, mut con) = library_only(Server::builder());
+    let replica = Server::builder().no_module().start();
+    replica.replica_of(&server);
+    let at = future_base_ms();
+    let names: Vec<&str> = algorithms().into_iter().map(Algorithm::name).collect();
+    let mut setup = Vec::new();
+    for &name in &names {
+        for (cost, block) in [(2, ""), (1, "BLOCK 1h")] {
+            let args = words(&format!("{name} 2 1s COST {cost} {block} AT {at}"));
+            setup.push(fcall("check", &[name], &args));
+        }
+    }
+    let replies = send(&mut con, &setup);
+    assert!(replies
+        .chunks_exact(2)
+        .all(|r| try_reply6(&r[0]).is_some_and(|r| r[0] == 1)
+            && try_reply6(&r[1]).is_some_and(|r| r[0] == 0 && r[3] == 3_600_000)));
+    let dirty = |server: &Server| server.info_field("persistence", "rdb_changes_since_last_save");
+    let before = (dirty(&server), keyspace(&mut con));
+    let mut calls = Vec::new();
+    for &name in &names {
+        let during = at + 2000; // the window and the bucket have refilled: only the block rejects
+        for line in [
+            format!("{name} 2 1s"),
+            format!("{name} 2 1s BLOCK 1h"),
+            format!("{name} 2 1s BLOCK 10d"),
+            format!("{name} 100 1m"),
+            format!("{name} 2 1s COST 0 BLOCK 1h"),
+            format!("{name} 2 1s COST 3 BLOCK 1h"),
+        ] {
+            let args = words(&format!("{line} AT {during}"));
+            calls.push(fcall("check", &[name], &args));
+            calls.push(fcall("peek", &[name], &args));
+            let mut twice = words(&format!("{name} 2 1s BLOCK 1h"));
+            twice.extend(args.clone());
+            calls.push(fcall("checkall", &[name, name], &twice));
+        }
+        calls.push(fcall("info", &[name], &[]));
+        let args = words(&format!("{name} 2 1s COST 0 AT {during}"));
+        calls.push(fcall("refund", &[name], &args));
+    }
+    let replies = send(&mut con, &calls);
+    for reply in &replies {
+        if let Some(r) = try_reply6(reply) {
+            assert_eq!((r[0], r[2]), (0, 0), "{}", show_value(reply));
+        }
+    }
+    assert_eq!((dirty(&server), keyspace(&mut con)), before);
+    wait_replica_sync(&server, &replica);
+    let mut replica_con = replica.client();
+    assert_eq!(keyspace(&mut replica_con), before.1);
+}
