@@ -1285,9 +1285,12 @@ local function evaluate(key, st, spec, cost, now, commit, block)
       return reply, true
     end
     if block and st and reply[4] >= 0 then
+      -- The key lives until its stored state (under its own parameters, not the call's) is
+      -- fresh and the block has ended.
+      local until_s = fmt_sum(t, block)
       reply = blocked_answer(reply, block)
-      redis.call('SET', key, blocked_value(key, st, fmt_sum(t, block)), 'PXAT',
-        fmt_sum(t, reply[5]))
+      redis.call('SET', key, blocked_value(key, st, until_s), 'PXAT',
+        later(state_expiry(key, st), until_s))
       return reply, true
     end
   end
