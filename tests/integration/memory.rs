@@ -334,7 +334,9 @@ fn a_million_expiring_keys_give_their_memory_back() {
         thread.join().expect("a soak connection panicked");
     }
     let live = dbsize(&mut con);
-    let peak = memory("used_memory");
+    // The server's own peak: on a loaded machine the first keys expire before the last are
+    // written, so used_memory after the soak can be far below what it reached.
+    let peak = memory("used_memory_peak");
     eprintln!(
         "{KEYS} CHECKs in {:?}; {live} keys live after, used_memory {baseline} -> {peak}",
         started.elapsed()
