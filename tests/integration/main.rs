@@ -16,6 +16,7 @@ mod compat;
 mod contention;
 mod dialects;
 mod equivalence;
+mod examples;
 mod formats;
 mod functions;
 mod harness;
