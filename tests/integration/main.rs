@@ -22,6 +22,7 @@ mod functions;
 mod harness;
 mod hostile_input;
 mod invisible;
+mod leases;
 mod memcheck;
 mod memory;
 mod module_configs;
