@@ -53,8 +53,8 @@ use crate::common::skip;
 use pages::{all_blocks, chains, Kind};
 
 /// None when the pages' server runs the tests (the `redis-server` on PATH, also when
-/// `RATELIMIT_SERVER` names it); else why these tests skip.
-fn other_server() -> Option<String> {
+/// `RATELIMIT_SERVER` names it); else why these tests skip. The example tests skip likewise.
+pub(crate) fn other_server() -> Option<String> {
     let server = std::env::var("RATELIMIT_SERVER")
         .or_else(|_| std::env::var("REDIS_SERVER"))
         .ok()

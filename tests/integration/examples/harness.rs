@@ -344,11 +344,18 @@ pub fn drive(base_url: &str, plan: &Value, context: &str) -> Vec<Vec<Response>> 
         .collect()
 }
 
-/// The httpx driver and `example` installed: Ok, or why the test skips.
+/// `example` installed (and for an app, the httpx driver), and the redis-server on PATH under test: Ok, or
+/// why the test skips. (Under `make test-matrix`'s other servers the examples skip: they test
+/// the apps, not the server.)
 pub fn ready(example: Example) -> Result<(), String> {
-    Example::FastApi
-        .installed()
-        .map_err(|why| format!("no httpx for the example tests: {why}"))?;
+    if crate::snippets::other_server().is_some() {
+        return Err("the examples run on the redis-server on PATH, not RATELIMIT_SERVER's".into());
+    }
+    if example != Example::Prometheus {
+        Example::FastApi
+            .installed()
+            .map_err(|why| format!("no httpx for the example tests: {why}"))?;
+    }
     example.installed()
 }
 
