@@ -84,11 +84,10 @@ fn assert_limits(rounds: &[Vec<Response>]) {
     );
     assert_admitted(responses[7], POLICY, 5, 10, 4); // another key is unaffected
     assert_admitted(responses[8], POLICY, 5, 10, 4);
-    assert_eq!(
-        responses[9].status, 500,
-        "the failing job: {:?}",
-        responses[9]
-    );
+    let failed = responses[9];
+    assert_eq!(failed.status, 500, "the failing job: {failed:?}");
+    let (_, remaining, _) = failed.ratelimit().expect("the refund's headers on the 500");
+    assert_eq!(remaining, 4, "the 500 shows the refund: {failed:?}");
     // The failed job's cost was given back: the next request finds 3 left, not 2.
     assert_admitted(responses[10], POLICY, 5, 10, 3);
 }
