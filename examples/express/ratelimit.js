@@ -182,7 +182,8 @@ class RateLimiter {
 
   async decide(key, cost) {
     if (this.engine === 'functions') {
-      return decision(await this.client.sendCommand(['FCALL', 'ratelimit_check', '1', `fn:${key}`, ...this.limit, 'COST', String(cost)]));
+      const fcall = ['FCALL', 'ratelimit_check', '1', `fn:${key}`, ...this.limit, 'COST', String(cost)];
+      return decision(await this.client.sendCommand(fcall));
     }
     const check = ['RATELIMIT.CHECK', key, 'POLICY', this.policy, 'COST', String(cost)];
     if (this.mode !== 'shadow') return decision(await this.client.sendCommand(check));
@@ -271,7 +272,8 @@ function rateLimit(limiter, { prefix = 'api' } = {}) {
     const [status, headers] = httpAnswer(d, limiter.periodS, limiter.policy);
     res.set(headers);
     if (status === 429) {
-      return res.status(429).json({ error: 'rate limited', policy: limiter.policy, retry_after_ms: d.retry_after_ms });
+      const body = { error: 'rate limited', policy: limiter.policy, retry_after_ms: d.retry_after_ms };
+      return res.status(429).json(body);
     }
     return next();
   };
@@ -281,6 +283,9 @@ function rateLimit(limiter, { prefix = 'api' } = {}) {
 // before the 500 is sent (its headers then show the refund).
 function refundOnError(limiter) {
   return async (error, req, res, next) => {
+    if (error instanceof Unavailable && !res.headersSent) { // a lease, failing closed
+      return res.status(503).json({ error: 'rate limiter unavailable' });
+    }
     const status = error.status ?? error.statusCode ?? 500;
     if (res.headersSent || status < 500) return next(error); // a 4xx: Express answers it
     limiter.log.error(error.stack ?? error);

@@ -203,8 +203,8 @@ class RateLimiter:
             reply = await self.client.fcall("ratelimit_check", 1, "fn:" + key, *self.limit, "COST", cost)
             return decision(reply)
         if self.mode != "shadow":
-            reply = await self.client.execute_command("RATELIMIT.CHECK", key, "POLICY", self.policy, "COST", cost)
-            return decision(reply)
+            check = ("RATELIMIT.CHECK", key, "POLICY", self.policy, "COST", cost)
+            return decision(await self.client.execute_command(*check))
         # Shadow mode answers a would-be rejection as admitted: what enforcement would answer is
         # a PEEK of the same definition inline, in one transaction with the CHECK.
         pipe = self.client.pipeline(transaction=True)
@@ -299,10 +299,13 @@ class RateLimitMiddleware(BaseHTTPMiddleware):
             return await call_next(request)
         status, headers = http_answer(d, self.limiter.period_s, self.limiter.policy)
         if status == 429:
-            body = {"error": "rate limited", "policy": self.limiter.policy, "retry_after_ms": d["retry_after_ms"]}
+            body = {"error": "rate limited", "policy": self.limiter.policy}
+            body["retry_after_ms"] = d["retry_after_ms"]
             return JSONResponse(body, status_code=429, headers=headers)
         try:
             response = await call_next(request)
+        except Unavailable:  # a lease, failing closed
+            return JSONResponse({"error": "rate limiter unavailable"}, status_code=503)
         except Exception:  # the route failed: a 500, as Starlette would answer, refunded below
             log.exception("ratelimit: %s %s failed", request.method, request.url.path)
             response = JSONResponse({"error": "internal error"}, status_code=500)
