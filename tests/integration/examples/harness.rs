@@ -61,10 +61,21 @@ impl Example {
                     Example::Express => "node 20+ and npm, and the npm registry",
                     Example::Prometheus => "apt-get and Debian's archive",
                 };
-                Err(format!(
-                    "examples/{}/run.sh install failed (it needs {hint}):\n{}",
+                // The whole output to the test's log; one line for the skip (make test counts
+                // the skip log's lines): the first that says error, else the last.
+                eprintln!(
+                    "examples/{}/run.sh install:\n{}",
                     self.name(),
-                    tail(&output, 15)
+                    tail(&output, 40)
+                );
+                let lines = || output.lines().map(str::trim).filter(|l| !l.is_empty());
+                let error = lines()
+                    .find(|l| l.to_ascii_lowercase().contains("error"))
+                    .or_else(|| lines().last())
+                    .unwrap_or("no output");
+                Err(format!(
+                    "examples/{}/run.sh install failed (it needs {hint}): {error}",
+                    self.name()
                 ))
             })
             .clone()
@@ -98,10 +109,10 @@ pub fn run(mut command: Command, timeout: Duration) -> Result<(bool, String), St
     remove_dir(&dir);
     match status {
         Some(status) => Ok((status.success(), output)),
-        None => Err(format!(
-            "{what} did not finish within {timeout:?}:\n{}",
-            tail(&output, 15)
-        )),
+        None => {
+            eprintln!("{what}:\n{}", tail(&output, 40));
+            Err(format!("{what} did not finish within {timeout:?}"))
+        }
     }
 }
 
