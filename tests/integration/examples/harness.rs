@@ -71,7 +71,7 @@ impl Example {
                 let lines = || output.lines().map(str::trim).filter(|l| !l.is_empty());
                 let error = lines()
                     .find(|l| l.to_ascii_lowercase().contains("error"))
-                    .or_else(|| lines().last())
+                    .or_else(|| lines().next_back())
                     .unwrap_or("no output");
                 Err(format!(
                     "examples/{}/run.sh install failed (it needs {hint}): {error}",
