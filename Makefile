@@ -17,7 +17,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # How long `make fuzz` runs each target, in seconds.
 FUZZ_SECONDS ?= 20
 
-.PHONY: help deps build run test fuzz lint fmt clean bench profile memcheck test-matrix
+.PHONY: help deps build run test examples fuzz lint fmt clean bench profile memcheck test-matrix
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -45,10 +45,14 @@ run: build ## Start redis-server in the foreground with redis.conf and the modul
 
 test: export RATELIMIT_MODULE := $(MODULE)
 test: export RATELIMIT_SKIP_LOG := $(CURDIR)/target/test-skips.log
-test: build ## Every test: unit, property, integration against real servers (~5 min fresh, ~1 min after); ends with `N passed, N failed, N skipped`
+test: build ## Every test: unit, property, integration against real servers, the examples (~6 min fresh, ~2 min after); ends with `N passed, N failed, N skipped`
 	@rm -f $(RATELIMIT_SKIP_LOG)
 	@set -o pipefail; cargo test --release --no-fail-fast 2>&1 | tee target/test.log; \
 	status=$$?; bash tests/summary.sh target/test.log $(RATELIMIT_SKIP_LOG) $$status; exit $$status
+
+examples: export RATELIMIT_MODULE := $(MODULE)
+examples: build ## Only the tests of examples/ (FastAPI, Express, Prometheus; make test runs them too)
+	cargo test --release --test integration -- examples::
 
 fuzz: ## Fuzz the argument parsers and the codec for FUZZ_SECONDS each (installs cargo-fuzz once)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 seconds=${FUZZ_SECONDS:-20}
-targets=${FUZZ_TARGETS:-parse_check parse_checkall codec}
+targets=${FUZZ_TARGETS:-parse_check parse_checkall parse_lease codec}
 sanitizer=${FUZZ_SANITIZER:-none}
 if [ "$sanitizer" != none ]; then
     export RUSTC_BOOTSTRAP=1

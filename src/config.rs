@@ -55,6 +55,21 @@ pub fn max_policies() -> u64 {
     MAX_POLICIES.load(Relaxed).max(0) as u64
 }
 
+/// Default `ratelimit.max-leases`: the most live leases one concurrency key may hold.
+pub const DEFAULT_MAX_LEASES: i64 = 100_000;
+/// Bounds of `ratelimit.max-leases`. A lease costs its id and about 24 bytes
+/// (docs/operations.md), so the upper bound caps one key at about 150 MB with 128-byte ids.
+pub const MIN_MAX_LEASES: i64 = 1;
+pub const MAX_MAX_LEASES: i64 = 1_000_000;
+
+/// `ratelimit.max-leases`.
+pub static MAX_LEASES: AtomicI64 = AtomicI64::new(DEFAULT_MAX_LEASES);
+
+/// The current `ratelimit.max-leases`.
+pub fn max_leases() -> u64 {
+    MAX_LEASES.load(Relaxed).max(1) as u64
+}
+
 /// One integer config.
 pub struct NumericConfig {
     /// The name without the module prefix, as registered (`max-log-limit`).
@@ -66,7 +81,7 @@ pub struct NumericConfig {
 }
 
 /// How many configs the module registers.
-pub const COUNT: usize = 2;
+pub const COUNT: usize = 3;
 
 /// Every config the module registers.
 pub static NUMERIC: [NumericConfig; COUNT] = [
@@ -83,6 +98,13 @@ pub static NUMERIC: [NumericConfig; COUNT] = [
         min: MIN_MAX_POLICIES,
         max: MAX_MAX_POLICIES,
         value: &MAX_POLICIES,
+    },
+    NumericConfig {
+        name: c"max-leases",
+        default: DEFAULT_MAX_LEASES,
+        min: MIN_MAX_LEASES,
+        max: MAX_MAX_LEASES,
+        value: &MAX_LEASES,
     },
 ];
 
@@ -400,7 +422,7 @@ mod tests {
             .contains("more than once"));
         assert!(parsed(&["nonsense", "1"])
             .unwrap_err()
-            .contains("known names: max-log-limit, max-policies, dialects"));
+            .contains("known names: max-log-limit, max-policies, max-leases, dialects"));
     }
 
     #[test]

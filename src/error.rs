@@ -16,6 +16,18 @@ pub const NUMKEYS: &str = "ERR numkeys must be an integer from 1 to the number o
 pub const UNKNOWN_OPTION: &str = "expected BURST, BLOCK, COST or AT";
 pub const UNKNOWN_POLICY_CALL_OPTION: &str = "expected COST or AT";
 pub const UNKNOWN_POLICY_OPTION: &str = "expected BURST, BLOCK or SHADOW";
+pub const UNKNOWN_ACQUIRE_OPTION: &str = "expected ID, COST or AT";
+pub const UNKNOWN_RELEASE_OPTION: &str = "expected ID or AT";
+pub const LEASE_DURATION: &str = "ERR lease-duration must be an integer from 1 ms to 3650 days, \
+     in ms or with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)";
+pub const LEASE_COST: &str = "ERR COST must be an integer from 1 to 1000000000000 (a lease holds \
+     at least 1)";
+pub const LEASE_ID: &str = "ERR lease id must be 1 to 128 bytes";
+pub const LEASE_ID_MISSING: &str = "ERR ID lease-id is required: the id the lease is held under";
+pub const CONCURRENCY_CALL: &str = "ERR concurrency limits are held by leases: use \
+     RATELIMIT.ACQUIRE and RATELIMIT.RELEASE";
+pub const BLOCK_ON_CONCURRENCY: &str =
+    "ERR BLOCK applies only to rate limits: a concurrency limit has nothing to block";
 pub const REFUND_COST: &str = "ERR RATELIMIT.REFUND needs COST: how much to give back";
 pub const BLOCK: &str = "ERR BLOCK must be a duration from 1 ms to 3650 days, in ms or with a \
      unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)";
@@ -33,6 +45,10 @@ pub enum Options {
     PolicyCall,
     /// `RATELIMIT.POLICY SET`: `BURST`, `BLOCK`, `SHADOW`.
     PolicySet,
+    /// `RATELIMIT.ACQUIRE`: `ID`, `COST`, `AT`.
+    Acquire,
+    /// `RATELIMIT.RELEASE`: `ID`, `AT`.
+    Release,
 }
 
 /// A malformed argument vector. A variant that names an argument holds its position in the
@@ -81,6 +97,18 @@ pub enum ArgError {
         limit: u64,
         max: u64,
     },
+    /// A lease duration outside the period bounds.
+    LeaseDuration,
+    /// An ACQUIRE's `COST` outside 1 to 10^12.
+    LeaseCost,
+    /// A lease id of no accepted length.
+    LeaseId,
+    /// An ACQUIRE or RELEASE without `ID`.
+    LeaseIdMissing,
+    /// A rate-limit call (CHECK, PEEK, CHECKALL, REFUND) naming `concurrency`.
+    ConcurrencyCall,
+    /// `BLOCK` on a concurrency policy.
+    BlockOnConcurrency,
 }
 
 impl From<ParamsError> for ArgError {
@@ -121,6 +149,8 @@ impl ArgError {
                     Options::Call => UNKNOWN_OPTION,
                     Options::PolicyCall => UNKNOWN_POLICY_CALL_OPTION,
                     Options::PolicySet => UNKNOWN_POLICY_OPTION,
+                    Options::Acquire => UNKNOWN_ACQUIRE_OPTION,
+                    Options::Release => UNKNOWN_RELEASE_OPTION,
                 };
                 return unknown("option", expected, args, at, after_period);
             }
@@ -151,6 +181,12 @@ impl ArgError {
             ArgError::Block => BLOCK,
             ArgError::RefundCost => REFUND_COST,
             ArgError::PolicyName => POLICY_NAME,
+            ArgError::LeaseDuration => LEASE_DURATION,
+            ArgError::LeaseCost => LEASE_COST,
+            ArgError::LeaseId => LEASE_ID,
+            ArgError::LeaseIdMissing => LEASE_ID_MISSING,
+            ArgError::ConcurrencyCall => CONCURRENCY_CALL,
+            ArgError::BlockOnConcurrency => BLOCK_ON_CONCURRENCY,
         };
         fixed.to_string()
     }
@@ -260,5 +296,35 @@ pub fn too_many_policies(max: u64) -> String {
 
 /// The error for a key holding another algorithm than the call names.
 pub fn algorithm_mismatch(stored: &str, named: &str) -> String {
+    if stored == "concurrency" {
+        return "ERR key holds a concurrency limiter: use RATELIMIT.ACQUIRE and RATELIMIT.RELEASE \
+                (or RATELIMIT.RESET it to change algorithm)"
+            .to_string();
+    }
     format!("ERR key holds a {stored} limiter, not {named}: RATELIMIT.RESET it to change algorithm")
+}
+
+/// A call names a policy of the other kind: a concurrency policy to a rate-limit call
+/// (`concurrency`), or a rate limit's to ACQUIRE.
+pub fn policy_kind(name: &[u8], algorithm: &str) -> String {
+    if algorithm == "concurrency" {
+        format!(
+            "ERR policy '{}' is a concurrency limit: use RATELIMIT.ACQUIRE and RATELIMIT.RELEASE",
+            shown(name)
+        )
+    } else {
+        format!(
+            "ERR policy '{}' is a {algorithm} limit, not concurrency: RATELIMIT.ACQUIRE takes a \
+             concurrency policy",
+            shown(name)
+        )
+    }
+}
+
+/// A new lease on a key that holds `ratelimit.max-leases` live ones already.
+pub fn too_many_leases(max: u64) -> String {
+    format!(
+        "ERR key holds ratelimit.max-leases ({max}) live leases: release some (RATELIMIT.RELEASE), \
+         or raise it"
+    )
 }

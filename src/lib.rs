@@ -75,6 +75,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     commands::resetstat::counted(c"cmdstat_ratelimit.check");
     commands::resetstat::counted(c"cmdstat_ratelimit.checkall");
+    commands::resetstat::counted(c"cmdstat_ratelimit.acquire");
     if let Err(why) = commands::registry::register_container(ctx.ctx, &commands::policy::CONTAINER)
     {
         ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
@@ -202,7 +203,7 @@ unsafe extern "C" fn reemit(ctx: *mut raw::RedisModuleCtx, _data: *mut std::ffi:
 /// `INFO ratelimit`: calls, allowed, rejected (and of them, blocked) and live keys per algorithm.
 unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c_int) {
     /// Field names per algorithm (Redis prefixes them with `ratelimit_`).
-    const FIELDS: [[&CStr; 5]; 6] = [
+    const FIELDS: [[&CStr; 5]; 7] = [
         [
             c"token_bucket_calls",
             c"token_bucket_allowed",
@@ -245,6 +246,14 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c
             c"gcra_blocked",
             c"gcra_keys",
         ],
+        // ACQUIREs (RELEASE decides nothing; no lease is ever blocked: `_blocked` stays 0).
+        [
+            c"concurrency_calls",
+            c"concurrency_allowed",
+            c"concurrency_rejected",
+            c"concurrency_blocked",
+            c"concurrency_keys",
+        ],
     ];
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: Redis's INFO context for this callback; names are static and NUL-terminated.
@@ -263,7 +272,7 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c
                 }
             }
         }
-        for (algorithm, names) in Algorithm::ALL.into_iter().zip(FIELDS) {
+        for (algorithm, names) in Algorithm::EVERY.into_iter().zip(FIELDS) {
             let figures = stats::figures(algorithm);
             let values = [
                 figures.calls,

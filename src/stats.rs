@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use crate::algorithms::Algorithm;
 
-const N: usize = Algorithm::ALL.len();
+const N: usize = Algorithm::EVERY.len();
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
@@ -19,7 +19,7 @@ static BLOCKED: [AtomicU64; N] = [ZERO; N];
 /// background thread never wraps.
 static KEYS: [AtomicI64; N] = [ZERO_I; N];
 
-/// Calls of the commands that count decisions (CHECK, CHECKALL and the dialects) since the
+/// Calls of the commands that count decisions (CHECK, CHECKALL, ACQUIRE and the dialects) since the
 /// counters were last reset: Redis counts the same calls in their `INFO commandstats` lines,
 /// which is how a `CONFIG RESETSTAT` is told from one that was refused (`commands/resetstat.rs`).
 static CALLS: AtomicU64 = AtomicU64::new(0);

@@ -14,6 +14,8 @@
 //! - memory per key (`used_memory` delta over many keys, and `MEMORY USAGE`): module, library,
 //!   Lua scripts, `SET k v PXAT t`, and a `CL.THROTTLE` key of ours and of redis-cell;
 //! - the cost per call as the keyspace grows, and as the sliding log's limit grows;
+//! - `RATELIMIT.ACQUIRE` and `RATELIMIT.RELEASE` with 10, 1,000 and 100,000 live leases on one
+//!   key, and the memory a lease takes;
 //! - every algorithm's CHECK from clients speaking RESP2 and RESP3 (`HELLO 3`), with the bench's
 //!   own load generator (resp.rs), since redis-benchmark speaks RESP2 only;
 //! - consuming calls of `SET k v PXAT t`, `INCR` and every CHECK without and then with a replica
@@ -35,6 +37,7 @@
 #[path = "../../tests/integration/common/mod.rs"]
 mod common;
 mod drive;
+mod leases;
 mod machine;
 mod memory;
 mod model;
@@ -266,6 +269,13 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
     results.log_scaling = bench.log_scaling_phase()?;
     eprintln!(
         "bench: sliding-log scaling done in {:.0}s",
+        phase.elapsed().as_secs_f64()
+    );
+
+    let phase = Instant::now();
+    results.lease_scaling = bench.lease_phase()?;
+    eprintln!(
+        "bench: concurrency leases done in {:.0}s",
         phase.elapsed().as_secs_f64()
     );
 

@@ -298,6 +298,21 @@ pub struct LogScalingResult {
     pub note: Option<String>,
 }
 
+/// `RATELIMIT.ACQUIRE`/`RELEASE` with `leases` live leases of 16-byte ids on one key.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseScalingResult {
+    pub leases: u64,
+    /// usec_per_call of an ACQUIRE of a new id, of the RELEASE of it, of a renewal.
+    pub acquire: Option<Summary>,
+    pub release: Option<Summary>,
+    pub renew: Option<Summary>,
+    /// `MEMORY USAGE` of the key.
+    pub memory_usage: u64,
+    /// The `used_memory` delta of one key of this many leases, per lease (measured at the
+    /// largest size only).
+    pub used_memory_per_lease: Option<f64>,
+}
+
 /// Where and how the run happened.
 #[derive(Clone, Debug, Default)]
 pub struct Machine {
@@ -331,6 +346,7 @@ pub struct Results {
     pub memory: Vec<MemoryResult>,
     pub scaling: Vec<ScalingResult>,
     pub log_scaling: Vec<LogScalingResult>,
+    pub lease_scaling: Vec<LeaseScalingResult>,
     pub notes: Vec<String>,
 }
 

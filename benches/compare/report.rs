@@ -577,6 +577,32 @@ pub fn markdown(results: &Results) -> String {
         }
     }
 
+    if !results.lease_scaling.is_empty() {
+        md.push_str(
+            "\n#### Concurrency: cost per call as the live leases grow (usec_per_call; one key \
+             holding `leases` leases of 16-byte ids; a new lease is acquired then released, so \
+             the set stays at that size)\n\n",
+        );
+        md.push_str(
+            "| live leases | ACQUIRE (new) | RELEASE | ACQUIRE (renewal) | MEMORY USAGE | \
+             used_memory per lease |\n|---|---|---|---|---|---|\n",
+        );
+        for r in &results.lease_scaling {
+            let per_lease = r
+                .used_memory_per_lease
+                .map_or_else(String::new, |b| format!("{b:.1} B"));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {per_lease} |",
+                count(r.leases),
+                plain(r.acquire, 2),
+                plain(r.release, 2),
+                plain(r.renew, 2),
+                r.memory_usage
+            );
+        }
+    }
+
     for note in &results.notes {
         let _ = writeln!(md, "\nNote: {note}");
     }
@@ -915,6 +941,20 @@ pub fn json(results: &Results) -> String {
             })
         })
         .collect();
+    let lease_scaling: Vec<Value> = results
+        .lease_scaling
+        .iter()
+        .map(|r| {
+            json!({
+                "leases": r.leases,
+                "acquire_usec_per_call": summary_json(r.acquire),
+                "release_usec_per_call": summary_json(r.release),
+                "renew_usec_per_call": summary_json(r.renew),
+                "memory_usage_bytes": r.memory_usage,
+                "used_memory_per_lease_bytes": r.used_memory_per_lease,
+            })
+        })
+        .collect();
     let ratios: Vec<Value> = ratios(results)
         .iter()
         .map(|r| {
@@ -954,6 +994,7 @@ pub fn json(results: &Results) -> String {
         "memory": memory,
         "scaling": scaling,
         "sliding_log_scaling": log_scaling,
+        "lease_scaling": lease_scaling,
         "ratios": ratios,
         "notes": results.notes,
     });

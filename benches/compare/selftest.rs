@@ -475,6 +475,14 @@ fn synthetic() -> Results {
                 ..LogScalingResult::default()
             },
         ],
+        lease_scaling: vec![LeaseScalingResult {
+            leases: 100_000,
+            acquire: Some(flat(2.0)),
+            release: Some(flat(1.5)),
+            renew: Some(flat(2.5)),
+            memory_usage: 4_000_000,
+            used_memory_per_lease: Some(38.5),
+        }],
         notes: vec!["synthetic results".into()],
     }
 }

@@ -15,9 +15,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use redis_ratelimit::algorithms::concurrency::{self, Acquire, Released};
 use redis_ratelimit::algorithms::{
     block::{self, Blocking},
-    sliding_log, Limiter, Params, Request, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    sliding_log, Algorithm, Limiter, Params, Request, State, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 use redis_ratelimit::store::codec::{self, Change};
 use redis_ratelimit::store::compact;
@@ -77,15 +78,46 @@ fuzz_target!(|data: &[u8]| {
                 );
                 exercise(limiter);
             }
-            // Both apply to a stored key only (APPLY refuses them on a missing one); what
+            Change::LeaseAcquire {
+                params,
+                t_ms,
+                cost,
+                id,
+            } => {
+                // RATELIMIT.APPLY on a missing key: an admitted ACQUIRE creates it.
+                let request = Acquire {
+                    params,
+                    id: &id,
+                    cost,
+                    now_ms: t_ms,
+                };
+                let (acquired, write) = concurrency::acquire(None, &request, 100_000, true)
+                    .expect("a decoded acquire is valid");
+                assert!(
+                    acquired.decision.allowed,
+                    "a decoded acquire fits its limit"
+                );
+                let Write::Created(limiter) = write else {
+                    panic!("an acquire on nothing creates the key");
+                };
+                assert_eq!(
+                    codec::decode(&codec::to_bytes(&limiter)).as_ref(),
+                    Ok(&limiter)
+                );
+                exercise(limiter);
+            }
+            // These apply to a stored key only (APPLY refuses them on a missing one); what
             // they leave is a limiter the `Replace` arm above decodes and exercises.
-            Change::LogRefund { .. } | Change::Block { .. } => {}
+            Change::LogRefund { .. } | Change::Block { .. } | Change::LeaseRelease { .. } => {}
         }
     }
 });
 
 /// Calls on a decoded limiter with its own parameters and with changed ones, now and later.
 fn exercise(limiter: Limiter) {
+    if limiter.algorithm() == Algorithm::Concurrency {
+        return exercise_leases(limiter);
+    }
     let own = limiter.params;
     let half = Params::new(
         own.limit,
@@ -157,4 +189,81 @@ fn exercise(limiter: Limiter) {
 /// The `BURST` to pass for this limiter's algorithm (windows and the log take none).
 fn burst(limiter: &Limiter, capacity: u64) -> Option<u64> {
     limiter.algorithm().is_bucket().then_some(capacity.max(1))
+}
+
+/// ACQUIREs and RELEASEs on a decoded lease set: renewals of its leases, new ones, changed
+/// limits and durations, at its own time and later; every state they store decodes again.
+fn exercise_leases(limiter: Limiter) {
+    let own = limiter.params;
+    let State::Concurrency(leases) = &limiter.state else {
+        return;
+    };
+    let ids: Vec<Vec<u8>> = leases.iter().take(3).map(|(id, _)| id.to_vec()).collect();
+    let last = limiter.last_ms;
+    let smaller =
+        Params::new(own.limit.div_ceil(2), (own.period_ms / 2).max(1), None).expect("valid");
+    let mut stored = Some(limiter);
+    let fresh_id = b"fuzz-new-lease".to_vec();
+    let calls = [
+        (own, 1, last),
+        (smaller, own.limit, last + 1),
+        (
+            own,
+            own.limit.div_ceil(3),
+            last.saturating_add(own.period_ms / 2),
+        ),
+        (own, 1, last.saturating_add(own.period_ms)),
+    ];
+    for (i, (params, cost, now_ms)) in calls.into_iter().enumerate() {
+        if now_ms >= TIME_LIMIT_MS {
+            continue;
+        }
+        let id = ids.get(i).unwrap_or(&fresh_id);
+        let request = Acquire {
+            params,
+            id,
+            cost,
+            now_ms,
+        };
+        let peeked = concurrency::acquire(stored.clone().as_mut(), &request, 100_000, false);
+        let result = concurrency::acquire(stored.as_mut(), &request, 100_000, true);
+        assert_eq!(
+            peeked.map(|(acquired, _)| acquired),
+            result
+                .as_ref()
+                .map(|(acquired, _)| *acquired)
+                .map_err(|e| *e),
+            "a committing ACQUIRE answers what a non-committing one does"
+        );
+        let Ok((acquired, write)) = result else {
+            continue;
+        };
+        let decision = acquired.decision;
+        assert!(decision.remaining <= decision.limit);
+        assert_eq!(decision.allowed, decision.retry_after_ms == 0);
+        if let Write::Created(created) = write {
+            stored = Some(created);
+        }
+        if let Some(limiter) = &stored {
+            assert_eq!(
+                codec::decode(&codec::to_bytes(limiter)).as_ref(),
+                Ok(limiter),
+                "a lease set the cores stored does not decode"
+            );
+        }
+    }
+    for id in ids.iter().chain([&fresh_id]) {
+        let Some(limiter) = stored.as_mut() else {
+            return;
+        };
+        match concurrency::release(limiter, id, last.saturating_add(1)) {
+            Ok((_, Released::Emptied)) => stored = None,
+            Ok(_) => assert_eq!(
+                codec::decode(&codec::to_bytes(limiter)).as_ref(),
+                Ok(&*limiter),
+                "a lease set a release left does not decode"
+            ),
+            Err(error) => panic!("{error:?}"),
+        }
+    }
 }

@@ -9,6 +9,7 @@
 //! Products such as `C·P` reach 10^12 · 3.15·10^11 and are computed in `u128`.
 
 pub mod block;
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -16,6 +17,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+pub use concurrency::Leases;
 pub use sliding_log::SlidingLog;
 
 #[cfg(test)]
@@ -28,7 +30,7 @@ pub const MAX_PERIOD_MS: u64 = 3650 * 86_400_000;
 /// `AT` (and every time) must stay below 2^53 ms.
 pub const TIME_LIMIT_MS: u64 = 1 << 53;
 
-/// The six algorithms, in the order used for statistics and encodings.
+/// The algorithms, in the order used for statistics and encodings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     TokenBucket = 0,
@@ -37,10 +39,13 @@ pub enum Algorithm {
     SlidingWindow = 3,
     SlidingLog = 4,
     Gcra = 5,
+    /// Leases in flight (`RATELIMIT.ACQUIRE`/`RELEASE`), not a rate: CHECK refuses it.
+    Concurrency = 6,
 }
 
 impl Algorithm {
-    /// All algorithms, indexed by their discriminant.
+    /// The six rate limits, the algorithms CHECK, PEEK, CHECKALL and REFUND name, indexed by
+    /// their discriminant.
     pub const ALL: [Algorithm; 6] = [
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
@@ -48,6 +53,18 @@ impl Algorithm {
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
         Algorithm::Gcra,
+    ];
+
+    /// Every algorithm a key can hold ([`Algorithm::ALL`] and concurrency), indexed by their
+    /// discriminant: statistics and encodings.
+    pub const EVERY: [Algorithm; 7] = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
     ];
 
     /// The name used on the command line and in replies.
@@ -59,6 +76,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding-window",
             Algorithm::SlidingLog => "sliding-log",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -74,6 +92,7 @@ impl Algorithm {
             (14, b's') => Algorithm::SlidingWindow,
             (11, b's') => Algorithm::SlidingLog,
             (4, b'g') => Algorithm::Gcra,
+            (11, b'c') => Algorithm::Concurrency,
             _ => return None,
         };
         same_name(name, candidate.name().as_bytes()).then_some(candidate)
@@ -81,7 +100,7 @@ impl Algorithm {
 
     /// Decodes the discriminant written by [`Algorithm::index`].
     pub fn from_index(index: u8) -> Option<Algorithm> {
-        Algorithm::ALL.get(usize::from(index)).copied()
+        Algorithm::EVERY.get(usize::from(index)).copied()
     }
 
     /// The discriminant, for statistics tables and encodings.
@@ -238,6 +257,8 @@ pub enum State {
     SlidingLog(SlidingLog),
     /// How far the theoretical arrival time is ahead of `last`, in scaled units, `0 ..= C·P`.
     Gcra { ahead_scaled: u128 },
+    /// The leases, none expired at `last` (boxed: the set is larger than the other states).
+    Concurrency(Box<Leases>),
 }
 
 /// A stored limiter: its parameters, the time of its last consuming call and its state at that time.
@@ -262,6 +283,7 @@ impl Limiter {
             State::SlidingWindow { .. } => Algorithm::SlidingWindow,
             State::SlidingLog(_) => Algorithm::SlidingLog,
             State::Gcra { .. } => Algorithm::Gcra,
+            State::Concurrency(_) => Algorithm::Concurrency,
         }
     }
 
@@ -284,6 +306,7 @@ impl Limiter {
             } => sliding_window::reset_after(p, *window_start_ms, *current, *previous, t),
             State::SlidingLog(log) => log.reset_after(p, t),
             State::Gcra { ahead_scaled } => to_u64(ceil_div(*ahead_scaled, u128::from(p.limit))),
+            State::Concurrency(leases) => concurrency::reset_after(leases, t),
         }
     }
 
@@ -361,6 +384,12 @@ pub fn check(
         Algorithm::SlidingWindow => drive::<sliding_window::SlidingWindow>(stored, request, commit),
         Algorithm::SlidingLog => sliding_log::check(stored, request, commit),
         Algorithm::Gcra => drive::<gcra::Gcra>(stored, request, commit),
+        // Leases are acquired and released (`concurrency::acquire`), never checked.
+        Algorithm::Concurrency => {
+            return Err(AlgorithmMismatch {
+                stored: Algorithm::Concurrency,
+            })
+        }
     };
     Ok(result)
 }
@@ -439,6 +468,7 @@ pub fn refund(
         }
         Algorithm::SlidingLog => sliding_log::refund(limiter, request.cost, t_ms),
         Algorithm::Gcra => give_back::<gcra::Gcra>(limiter, request.cost, t_ms),
+        Algorithm::Concurrency => Refunded::Nothing,
     };
     let peek = Request {
         cost: 0,

@@ -16,8 +16,9 @@ use redis_module::raw;
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
 use super::{handler, replicate_verbatim, Call};
-use crate::algorithms::{sliding_log, Algorithm, Refunded, Write};
-use crate::config::{max_log_limit, MAX_MAX_LOG_LIMIT};
+use crate::algorithms::concurrency::{self, Acquire, Released};
+use crate::algorithms::{sliding_log, Algorithm, Limiter, Refunded, Write};
+use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
 use crate::store::{Key, Slot, APPLY_COMMAND};
@@ -122,17 +123,81 @@ fn run(call: &Call) -> c_int {
             }
         }
         Change::Block { until_ms } => {
-            // Only onto a limiter the block starts after, as the master's did.
-            let Some(limiter) = stored
-                .as_deref_mut()
-                .filter(|limiter| limiter.last_ms < until_ms)
-            else {
+            // Only onto a limiter the block starts after, as the master's did (never a lease
+            // set: ACQUIRE has no BLOCK, and a blocked lease set could not be stored).
+            let Some(limiter) = stored.as_deref_mut().filter(|limiter| {
+                limiter.last_ms < until_ms && limiter.algorithm() != Algorithm::Concurrency
+            }) else {
                 return call.error(error::STATE);
             };
             limiter.blocked_until_ms = until_ms;
             let expires_at_ms = limiter.expires_at_ms();
             drop(stored);
             Some(expires_at_ms)
+        }
+        Change::LeaseAcquire {
+            params,
+            t_ms,
+            cost,
+            id,
+        } => {
+            // Only what an admitted ACQUIRE could have written: onto nothing or a lease set
+            // last written at or before it, within its limit and the leases bound (this
+            // server's for a client, the hard cap for the master's stream and an AOF replay, as
+            // for the sliding log above).
+            if stored
+                .as_deref()
+                .is_some_and(|l| l.algorithm() != Algorithm::Concurrency || l.last_ms > t_ms)
+            {
+                return call.error(error::STATE);
+            }
+            let bound = if call.replayed() {
+                MAX_MAX_LEASES as u64
+            } else {
+                max_leases()
+            };
+            let request = Acquire {
+                params,
+                id: &id,
+                cost,
+                now_ms: t_ms,
+            };
+            let (acquired, write) =
+                match concurrency::acquire(stored.as_deref_mut(), &request, bound, true) {
+                    Ok(result) if result.0.decision.allowed => result,
+                    _ => return call.error(error::STATE),
+                };
+            let expires_at_ms = stored.as_deref().map(Limiter::expires_at_ms);
+            drop(stored);
+            match write {
+                Write::Created(limiter) => {
+                    let expires_at_ms = limiter.expires_at_ms();
+                    key.set(limiter);
+                    Some(expires_at_ms)
+                }
+                _ => expires_at_ms.or(Some(acquired.expiry_ms)),
+            }
+        }
+        Change::LeaseRelease { t_ms, id } => {
+            // Only the release of a live lease, on a lease set last written at or before it.
+            let Some(limiter) = stored.as_deref_mut().filter(|limiter| {
+                limiter.algorithm() == Algorithm::Concurrency && limiter.last_ms <= t_ms
+            }) else {
+                return call.error(error::STATE);
+            };
+            match concurrency::release(limiter, &id, t_ms) {
+                Ok((_, Released::Updated)) => {
+                    let expires_at_ms = limiter.expires_at_ms();
+                    drop(stored);
+                    Some(expires_at_ms)
+                }
+                Ok((_, Released::Emptied)) => {
+                    drop(stored);
+                    key.delete();
+                    None
+                }
+                _ => return call.error(error::STATE),
+            }
         }
     };
     if let Some(expires_at_ms) = expires_at_ms {

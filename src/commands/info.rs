@@ -12,7 +12,7 @@ use redis_module::raw;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ};
 use super::{handler, now_ms, Call};
 use crate::algorithms::block::check_blocking;
-use crate::algorithms::{ceil_div, to_u64, Limiter, Request, State};
+use crate::algorithms::{ceil_div, concurrency, to_u64, Algorithm, Limiter, Request, State};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
@@ -63,6 +63,27 @@ fn own_fields(limiter: &Limiter) -> Vec<(&'static CStr, u64)> {
             (c"previous", *previous),
         ],
         State::SlidingLog(log) => vec![(c"entries", log.len())],
+        // Described by `reply_concurrency`.
+        State::Concurrency(_) => vec![],
+    }
+}
+
+/// A concurrency key: its limit and lease duration, and what its live leases hold now.
+fn reply_concurrency(call: &Call, limiter: &Limiter, held: &concurrency::Held) {
+    call.reply_map(8, call.resp3());
+    call.reply_name(c"algorithm");
+    call.reply_name(c"concurrency");
+    for (name, value) in [
+        (c"limit", limiter.params.limit),
+        (c"lease_ms", limiter.params.period_ms),
+        (c"remaining", held.remaining),
+        (c"reset_after_ms", held.reset_after_ms),
+        (c"updated_at_ms", limiter.last_ms),
+        (c"leases", held.leases),
+        (c"held", held.cost),
+    ] {
+        call.reply_name(name);
+        call.reply_integer(i64::try_from(value).unwrap_or(i64::MAX));
     }
 }
 
@@ -74,6 +95,14 @@ fn run(call: &Call) -> c_int {
     let limiter = match key.slot() {
         Slot::Empty => None,
         Slot::WrongType => return call.error(error::WRONG_TYPE),
+        // Read in place: a lease set is not copied to be described.
+        Slot::Limiter(handle) if handle.algorithm() == Algorithm::Concurrency => {
+            if let Some(held) = concurrency::held(&handle, now_ms()) {
+                reply_concurrency(call, &handle, &held);
+            }
+            handle.unchanged();
+            return raw::REDISMODULE_OK as c_int;
+        }
         Slot::Limiter(handle) => {
             let limiter = Limiter::clone(&handle);
             handle.unchanged();

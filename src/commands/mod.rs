@@ -11,6 +11,7 @@ pub(crate) mod check;
 pub(crate) mod checkall;
 pub mod dialects;
 pub(crate) mod info;
+pub(crate) mod lease;
 pub mod parse;
 pub(crate) mod policy;
 pub(crate) mod refund;
@@ -52,7 +53,7 @@ macro_rules! handler {
 pub(crate) use handler;
 
 /// Every command of the module, in registration order.
-pub(crate) const COMMANDS: [&registry::Command; 8] = [
+pub(crate) const COMMANDS: [&registry::Command; 10] = [
     &check::CHECK,
     &checkall::COMMAND,
     &check::PEEK,
@@ -61,6 +62,8 @@ pub(crate) const COMMANDS: [&registry::Command; 8] = [
     &info::COMMAND,
     &apply::COMMAND,
     &apply::SHORT,
+    &lease::ACQUIRE,
+    &lease::RELEASE,
 ];
 
 /// A command's context and arguments, as Redis passed them. Made only by [`guard`], whose caller

@@ -79,6 +79,9 @@ fn finish_spec(
     if burst.is_some() && !algorithm.is_bucket() {
         return Err(ArgError::BurstOnWindow);
     }
+    if block_ms.is_some() && algorithm == Algorithm::Concurrency {
+        return Err(ArgError::BlockOnConcurrency);
+    }
     if algorithm == Algorithm::SlidingLog && limit > max_log_limit {
         return Err(ArgError::LogLimit {
             limit,
@@ -162,9 +165,20 @@ impl OptionValues {
     }
 }
 
+/// A rate limit's `algorithm limit period` at the front of `args`: concurrency is refused (its
+/// leases are taken by RATELIMIT.ACQUIRE).
+#[inline(always)]
+fn parse_rate_head(args: &[&[u8]]) -> Result<(Algorithm, u64, u64), ArgError> {
+    let head = parse_spec_head(args)?;
+    if head.0 == Algorithm::Concurrency {
+        return Err(ArgError::ConcurrencyCall);
+    }
+    Ok(head)
+}
+
 /// `algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`, options in any order.
 pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgError> {
-    let (algorithm, limit, period_ms) = parse_spec_head(args)?;
+    let (algorithm, limit, period_ms) = parse_rate_head(args)?;
     let mut options = OptionValues::default();
     let mut i = 3;
     while let Some(name) = args.get(i) {
@@ -328,6 +342,142 @@ pub fn parse_policy_set<'a>(
     })
 }
 
+/// The limit an ACQUIRE applies: written out (`limit lease-duration`), or a policy's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseLimit<'a> {
+    /// `limit` and `period_ms` the lease duration.
+    Inline(Params),
+    /// `POLICY name`: the name as given (looked up, and checked, by the command).
+    Policy(&'a [u8]),
+}
+
+/// `RATELIMIT.ACQUIRE` arguments after the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    pub limit: LeaseLimit<'a>,
+    /// `ID`: the lease id, 1 to 128 bytes.
+    pub id: &'a [u8],
+    /// `COST`: 1 to 10^12, default 1.
+    pub cost: u64,
+    pub at_ms: Option<u64>,
+}
+
+/// `RATELIMIT.RELEASE` arguments after the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReleaseArgs<'a> {
+    pub id: &'a [u8],
+    pub at_ms: Option<u64>,
+}
+
+/// The options of ACQUIRE and RELEASE, recognised case-insensitively.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LeaseOption {
+    Id,
+    Cost,
+    At,
+}
+
+/// `ID lease-id`, `COST n` and `AT unix-ms` from `args[i..]` in pairs, in any order, each once;
+/// `with_cost`: COST is one of them (ACQUIRE's, not RELEASE's).
+fn lease_options<'a>(
+    args: &[&'a [u8]],
+    mut i: usize,
+    with_cost: bool,
+) -> Result<LeaseOptions<'a>, ArgError> {
+    let (mut id, mut cost, mut at) = (None, None, None);
+    while let Some(word) = args.get(i) {
+        let option = [
+            (LeaseOption::Id, "ID"),
+            (LeaseOption::Cost, "COST"),
+            (LeaseOption::At, "AT"),
+        ]
+        .into_iter()
+        .find(|(_, name)| name.as_bytes().eq_ignore_ascii_case(word))
+        .filter(|(option, _)| with_cost || *option != LeaseOption::Cost);
+        let Some((option, name)) = option else {
+            return Err(ArgError::UnknownOption {
+                at: i,
+                after_period: false,
+                expected: if with_cost {
+                    Expected::Acquire
+                } else {
+                    Expected::Release
+                },
+            });
+        };
+        let value = *args.get(i + 1).ok_or(ArgError::MissingValue(name))?;
+        let duplicate = match option {
+            LeaseOption::Id => {
+                if !(1..=LEASE_ID_MAX).contains(&value.len()) {
+                    return Err(ArgError::LeaseId);
+                }
+                id.replace(value).is_some()
+            }
+            LeaseOption::Cost => {
+                let n = amount(value, 1, ArgError::LeaseCost)?;
+                cost.replace(n).is_some()
+            }
+            LeaseOption::At => {
+                let t = option_value(OptionName::At, value)?;
+                at.replace(t).is_some()
+            }
+        };
+        if duplicate {
+            return Err(ArgError::Duplicate(name));
+        }
+        i += 2;
+    }
+    Ok(LeaseOptions {
+        id: id.ok_or(ArgError::LeaseIdMissing)?,
+        cost,
+        at_ms: at,
+    })
+}
+
+/// The options [`lease_options`] read: the id (required), `COST` and `AT` if given.
+struct LeaseOptions<'a> {
+    id: &'a [u8],
+    cost: Option<u64>,
+    at_ms: Option<u64>,
+}
+
+/// The longest lease id.
+pub const LEASE_ID_MAX: usize = 128;
+
+/// `limit lease-duration ID lease-id [COST n] [AT unix-ms]` or
+/// `POLICY name ID lease-id [COST n] [AT unix-ms]`, the options in any order, each once.
+pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, ArgError> {
+    let (limit, first_option) = match args {
+        [word, name, ..] if is_policy(word) => (LeaseLimit::Policy(name), 2),
+        [word] if is_policy(word) => return Err(ArgError::WrongArity),
+        [limit, duration, ..] => {
+            let limit = amount(limit, 1, ArgError::Limit)?;
+            let lease_ms = parse_period(duration).ok_or(ArgError::LeaseDuration)?;
+            (LeaseLimit::Inline(Params::new(limit, lease_ms, None)?), 2)
+        }
+        _ => return Err(ArgError::WrongArity),
+    };
+    let options = lease_options(args, first_option, true)?;
+    Ok(AcquireArgs {
+        limit,
+        id: options.id,
+        cost: options.cost.unwrap_or(1),
+        at_ms: options.at_ms,
+    })
+}
+
+/// `ID lease-id [AT unix-ms]`, in any order, each once.
+pub fn parse_release<'a>(args: &[&'a [u8]]) -> Result<ReleaseArgs<'a>, ArgError> {
+    if args.is_empty() {
+        return Err(ArgError::WrongArity);
+    }
+    let options = lease_options(args, 0, false)?;
+    Ok(ReleaseArgs {
+        id: options.id,
+        at_ms: options.at_ms,
+    })
+}
+
 /// `RATELIMIT.CHECKALL` arguments after the command name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckAllArgs<'a> {
@@ -425,7 +575,7 @@ pub fn parse_checkall<'a>(
             }
             continue;
         }
-        let (algorithm, limit, period_ms) = parse_spec_head(head).map_err(|error| match error {
+        let (algorithm, limit, period_ms) = parse_rate_head(head).map_err(|error| match error {
             ArgError::UnknownAlgorithm { at, .. } => {
                 in_spec(ArgError::UnknownAlgorithm { at, after_period })
             }
@@ -539,7 +689,7 @@ mod tests {
 
     #[test]
     fn algorithm_names_are_whole_and_case_insensitive() {
-        for algorithm in Algorithm::ALL {
+        for algorithm in Algorithm::EVERY {
             let name = algorithm.name();
             assert_eq!(Algorithm::parse(name.as_bytes()), Some(algorithm));
             let upper = name.to_ascii_uppercase();
@@ -571,11 +721,11 @@ mod tests {
     #[test]
     fn algorithm_names_parse_as_a_linear_search_would() {
         let reference = |name: &[u8]| {
-            Algorithm::ALL
+            Algorithm::EVERY
                 .into_iter()
                 .find(|a| a.name().as_bytes().eq_ignore_ascii_case(name))
         };
-        for algorithm in Algorithm::ALL {
+        for algorithm in Algorithm::EVERY {
             let name = algorithm.name().as_bytes();
             // What the fast comparison relies on: lowercase letters and '-', at most 16 bytes.
             assert!(name.len() <= 16);
@@ -592,7 +742,7 @@ mod tests {
                     );
                 }
             }
-            for other in Algorithm::ALL {
+            for other in Algorithm::EVERY {
                 let mut mixed = other.name().as_bytes().to_vec();
                 mixed.resize(name.len(), b'-');
                 assert_eq!(Algorithm::parse(&mixed), reference(&mixed), "{mixed:?}");

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! RATELIMIT.POLICY SET name algorithm limit period [BURST capacity] [SHADOW]   -> OK
-//! RATELIMIT.POLICY GET name    -> algorithm, limit, period_ms, burst, mode (nil if none)
+//! RATELIMIT.POLICY SET name concurrency limit lease-duration [SHADOW]         -> OK
+//! RATELIMIT.POLICY GET name    -> algorithm, limit, period_ms, burst, mode (nil if none);
+//!                                 a concurrency policy: algorithm, limit, lease_ms, mode
 //! RATELIMIT.POLICY DEL name    -> 1 if it existed, else 0
 //! RATELIMIT.POLICY LIST        -> the names, sorted
 //! ```
@@ -19,7 +21,7 @@ use std::sync::Arc;
 
 use redis_module::raw;
 
-use super::parse::{parse_policy_set, LimitArg};
+use super::parse::{parse_policy_set, LeaseLimit, LimitArg};
 use super::registry::{Arg, ArgType, Command, Container, Keys, LIMIT_SPEC};
 use super::{handler, replicate_verbatim, Call};
 use crate::algorithms::{Algorithm, Params};
@@ -98,6 +100,9 @@ pub(crate) const CONTAINER: Container = Container {
 
 const CONTAINER_NAME: &std::ffi::CStr = c"ratelimit.policy";
 
+/// The policy a call went through, if any: its mode and counters.
+pub(crate) type Through = Option<(Mode, Arc<Counters>)>;
+
 /// The limit a call applies, resolved from its arguments.
 pub(crate) struct Resolved {
     pub algorithm: Algorithm,
@@ -105,7 +110,7 @@ pub(crate) struct Resolved {
     /// How long a rejection blocks the key (`BLOCK`), if at all.
     pub block_ms: Option<u64>,
     /// The policy the call named: its mode and counters.
-    pub through: Option<(Mode, Arc<Counters>)>,
+    pub through: Through,
 }
 
 /// The limit `limit` names: a spec as it is, a policy looked up in the server's table (locked
@@ -129,6 +134,9 @@ pub(crate) fn resolve(limit: &LimitArg) -> Result<Resolved, String> {
                     ArgError::PolicyName.message("", &[])
                 });
             };
+            if found.algorithm == Algorithm::Concurrency {
+                return Err(error::policy_kind(name, found.algorithm.name()));
+            }
             let max = max_log_limit();
             if found.algorithm == Algorithm::SlidingLog && found.params.limit > max {
                 let limit = found.params.limit;
@@ -140,6 +148,28 @@ pub(crate) fn resolve(limit: &LimitArg) -> Result<Resolved, String> {
                 block_ms: found.block_ms,
                 through: Some((found.mode, counters)),
             })
+        }
+    }
+}
+
+/// The limit and lease duration an ACQUIRE's `limit` names, and the policy it went through. The
+/// error is the reply: an unknown or malformed name, or a policy of a rate limit.
+pub(crate) fn resolve_lease(limit: &LeaseLimit) -> Result<(Params, Through), String> {
+    match *limit {
+        LeaseLimit::Inline(params) => Ok((params, None)),
+        LeaseLimit::Policy(name) => {
+            let found = policy::table().get(name);
+            let Some((found, counters)) = found else {
+                return Err(if policy::valid_name(name) {
+                    error::no_such_policy(name)
+                } else {
+                    ArgError::PolicyName.message("", &[])
+                });
+            };
+            if found.algorithm != Algorithm::Concurrency {
+                return Err(error::policy_kind(name, found.algorithm.name()));
+            }
+            Ok((found.params, Some((found.mode, counters))))
         }
     }
 }
@@ -203,6 +233,21 @@ fn run_get(call: &Call) -> c_int {
         return raw::REDISMODULE_OK as c_int;
     };
     let resp3 = call.resp3();
+    if policy.algorithm == Algorithm::Concurrency {
+        call.reply_map(4, resp3);
+        call.reply_name(c"algorithm");
+        reply_text(call, policy.algorithm.name());
+        for (field, value) in [
+            (c"limit", policy.params.limit),
+            (c"lease_ms", policy.params.period_ms),
+        ] {
+            call.reply_name(field);
+            call.reply_integer(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+        call.reply_name(c"mode");
+        reply_text(call, policy.mode.name());
+        return raw::REDISMODULE_OK as c_int;
+    }
     call.reply_map(6, resp3);
     call.reply_name(c"algorithm");
     reply_text(call, policy.algorithm.name());

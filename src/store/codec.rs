@@ -10,6 +10,8 @@
 //! sliding-window: u64 window_start_ms, u64 current, u64 previous
 //! sliding-log:    u64 runs, then per run u64 timestamp_ms, u64 count (oldest first)
 //! gcra:           u128 ahead_scaled
+//! concurrency:    u64 leases, then per lease (in order of expiry, then id) u64 expiry_ms,
+//!                 u64 cost, u8 id length, the id (period_ms is the lease duration)
 //! ```
 //! A replicated or rewritten write is a [`Change`]: a kind byte, then either a whole limiter
 //! (`1`), or, for the sliding log whose whole state can be large, the entries one call appended
@@ -23,6 +25,12 @@
 //! A blocked limiter's encoding ends with a trailer, u64 blocked_until_ms (> last_ms); an
 //! unblocked one has none, so its bytes are those of every earlier version. A module older than
 //! blocks refuses a blocked key's trailer (bytes left over): upgrade replicas before their master.
+//!
+//! A concurrency key replicates its leases one call at a time: an admitted ACQUIRE is `6`
+//! (u64 limit, u64 t_ms, u64 expiry_ms, u64 cost, then the lease id: the rest of the payload),
+//! a RELEASE that released a lease `7` (u64 t_ms, then the id). A concurrency key is never
+//! blocked: its encoding has no trailer. Both drop the leases expired at
+//! `t_ms` first, as the call did; the lease duration is `expiry_ms − t_ms`.
 //!
 //! Decoding validates everything a command could never have stored, so a corrupt RDB payload,
 //! RESTORE or AOF line is refused, never trusted: parameters within docs/algorithms.md's bounds,
@@ -39,6 +47,8 @@
 //!                 ≤ L·P, e = last_ms − window_start (the estimate the call was admitted under,
 //!                 which a refund only lowers)
 //! sliding-log     1 ≤ entries ≤ L, none after last_ms, the oldest after last_ms − P
+//! concurrency     1 ≤ leases ≤ 10^6, distinct ids of 1 to 128 bytes, each cost 1 ≤ c ≤ L and
+//!                 their sum ≤ L, each expiry in (last_ms, last_ms + 3650 days], in order
 //! ```
 //!
 //! Stored formats: the RDB encoding, the [`Change`] kinds and the 33-byte packed form are what
@@ -46,6 +56,7 @@
 //! encoding version (`store::ENCODING_VERSION`, or a new `Change` kind), with the old one still
 //! read. tests/integration/fixtures/ pins them byte for byte.
 
+use crate::algorithms::concurrency::{self, Lease, Leases, MAX_ID_LEN};
 use crate::algorithms::{
     Algorithm, Limiter, Params, SlidingLog, State, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
@@ -151,6 +162,15 @@ pub fn encode(limiter: &Limiter, out: &mut impl Sink) {
                 out.put(&count.to_le_bytes());
             }
         }
+        State::Concurrency(leases) => {
+            out.put(&(leases.len() as u64).to_le_bytes());
+            for (id, lease) in leases.iter() {
+                out.put(&lease.expiry_ms.to_le_bytes());
+                out.put(&lease.cost.to_le_bytes());
+                out.put(&[id.len() as u8]);
+                out.put(id);
+            }
+        }
     }
     if limiter.blocked_until_ms != 0 {
         out.put(&limiter.blocked_until_ms.to_le_bytes());
@@ -185,6 +205,17 @@ impl Reader<'_> {
 
     fn u128(&mut self) -> Result<u128, DecodeError> {
         self.take::<16>().map(u128::from_le_bytes)
+    }
+}
+
+impl<'a> Reader<'a> {
+    fn slice(&mut self, len: usize) -> Result<&'a [u8], DecodeError> {
+        let (head, rest) = self
+            .bytes
+            .split_at_checked(len)
+            .ok_or(DecodeError::Length)?;
+        self.bytes = rest;
+        Ok(head)
     }
 }
 
@@ -240,6 +271,9 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
                 pairs.push((timestamp_ms, count));
             }
             State::SlidingLog(SlidingLog::from_runs(pairs).map_err(|_| DecodeError::State)?)
+        }
+        Algorithm::Concurrency => {
+            State::Concurrency(Box::new(decode_leases(&mut reader, &params, last_ms)?))
         }
     };
     // A blocked limiter's block: after its start (`last_ms` at the latest), at most 3650 days
@@ -307,7 +341,45 @@ fn storable(limiter: &Limiter) -> bool {
                 && log.newest_ms().is_none_or(|newest| newest <= last_ms)
                 && oldest.is_none_or(|oldest| oldest + period_ms > last_ms)
         }
+        // Held to its bounds by `decode_leases`; never blocked.
+        State::Concurrency(_) => limiter.blocked_until_ms == 0,
     }
+}
+
+/// The leases of a concurrency limiter stored at `last_ms` under `params`, held to what the calls
+/// that store them leave (the module comment's bounds).
+fn decode_leases(
+    reader: &mut Reader,
+    params: &Params,
+    last_ms: u64,
+) -> Result<Leases, DecodeError> {
+    let count = reader.u64()?;
+    // Each lease takes 18 bytes at least: a count beyond the payload is corrupt.
+    require(
+        (1..=concurrency::LEASES_CAP).contains(&count) && count <= (reader.bytes.len() / 18) as u64,
+    )?;
+    let mut leases = Leases::new();
+    let mut previous: Option<(u64, &[u8])> = None;
+    let mut held = 0u64;
+    for _ in 0..count {
+        let expiry_ms = reader.u64()?;
+        let cost = reader.u64()?;
+        let [len] = reader.take::<1>()?;
+        let id = reader.slice(usize::from(len))?;
+        require(
+            (1..=MAX_ID_LEN).contains(&id.len())
+                && expiry_ms > last_ms
+                && expiry_ms - last_ms <= MAX_PERIOD_MS
+                && (1..=params.limit).contains(&cost)
+                && previous.is_none_or(|previous| previous < (expiry_ms, id)),
+        )?;
+        previous = Some((expiry_ms, id));
+        // At most 10^6 costs of at most 10^12 each: no overflow.
+        held += cost;
+        require(leases.insert(id, Lease { cost, expiry_ms }) == Ok(None))?;
+    }
+    require(held <= params.limit)?;
+    Ok(leases)
 }
 
 /// Writes `Change::Replace(limiter)` without owning the limiter, packed (kind `3`) when it can
@@ -369,6 +441,16 @@ pub enum Change {
     LogRefund { t_ms: u64, cost: u64 },
     /// The key is blocked until `until_ms` (a rejection with `BLOCK`); nothing else changed.
     Block { until_ms: u64 },
+    /// A concurrency key admitted (or renewed) `id`'s lease of `cost` at `t_ms` under `params`
+    /// (`period_ms`: the lease duration), after dropping the leases expired at `t_ms`.
+    LeaseAcquire {
+        params: Params,
+        t_ms: u64,
+        cost: u64,
+        id: Vec<u8>,
+    },
+    /// A concurrency key released `id`'s live lease at `t_ms`, dropping the expired ones.
+    LeaseRelease { t_ms: u64, id: Vec<u8> },
 }
 
 const REPLACE: u8 = 1;
@@ -376,6 +458,24 @@ const LOG_APPEND: u8 = 2;
 const PACKED: u8 = 3;
 const LOG_REFUND: u8 = 4;
 const BLOCK: u8 = 5;
+const LEASE_ACQUIRE: u8 = 6;
+const LEASE_RELEASE: u8 = 7;
+
+/// Writes the `Change::LeaseAcquire` of these values without owning the id.
+pub fn encode_lease_acquire(params: &Params, t_ms: u64, cost: u64, id: &[u8], out: &mut impl Sink) {
+    out.put(&[LEASE_ACQUIRE]);
+    for value in [params.limit, t_ms, t_ms + params.period_ms, cost] {
+        out.put(&value.to_le_bytes());
+    }
+    out.put(id);
+}
+
+/// Writes the `Change::LeaseRelease` of these values without owning the id.
+pub fn encode_lease_release(t_ms: u64, id: &[u8], out: &mut impl Sink) {
+    out.put(&[LEASE_RELEASE]);
+    out.put(&t_ms.to_le_bytes());
+    out.put(id);
+}
 
 impl Change {
     /// Writes the change to `out`.
@@ -396,6 +496,13 @@ impl Change {
                 out.put(&[BLOCK]);
                 out.put(&until_ms.to_le_bytes());
             }
+            Change::LeaseAcquire {
+                params,
+                t_ms,
+                cost,
+                id,
+            } => encode_lease_acquire(params, *t_ms, *cost, id, out),
+            Change::LeaseRelease { t_ms, id } => encode_lease_release(*t_ms, id, out),
         }
     }
 
@@ -444,6 +551,34 @@ impl Change {
                 }
                 require(until_ms > 0 && until_ms < TIME_LIMIT_MS + MAX_PERIOD_MS)?;
                 Ok(Change::Block { until_ms })
+            }
+            LEASE_ACQUIRE => {
+                let mut reader = Reader { bytes: rest };
+                let limit = reader.u64()?;
+                let t_ms = reader.u64()?;
+                let expiry_ms = reader.u64()?;
+                let cost = reader.u64()?;
+                let id = reader.bytes;
+                require(t_ms < TIME_LIMIT_MS && expiry_ms > t_ms)?;
+                let params =
+                    Params::new(limit, expiry_ms - t_ms, None).map_err(|_| DecodeError::Params)?;
+                require((1..=limit).contains(&cost) && (1..=MAX_ID_LEN).contains(&id.len()))?;
+                Ok(Change::LeaseAcquire {
+                    params,
+                    t_ms,
+                    cost,
+                    id: id.to_vec(),
+                })
+            }
+            LEASE_RELEASE => {
+                let mut reader = Reader { bytes: rest };
+                let t_ms = reader.u64()?;
+                let id = reader.bytes;
+                require(t_ms < TIME_LIMIT_MS && (1..=MAX_ID_LEN).contains(&id.len()))?;
+                Ok(Change::LeaseRelease {
+                    t_ms,
+                    id: id.to_vec(),
+                })
             }
             _ => Err(DecodeError::Algorithm),
         }

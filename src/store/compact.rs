@@ -139,7 +139,7 @@ impl Shape {
                 2,
                 2 * u128::from(params.period_ms),
             ),
-            Algorithm::SlidingLog => return None,
+            Algorithm::SlidingLog | Algorithm::Concurrency => return None,
         };
         let time_bits = PAYLOAD_BITS.checked_sub(amount_bits * fields)?;
         (width(lifetime_ms) <= time_bits + MAX_EPOCH_SPREAD_BITS).then_some(Shape {
@@ -323,7 +323,9 @@ pub fn expand(word: u64) -> Limiter {
             current: amount & mask(shape.amount_bits),
             previous: amount >> shape.amount_bits,
         },
-        Algorithm::SlidingLog => unreachable!("a log is never compact (Shape::of)"),
+        Algorithm::SlidingLog | Algorithm::Concurrency => {
+            unreachable!("a log or a lease set is never compact (Shape::of)")
+        }
     };
     Limiter {
         params,

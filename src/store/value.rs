@@ -224,7 +224,7 @@ pub fn unpacked(words: &[u64; 4]) -> Option<Limiter> {
     let bits = halves(words);
     let field = |at, width| get(&bits, at, width) as u64;
     let algorithm = Algorithm::from_index(field(ALGORITHM_AT, ALGORITHM_BITS) as u8)?;
-    if algorithm == Algorithm::SlidingLog {
+    if matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency) {
         return None;
     }
     let burst = algorithm.is_bucket().then(|| field(FIRST_AT, AMOUNT_BITS));
@@ -360,6 +360,9 @@ impl Value {
                 let limiter = unsafe { &*pointer };
                 let heap = match &limiter.state {
                     State::SlidingLog(log) => log.heap_bytes(),
+                    State::Concurrency(leases) => {
+                        std::mem::size_of::<crate::algorithms::Leases>() + leases.heap_bytes()
+                    }
                     _ => 0,
                 };
                 std::mem::size_of::<Limiter>() + heap

@@ -55,6 +55,7 @@ fn max_log_limit_default_and_effect() {
     let expected = [
         ("ratelimit.max-log-limit", "100000"),
         ("ratelimit.max-policies", "10000"),
+        ("ratelimit.max-leases", "100000"),
     ];
     assert_eq!(
         all,

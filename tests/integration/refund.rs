@@ -141,6 +141,7 @@ fn advanced(limiter: &Limiter, t_ms: u64) -> State {
                 .collect();
             State::SlidingLog(SlidingLog::from_runs(live).unwrap_or_default())
         }
+        State::Concurrency(_) => unreachable!("REFUND refuses a concurrency key"),
     }
 }
 
@@ -155,6 +156,7 @@ fn fresh(state: &State, params: &Params) -> bool {
             current, previous, ..
         } => *current == 0 && *previous == 0,
         State::SlidingLog(log) => log.is_empty(),
+        State::Concurrency(leases) => leases.is_empty(),
     }
 }
 
@@ -201,6 +203,7 @@ fn refunded(state: &State, params: &Params, cost: u64) -> State {
             }
             State::SlidingLog(SlidingLog::from_runs(runs).unwrap_or_default())
         }
+        State::Concurrency(_) => unreachable!("REFUND refuses a concurrency key"),
     }
 }
 

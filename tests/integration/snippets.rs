@@ -21,9 +21,10 @@
 //! `<!-- snippet: at 1796006883715 +10 +6, continue -->`.
 //! - `skip (reason)`: never run, for the reason given.
 //! - `at T +d ...`: session times, in ms. The commands that take `AT` (the module's CHECK, PEEK,
-//!   CHECKALL, REFUND; the library's `FCALL(_RO) ratelimit_check|peek|checkall|refund`) are sent with
-//!   `AT <time>` appended: the first at `T`, each next one `d` ms after the one before (after
-//!   the list, at the last time). `at +d ...` continues the times of the block before. The times
+//!   CHECKALL, REFUND, ACQUIRE, RELEASE; the library's `FCALL(_RO)
+//!   ratelimit_check|peek|checkall|refund|acquire|release`) are sent with `AT <time>` appended:
+//!   the first at `T`, each next one `d` ms after the one before (after the list, at the last
+//!   time). `at +d ...` continues the times of the block before. The times
 //!   are moved by whole days to just after the server's clock and the reply's absolute times
 //!   (12+ digit numbers near them) moved back, so every field compares exactly. Commands that
 //!   take no `AT` (INFO, `CL.THROTTLE`, `GCRA`...) run on the server's clock, which is then
@@ -53,8 +54,8 @@ use crate::common::skip;
 use pages::{all_blocks, chains, Kind};
 
 /// None when the pages' server runs the tests (the `redis-server` on PATH, also when
-/// `RATELIMIT_SERVER` names it); else why these tests skip.
-fn other_server() -> Option<String> {
+/// `RATELIMIT_SERVER` names it); else why these tests skip. The example tests skip likewise.
+pub(crate) fn other_server() -> Option<String> {
     let server = std::env::var("RATELIMIT_SERVER")
         .or_else(|_| std::env::var("REDIS_SERVER"))
         .ok()

@@ -142,8 +142,9 @@ fn answers_as(port: u16, pid: u32) -> bool {
 /// Spawn `command` from one thread that lives as long as the test process, with
 /// `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills the server when that thread, i.e. the whole
 /// test binary, dies, even by SIGKILL or a timeout. (The signal follows the spawning thread, so
-/// spawning from the test's own thread would kill servers shared between tests.)
-fn spawn_child(mut command: Command) -> io::Result<Child> {
+/// spawning from the test's own thread would kill servers shared between tests.) The example
+/// tests start their apps through it too.
+pub(crate) fn spawn_child(mut command: Command) -> io::Result<Child> {
     type Request = (Command, mpsc::Sender<io::Result<Child>>);
     static SPAWNER: OnceLock<mpsc::Sender<Request>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {

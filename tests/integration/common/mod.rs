@@ -56,6 +56,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use calls::*;
 pub use launch::server_binary;
+pub(crate) use launch::{free_port, make_temp_dir, remove_dir, spawn_child};
 pub use server::{
     master_and_replica, module_path, ready_timeout, scaled, server_wrapper, wait_replica_sync,
     FailedStart, Server, ServerBuilder, CLIENT_TIMEOUT, READY_TIMEOUT, SYNC_TIMEOUT,

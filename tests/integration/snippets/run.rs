@@ -310,8 +310,9 @@ impl Clock {
     }
 }
 
-/// Does this command (its words) take `AT` on this server: the module's CHECK, PEEK and
-/// CHECKALL, and the library's check, peek and checkall, unless it names `AT` already?
+/// Does this command (its words) take `AT` on this server: the module's CHECK, PEEK, CHECKALL,
+/// REFUND, ACQUIRE and RELEASE, and the library's check, peek, checkall, refund, acquire and
+/// release, unless it names `AT` already?
 pub fn takes_at(words: &[&str], env: &Env) -> bool {
     let Some(name) = words.first() else {
         return false;
@@ -323,14 +324,24 @@ pub fn takes_at(words: &[&str], env: &Env) -> bool {
     let module = env.module
         && matches!(
             name.as_str(),
-            "RATELIMIT.CHECK" | "RATELIMIT.PEEK" | "RATELIMIT.CHECKALL" | "RATELIMIT.REFUND"
+            "RATELIMIT.CHECK"
+                | "RATELIMIT.PEEK"
+                | "RATELIMIT.CHECKALL"
+                | "RATELIMIT.REFUND"
+                | "RATELIMIT.ACQUIRE"
+                | "RATELIMIT.RELEASE"
         );
     let library = env.library
         && matches!(name.as_str(), "FCALL" | "FCALL_RO")
         && words.get(1).is_some_and(|f| {
             matches!(
                 f.to_ascii_lowercase().as_str(),
-                "ratelimit_check" | "ratelimit_peek" | "ratelimit_checkall" | "ratelimit_refund"
+                "ratelimit_check"
+                    | "ratelimit_peek"
+                    | "ratelimit_checkall"
+                    | "ratelimit_refund"
+                    | "ratelimit_acquire"
+                    | "ratelimit_release"
             )
         });
     module || library

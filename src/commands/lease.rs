@@ -1,0 +1,284 @@
+//! `RATELIMIT.ACQUIRE key limit lease-duration ID lease-id [COST n] [AT unix-ms]`
+//! `RATELIMIT.ACQUIRE key POLICY name ID lease-id [COST n] [AT unix-ms]`
+//! `RATELIMIT.RELEASE key ID lease-id [AT unix-ms]`
+//!
+//! Concurrency limits: at most `limit` cost in flight at once on a key, each request holding a
+//! lease under its id until it releases it or the lease expires (`algorithms::concurrency`).
+//! ACQUIRE answers the six fields of a decision; RELEASE answers 1 if the id held a live lease
+//! (now gone), else 0.
+//!
+//! Writes replicate as effects with their time (`Change::LeaseAcquire`, `Change::LeaseRelease`,
+//! applied by `ratelimit.apply`), never as the command, so a replica or an AOF replay drops the
+//! expired leases by the master's time. A rejected ACQUIRE and a RELEASE of no live lease change
+//! nothing: no write, no replication, no keyspace signal.
+//!
+//! Through a policy in shadow mode, an ACQUIRE its limit rejects is answered as admitted (as a
+//! CHECK would be) but stores nothing: the key holds what enforcement would hold, and the
+//! RELEASE of that id answers 0.
+
+use std::ffi::c_int;
+
+use redis_module::raw;
+
+use super::parse::{parse_acquire, parse_release, LEASE_ID_MAX};
+use super::policy::resolve_lease;
+use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
+use super::{handler, notify_rejected, notify_shadow_rejected, now_ms, replicate_apply, Call};
+use crate::algorithms::concurrency::{self, Acquire, AcquireError, Released};
+use crate::algorithms::{Algorithm, Limiter, Write};
+use crate::config::{max_leases, MAX_MAX_LEASES};
+use crate::error::{self, ArgError};
+use crate::policy::Mode;
+use crate::stats;
+use crate::store::codec::{encode_lease_acquire, encode_lease_release, Sink};
+use crate::store::{Key, Slot};
+
+// The config's upper bound is what stored and replicated states are held to.
+const _: () = assert!(MAX_MAX_LEASES as u64 == concurrency::LEASES_CAP);
+const _: () = assert!(LEASE_ID_MAX == concurrency::MAX_ID_LEN);
+
+/// The most arguments an ACQUIRE can meaningfully have (name, key, limit, three options).
+const MAX_ARGS: usize = 10;
+
+const LIMIT_ARGS: [Arg; 2] = [
+    Arg::new(c"limit", ArgType::Integer),
+    Arg::new(c"lease-duration", ArgType::String),
+];
+
+const LIMIT: [Arg; 2] = [
+    Arg::block(c"lease-limit", &LIMIT_ARGS),
+    Arg::keyword(c"POLICY", c"name", ArgType::String),
+];
+
+const ACQUIRE_ARGS: [Arg; 5] = [
+    Arg::new(c"key", ArgType::Key),
+    Arg::one_of(c"limit", &LIMIT),
+    Arg::keyword(c"ID", c"lease-id", ArgType::String),
+    Arg::option(c"COST", c"cost", ArgType::Integer),
+    Arg::option(c"AT", c"unix-ms", ArgType::UnixTime),
+];
+
+const RELEASE_ARGS: [Arg; 3] = [
+    Arg::new(c"key", ArgType::Key),
+    Arg::keyword(c"ID", c"lease-id", ArgType::String),
+    Arg::option(c"AT", c"unix-ms", ArgType::UnixTime),
+];
+
+pub(crate) const ACQUIRE: Command = Command {
+    name: c"ratelimit.acquire",
+    flags: c"write deny-oom",
+    arity: -6,
+    keys: Keys::First {
+        rest: false,
+        flags: KEY_UPDATED,
+    },
+    summary: c"Takes (or renews) a lease on a concurrency limit, if the limit has room for it",
+    complexity: c"O(log N) for N live leases",
+    args: &ACQUIRE_ARGS,
+    acl: "write fast ratelimit",
+    handler: handler!(run_acquire),
+};
+
+pub(crate) const RELEASE: Command = Command {
+    name: c"ratelimit.release",
+    flags: c"write",
+    arity: -4,
+    keys: Keys::First {
+        rest: false,
+        flags: KEY_UPDATED,
+    },
+    summary: c"Gives back a lease taken with RATELIMIT.ACQUIRE; answers 1 if it was live",
+    complexity: c"O(log N) for N live leases",
+    args: &RELEASE_ARGS,
+    acl: "write fast ratelimit",
+    handler: handler!(run_release),
+};
+
+/// The arguments after the key, borrowed in place (at most `N`: the extra ones are options
+/// given twice or unknown, which the parser names).
+fn args_after_key<const N: usize>(call: &Call) -> ([&[u8]; N], usize) {
+    let mut slices: [&[u8]; N] = [&[]; N];
+    let count = call.argc().saturating_sub(2).min(N);
+    for (i, slot) in slices[..count].iter_mut().enumerate() {
+        *slot = call.bytes(2 + i);
+    }
+    (slices, count)
+}
+
+/// A replicated lease change: kind, four words and an id of up to 128 bytes, on the stack.
+struct LeasePayload {
+    bytes: [u8; 1 + 32 + LEASE_ID_MAX],
+    len: usize,
+}
+
+impl LeasePayload {
+    fn new() -> LeasePayload {
+        LeasePayload {
+            bytes: [0; 1 + 32 + LEASE_ID_MAX],
+            len: 0,
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl Sink for LeasePayload {
+    fn put(&mut self, bytes: &[u8]) {
+        // Every change written here fits (one kind byte, at most four words, the id).
+        let end = (self.len + bytes.len()).min(self.bytes.len());
+        self.bytes[self.len..end].copy_from_slice(&bytes[..end - self.len]);
+        self.len = end;
+    }
+}
+
+/// The error reply for a core's refusal.
+fn acquire_error(error: AcquireError) -> String {
+    match error {
+        AcquireError::Mismatch(stored) => {
+            error::algorithm_mismatch(stored.name(), Algorithm::Concurrency.name())
+        }
+        AcquireError::TooManyLeases { max } => error::too_many_leases(max),
+        AcquireError::Invalid => error::INTERNAL.to_string(),
+    }
+}
+
+fn run_acquire(call: &Call) -> c_int {
+    // Every call Redis counts in this command's `calls` (see `stats::count_call`).
+    stats::count_call();
+    let (slices, count) = args_after_key::<MAX_ARGS>(call);
+    let args = &slices[..count];
+    let parsed = if call.argc() < 6 {
+        Err(ArgError::WrongArity)
+    } else {
+        parse_acquire(args)
+    };
+    let parsed = match parsed {
+        Ok(parsed) => parsed,
+        Err(error) => return call.error(&error.message("ratelimit.acquire", args)),
+    };
+    let (params, through) = match resolve_lease(&parsed.limit) {
+        Ok(resolved) => resolved,
+        Err(message) => return call.error(&message),
+    };
+    let request = Acquire {
+        params,
+        id: parsed.id,
+        cost: parsed.cost,
+        now_ms: parsed.at_ms.unwrap_or_else(now_ms),
+    };
+    let key_name = call.raw_arg(1);
+    let mut key = Key::open(call.ctx, key_name, true);
+    let mut payload = LeasePayload::new();
+    let decided = {
+        let mut stored = match key.slot() {
+            Slot::WrongType => return call.error(error::WRONG_TYPE),
+            Slot::Empty => None,
+            Slot::Limiter(handle) => Some(handle),
+        };
+        let result = concurrency::acquire(stored.as_deref_mut(), &request, max_leases(), true);
+        let written = match &result {
+            Ok((acquired, write)) if !matches!(write, Write::Nothing) => {
+                encode_lease_acquire(
+                    &params,
+                    acquired.t_ms,
+                    request.cost,
+                    request.id,
+                    &mut payload,
+                );
+                true
+            }
+            _ => false,
+        };
+        let expires_at_ms = stored.as_deref().map(Limiter::expires_at_ms);
+        if let (Some(handle), false) = (stored, written) {
+            handle.unchanged();
+        }
+        result.map(|(acquired, write)| (acquired, write, expires_at_ms))
+    };
+    let (acquired, write, expires_at_ms) = match decided {
+        Ok(decided) => decided,
+        Err(error) => return call.error(&acquire_error(error)),
+    };
+    let expires_at_ms = match write {
+        Write::Nothing => None,
+        Write::Updated => expires_at_ms,
+        Write::Created(limiter) => {
+            let expires_at_ms = limiter.expires_at_ms();
+            key.set(limiter).then_some(expires_at_ms)
+        }
+    };
+    if let Some(expires_at_ms) = expires_at_ms {
+        key.expire_at(expires_at_ms);
+        replicate_apply(call, key_name, payload.as_slice());
+    }
+    // Closed before the event: a subscriber to keyspace events may touch the key.
+    drop(key);
+    let mode = through.as_ref().map_or(Mode::Enforce, |(mode, _)| *mode);
+    let (answer, shadowed) = crate::policy::answer(acquired.decision, mode);
+    stats::count_decision(Algorithm::Concurrency, answer.allowed);
+    if shadowed {
+        notify_shadow_rejected(call, key_name);
+    } else if !answer.allowed {
+        notify_rejected(call, key_name);
+    }
+    if let Some((_, counters)) = &through {
+        counters.count(answer.allowed, shadowed, false);
+    }
+    call.reply_decision(&answer, call.resp3(), 0);
+    raw::REDISMODULE_OK as c_int
+}
+
+fn run_release(call: &Call) -> c_int {
+    // ID, AT and one more to name an extra argument.
+    let (slices, count) = args_after_key::<5>(call);
+    let args = &slices[..count];
+    let parsed = if call.argc() < 4 {
+        Err(ArgError::WrongArity)
+    } else {
+        parse_release(args)
+    };
+    let parsed = match parsed {
+        Ok(parsed) => parsed,
+        Err(error) => return call.error(&error.message("ratelimit.release", args)),
+    };
+    let now = parsed.at_ms.unwrap_or_else(now_ms);
+    let key_name = call.raw_arg(1);
+    let mut key = Key::open(call.ctx, key_name, true);
+    let mut payload = LeasePayload::new();
+    // What the key needs once the limiter's handle is closed: a new expiry, or deletion.
+    let after = {
+        let mut handle = match key.slot() {
+            Slot::WrongType => return call.error(error::WRONG_TYPE),
+            Slot::Empty => {
+                call.reply_integer(0);
+                return raw::REDISMODULE_OK as c_int;
+            }
+            Slot::Limiter(handle) => handle,
+        };
+        match concurrency::release(&mut handle, parsed.id, now) {
+            Err(error) => {
+                handle.unchanged();
+                return call.error(&acquire_error(error));
+            }
+            Ok((_, Released::Nothing)) => {
+                handle.unchanged();
+                call.reply_integer(0);
+                return raw::REDISMODULE_OK as c_int;
+            }
+            Ok((t_ms, released)) => {
+                encode_lease_release(t_ms, parsed.id, &mut payload);
+                (released == Released::Updated).then(|| handle.expires_at_ms())
+            }
+        }
+    };
+    match after {
+        Some(expires_at_ms) => key.expire_at(expires_at_ms),
+        None => key.delete(),
+    }
+    replicate_apply(call, key_name, payload.as_slice());
+    drop(key);
+    call.reply_integer(1);
+    raw::REDISMODULE_OK as c_int
+}
