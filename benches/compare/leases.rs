@@ -47,6 +47,13 @@ impl Bench<'_> {
     /// lease of a 16-byte id takes at the largest `n`.
     pub(crate) fn lease_phase(&mut self) -> Result<Vec<LeaseScalingResult>, String> {
         self.flushall()?;
+        // Room for the one lease the measured calls add beside the largest set.
+        self.query::<()>(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("ratelimit.max-leases")
+                .arg(1_000_000),
+        )?;
         let base = now_ms() + 3_600_000;
         let calls = self.config.log_calls;
         let sizes = [10u64, 1_000, 100_000];
@@ -117,6 +124,12 @@ impl Bench<'_> {
             last.used_memory_per_lease = Some(full.saturating_sub(empty) as f64 / n as f64);
         }
         self.flushall()?;
+        self.query::<()>(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("ratelimit.max-leases")
+                .arg(100_000),
+        )?;
         Ok(results)
     }
 }

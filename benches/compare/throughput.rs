@@ -26,11 +26,12 @@ impl Bench<'_> {
             .subject
             .algorithm()
             .filter(|_| case.subject.counted_by_module());
+        // After the reset: `CONFIG RESETSTAT` zeroes the module's decision counters too.
+        self.resetstat_on(side)?;
         let decisions_before = match counted {
             Some(a) => Some(self.module_decisions(a)?),
             None => None,
         };
-        self.resetstat_on(side)?;
         let (seconds, line) = match case.resp {
             None => self.run_benchmark(case, pipeline, keyspace, requests)?,
             Some(protocol) => {

@@ -66,7 +66,7 @@ const RELEASE_ARGS: [Arg; 3] = [
 
 pub(crate) const ACQUIRE: Command = Command {
     name: c"ratelimit.acquire",
-    flags: c"write deny-oom",
+    flags: c"write deny-oom fast",
     arity: -6,
     keys: Keys::First {
         rest: false,
@@ -81,7 +81,7 @@ pub(crate) const ACQUIRE: Command = Command {
 
 pub(crate) const RELEASE: Command = Command {
     name: c"ratelimit.release",
-    flags: c"write",
+    flags: c"write fast",
     arity: -4,
     keys: Keys::First {
         rest: false,

@@ -17,7 +17,7 @@ use common::cluster::{
     cluster_address, redis_cli, route, run_bounded, slot, wait_for, Cluster, CLUSTER_TIMEOUT,
 };
 use common::model::{checkall_reply, Model, Spec};
-use common::{dbsize, future_base_ms, snapshot, wait_replica_sync};
+use common::{dbsize, future_base_ms, reply6, snapshot, wait_replica_sync};
 use redis::cluster::ClusterConnection;
 use redis::Value;
 use redis_ratelimit::algorithms::{Algorithm, Request};
@@ -145,6 +145,27 @@ fn cluster_routing_crossslot_resharding_and_failover() {
         round(&mut con, &mut model, &groups, base + 10, "start"),
         all
     );
+    // A concurrency key in the slot that moves, and one elsewhere: they travel with it.
+    let lease_key = format!("{{{moved_tag}}}:jobs");
+    assert_eq!(slot(&lease_key), moved_slot);
+    let lease = |con: &mut ClusterConnection, key: &str, id: &str, at: u64| {
+        let cmd = redis::cmd("RATELIMIT.ACQUIRE")
+            .arg(key)
+            .arg(2)
+            .arg("1d")
+            .arg("ID")
+            .arg(id)
+            .arg("AT")
+            .arg(at)
+            .clone();
+        reply6(&cmd.query::<Value>(con).expect("ACQUIRE"))
+    };
+    const DAY: i64 = 86_400_000;
+    assert_eq!(lease(&mut con, &lease_key, "a", base), [1, 2, 1, 0, DAY, 0]);
+    assert_eq!(
+        lease(&mut con, "jobs:elsewhere", "a", base),
+        [1, 2, 1, 0, DAY, 0]
+    );
     let masters = cluster.masters();
     assert_eq!(masters.len(), 3);
     for master in &masters {
@@ -230,6 +251,10 @@ fn cluster_routing_crossslot_resharding_and_failover() {
         round(&mut con, &mut model, &groups, base + 20, "after resharding"),
         all
     );
+    assert_eq!(
+        lease(&mut con, &lease_key, "b", base + 20),
+        [1, 2, 0, 0, DAY, 0]
+    );
 
     // Failover: kill the master now holding the moved slot; its replica takes over and every
     // limit continues exactly.
@@ -267,6 +292,24 @@ fn cluster_routing_crossslot_resharding_and_failover() {
     assert_eq!(
         round(&mut con, &mut model, &groups, base + 1030, "after failover"),
         (0, groups.len())
+    );
+    // The leases survived the move and the failover: full until `a` expires.
+    assert_eq!(
+        lease(&mut con, &lease_key, "c", base + 30),
+        [0, 2, 0, DAY - 30, DAY - 10, 0]
+    );
+    let released: i64 = redis::cmd("RATELIMIT.RELEASE")
+        .arg(&lease_key)
+        .arg("ID")
+        .arg("a")
+        .arg("AT")
+        .arg(base + 40)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(released, 1);
+    assert_eq!(
+        lease(&mut con, "jobs:elsewhere", "b", base + 40),
+        [1, 2, 0, 0, DAY, 0]
     );
     // The survivors still refuse keys in different slots.
     let error = checkall_cmd(&spread, &specs, base)
