@@ -739,5 +739,8 @@ fn a_lease_costs_about_its_id_and_24_bytes() {
     // records that slack alone reaches 17 bytes a lease (measured: 159.5). The bound that holds
     // is 24 bytes plus the record array's growth slack.
     let slack = (128.0 + 10.0) / 8.0;
-    assert!(per_lease <= 128.0 + 24.0 + slack, "{per_lease} bytes per lease");
+    assert!(
+        per_lease <= 128.0 + 24.0 + slack,
+        "{per_lease} bytes per lease"
+    );
 }
