@@ -1,5 +1,6 @@
 //! Under memcheck: CHECK, PEEK and INFO on every algorithm with every option, every argument
-//! error once, RESP3 replies, CHECKALL, RESET, CL.THROTTLE and GCRA.
+//! error once, RESP3 replies, CHECKALL, RESET, CL.THROTTLE and GCRA, blocks, refunds, policies
+//! and leases.
 
 use redis::Value;
 use redis_ratelimit::algorithms::Algorithm;
@@ -519,5 +520,134 @@ fn cl_throttle_and_gcra() {
         ),
         2
     );
+    assert_alive(&server);
+}
+
+#[test]
+fn blocks_refunds_policies_and_leases() {
+    let server = Server::start();
+    let mut con = server.client();
+    let base = future_base_ms();
+    for algorithm in Algorithm::ALL.map(Algorithm::name) {
+        let key = format!("b:{algorithm}");
+        let spec = format!("{algorithm} 2 1s BLOCK 5s");
+        let at = |ms: u64| base + ms;
+        // Filled, blocked (the limiter moves to the boxed form), asked during the block, refunded,
+        // read, and cleared by the first consuming call after it (back to the smallest form).
+        assert_eq!(
+            six(
+                &mut con,
+                &format!("RATELIMIT.CHECK {key} {spec} COST 2 AT {}", at(0))
+            )[0],
+            1
+        );
+        assert_eq!(
+            six(
+                &mut con,
+                &format!("RATELIMIT.CHECK {key} {spec} AT {}", at(10))
+            )[0],
+            0
+        );
+        six(
+            &mut con,
+            &format!("RATELIMIT.PEEK {key} {spec} COST 0 AT {}", at(20)),
+        );
+        six(
+            &mut con,
+            &format!("RATELIMIT.CHECK {key} {algorithm} 9 1s AT {}", at(30)),
+        );
+        six(
+            &mut con,
+            &format!("RATELIMIT.REFUND {key} {spec} COST 1 AT {}", at(40)),
+        );
+        assert_info(&mut con, &key);
+        assert_eq!(
+            six(
+                &mut con,
+                &format!("RATELIMIT.CHECK {key} {spec} AT {}", at(6_000))
+            )[0],
+            1
+        );
+        assert_info(&mut con, &key);
+        // Refunds: of more than was taken (the key is deleted), on a missing key, errors.
+        six(
+            &mut con,
+            &format!("RATELIMIT.REFUND {key} {spec} COST 1000 AT {}", at(6_000)),
+        );
+        six(
+            &mut con,
+            &format!("RATELIMIT.REFUND missing:{algorithm} {spec} COST 1"),
+        );
+        run_error(&mut con, &format!("RATELIMIT.REFUND {key} {spec}"));
+        run_error(
+            &mut con,
+            &format!("RATELIMIT.CHECK {key} {algorithm} 2 1s BLOCK 0"),
+        );
+        // A CHECKALL that blocks one of its keys, then meets the block.
+        let all = format!(
+            "RATELIMIT.CHECKALL 2 {{c}}:{algorithm} {{c}}:x {algorithm} 1 1s BLOCK 2s \
+             token-bucket 5 1s AT {}",
+            at(0)
+        );
+        for _ in 0..3 {
+            send_one(&mut con, &cmd_line(&all));
+        }
+    }
+    // Policies: defined, replaced, read, applied, listed and removed; their errors.
+    run_ok(
+        &mut con,
+        "RATELIMIT.POLICY SET p sliding-window 5 1s BLOCK 1m",
+    );
+    run_ok(
+        &mut con,
+        "RATELIMIT.POLICY SET p sliding-window 5 1s BLOCK 1m SHADOW",
+    );
+    run_ok(&mut con, "RATELIMIT.POLICY SET q concurrency 2 1m");
+    run(&mut con, "RATELIMIT.POLICY GET p");
+    run(&mut con, "RATELIMIT.POLICY LIST");
+    for _ in 0..7 {
+        six(&mut con, "RATELIMIT.CHECK pk POLICY p");
+    }
+    send_one(
+        &mut con,
+        &cmd_line("RATELIMIT.CHECKALL 2 {p}a {p}b POLICY p POLICY p"),
+    );
+    run_error(&mut con, "RATELIMIT.CHECK pk POLICY nothere");
+    run_error(&mut con, "RATELIMIT.POLICY SET bad:name fixed-window 1 1s");
+    run(&mut con, "INFO ratelimit");
+    // Leases: taken, renewed, refused, read, released, expired; their errors.
+    for i in 0..50 {
+        six(
+            &mut con,
+            &format!("RATELIMIT.ACQUIRE jobs 40 1m ID job-{i} AT {base}"),
+        );
+    }
+    six(
+        &mut con,
+        &format!(
+            "RATELIMIT.ACQUIRE jobs 40 1m ID job-3 COST 2 AT {}",
+            base + 1
+        ),
+    );
+    six(&mut con, "RATELIMIT.ACQUIRE jq POLICY q ID a");
+    assert_info(&mut con, "jobs");
+    for i in 0..45 {
+        run(
+            &mut con,
+            &format!("RATELIMIT.RELEASE jobs ID job-{i} AT {}", base + 2),
+        );
+    }
+    six(
+        &mut con,
+        &format!("RATELIMIT.ACQUIRE jobs 40 1m ID late AT {}", base + 120_000),
+    );
+    run_error(&mut con, "RATELIMIT.ACQUIRE jobs 0 1m ID x");
+    run_error(&mut con, "RATELIMIT.ACQUIRE jobs 2 1m ID x COST 0");
+    run_error(&mut con, "RATELIMIT.CHECK jobs token-bucket 2 1s");
+    run_error(&mut con, "RATELIMIT.ACQUIRE {c}:x 2 1m ID x");
+    run_ok(&mut con, "DEBUG RELOAD");
+    assert_info(&mut con, "jobs");
+    run_ok(&mut con, "RATELIMIT.POLICY DEL p");
+    run(&mut con, "RATELIMIT.RESET jobs jq pk");
     assert_alive(&server);
 }
