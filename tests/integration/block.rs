@@ -15,53 +15,21 @@ use common::{
 use redis::Value;
 use redis_ratelimit::algorithms::{self, Algorithm, Decision, Limiter, Params, Request, Write};
 
-/// The "Blocks" table of docs/algorithms.md: each group of rows is one key, each row a call
-/// (`CHECK COST 1 without BLOCK`: the key's limit without its BLOCK).
-fn doc_rows() -> Vec<(String, u64, String, [i64; 6])> {
-    let page = include_str!("../../docs/algorithms.md");
-    let section = page
-        .split("\n## Blocks")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .expect("docs/algorithms.md has a Blocks section");
-    let mut rows = Vec::new();
-    let mut limit = String::new();
-    for line in section.lines() {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        // | key's limit | AT | call | reply | what happens |
-        if cells.len() != 7
-            || !["CHECK", "PEEK", "REFUND"]
-                .iter()
-                .any(|c| cells[3].starts_with(c))
-        {
-            continue;
-        }
-        if !cells[1].is_empty() {
-            limit = cells[1].trim_matches('`').to_string();
-        }
-        let reply: Vec<i64> = cells[4]
-            .trim_matches(|c| c == '[' || c == ']')
-            .split(", ")
-            .map(|n| n.parse().expect("reply"))
-            .collect();
-        rows.push((
-            limit.clone(),
-            cells[2].parse().expect("AT"),
-            cells[3].to_string(),
-            reply.try_into().expect("six fields"),
-        ));
-    }
-    rows
-}
-
 #[test]
 fn the_worked_examples_of_the_algorithms_page_hold() {
     let server = Server::start();
     let mut con = server.client();
     let base = future_base_ms();
-    let rows = doc_rows();
+    // Each group of rows is one key; `CHECK COST 1 without BLOCK` is the key's limit without it.
+    let rows = common::worked_examples("Blocks");
     assert!(rows.len() >= 15, "{} rows", rows.len());
-    for (limit, at, call, expected) in rows {
+    for common::WorkedRow {
+        limit,
+        at,
+        call,
+        reply: expected,
+    } in rows
+    {
         let key = format!("doc:{limit}");
         let (call, without_block) = match call.strip_suffix(" without BLOCK") {
             Some(call) => (call.to_string(), true),

@@ -22,52 +22,19 @@ fn refund_cmd(limit: &Limit, key: &str, cost: u64, at_ms: u64) -> Cmd {
     limit.command("RATELIMIT.REFUND", key, cost, Some(at_ms))
 }
 
-/// The "Refunds" table of docs/algorithms.md: each group of rows is one key, each row a call.
-fn doc_rows() -> Vec<(String, u64, String, u64, [i64; 6])> {
-    let page = include_str!("../../docs/algorithms.md");
-    let section = page
-        .split("## Refunds")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .expect("docs/algorithms.md has a Refunds section");
-    let mut rows = Vec::new();
-    let mut limit = String::new();
-    for line in section.lines() {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        // | key's limit | AT | call | reply | what happens |
-        if cells.len() != 7 || !cells[3].starts_with("CHECK") && !cells[3].starts_with("REFUND") {
-            continue;
-        }
-        if !cells[1].is_empty() {
-            limit = cells[1].trim_matches('`').to_string();
-        }
-        let at: u64 = cells[2].parse().expect("AT");
-        let (call, cost) = cells[3].split_once(" COST ").expect("a call with COST");
-        let reply: Vec<i64> = cells[4]
-            .trim_matches(|c| c == '[' || c == ']')
-            .split(", ")
-            .map(|n| n.parse().expect("reply"))
-            .collect();
-        rows.push((
-            limit.clone(),
-            at,
-            call.to_string(),
-            cost.parse().expect("cost"),
-            reply.try_into().expect("six fields"),
-        ));
-    }
-    rows
-}
-
 #[test]
 fn the_worked_examples_of_the_algorithms_page_hold() {
     let server = Server::start();
     let mut con = server.client();
     // A base a whole number of days ahead: every period of the tables divides a day.
     let base = future_base_ms();
-    let rows = doc_rows();
+    // The "Refunds" table: each group of rows is one key, each row a call.
+    let rows = common::worked_examples("Refunds");
     assert!(rows.len() >= 15, "{} rows", rows.len());
-    for (limit, at, call, cost, expected) in rows {
+    for row in rows {
+        let (limit, at, expected) = (row.limit, row.at, row.reply);
+        let (call, cost) = row.call.split_once(" COST ").expect("a call with COST");
+        let cost: u64 = cost.parse().expect("cost");
         let key = format!("doc:{limit}");
         let mut cmd = redis::cmd(&format!("RATELIMIT.{call}"));
         cmd.arg(&key)

@@ -133,3 +133,49 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
         .map(|(k, v)| (k.to_string(), v.trim_end().to_string()))
         .collect()
 }
+
+/// One row of a worked-example table of docs/algorithms.md: `| key's limit | AT | call | reply |
+/// what happens |`, the limit carried down from the row that names it.
+pub struct WorkedRow {
+    pub limit: String,
+    pub at: u64,
+    /// The call cell as written: `CHECK COST 2`, `PEEK COST 0`, `REFUND COST 1`...
+    pub call: String,
+    pub reply: [i64; 6],
+}
+
+/// The rows of the worked-example table in the section `## {section}` of docs/algorithms.md.
+pub fn worked_examples(section: &str) -> Vec<WorkedRow> {
+    let page = include_str!("../../../docs/algorithms.md");
+    let text = page
+        .split(&format!("\n## {section}\n"))
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap_or_else(|| panic!("docs/algorithms.md has a {section} section"));
+    let mut rows = Vec::new();
+    let mut limit = String::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let is_call = ["CHECK", "PEEK", "REFUND"]
+            .iter()
+            .any(|name| cells.get(3).is_some_and(|cell| cell.starts_with(name)));
+        if cells.len() != 7 || !is_call {
+            continue;
+        }
+        if !cells[1].is_empty() {
+            limit = cells[1].trim_matches('`').to_string();
+        }
+        let reply: Vec<i64> = cells[4]
+            .trim_matches(|c| c == '[' || c == ']')
+            .split(", ")
+            .map(|n| n.parse().expect("reply"))
+            .collect();
+        rows.push(WorkedRow {
+            limit: limit.clone(),
+            at: cells[2].parse().expect("AT"),
+            call: cells[3].to_string(),
+            reply: reply.try_into().expect("six fields"),
+        });
+    }
+    rows
+}
