@@ -404,7 +404,13 @@ fn racing_clients_never_hold_more_than_the_limit() {
         CLIENTS * ROUNDS
     );
     assert!(peak <= LIMIT, "peak held {peak} > limit {LIMIT}");
-    assert!(admitted >= 100, "{admitted} admitted");
+    // The race took place: leases were admitted and some ACQUIREs met a full key. (How many are
+    // admitted depends on the machine's load: 89 of 2,400 on a 2-core machine compiling.)
+    assert!(admitted >= 10, "{admitted} admitted");
+    assert!(
+        admitted < (CLIENTS * ROUNDS) as u64,
+        "no ACQUIRE was ever rejected"
+    );
     assert!(
         !exists(&mut server.client(), "race"),
         "every lease released"

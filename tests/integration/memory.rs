@@ -253,9 +253,10 @@ fn an_evicted_limiter_is_a_fresh_limiter_and_volatile_policies_evict_limiters_fi
                 data_written += 1;
             }
         }
-        let evicted: u64 = server.info_field("stats", "evicted_keys").parse().unwrap();
-        // Stop evicting, then look at what is left.
+        // Stop evicting, then look at what is left. (`evicted_keys` is read after: the server
+        // may evict once more before it runs the CONFIG SET, or the INFO.)
         config_set(&mut con, "maxmemory", "0").unwrap();
+        let evicted: u64 = server.info_field("stats", "evicted_keys").parse().unwrap();
         let mut exists = redis::pipe();
         for key in &keys {
             exists.cmd("EXISTS").arg(key);

@@ -1,6 +1,7 @@
 //! What the example tests share: installing an example once (`run.sh install`), starting it
 //! through `run.sh` on a free port in a process group of its own (killed on Drop, and by the
-//! kernel if the test binary dies), and the httpx driver.
+//! kernel if the test binary dies), and the HTTP drivers: httpx for the FastAPI app, Node's own
+//! `fetch` for the Express app (each app is driven by its ecosystem's client).
 
 use std::collections::HashMap;
 use std::fs;
@@ -233,9 +234,10 @@ impl App {
         }
     }
 
-    /// Sends `plan`'s rounds of requests (see drive.py) with httpx; what came back, per round.
+    /// Sends `plan`'s rounds of requests (see drive.py) with the app's ecosystem's client
+    /// (httpx, or Node's `fetch`); what came back, per round.
     pub fn drive(&self, plan: &Value) -> Vec<Vec<Response>> {
-        drive(&self.url(), plan, &self.log_on_failure())
+        drive(self.example, &self.url(), plan, &self.log_on_failure())
     }
 
     fn log_on_failure(&self) -> String {
@@ -314,21 +316,31 @@ impl Response {
     }
 }
 
-/// Runs drive.py with the FastAPI example's python (the example must be installed).
-pub fn drive(base_url: &str, plan: &Value, context: &str) -> Vec<Vec<Response>> {
-    let python = Example::FastApi.dir().join(".venv/bin/python");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/examples/drive.py");
-    let mut command = Command::new(python);
-    command.arg(script).arg(base_url).arg(plan.to_string());
+/// Runs `example`'s driver: drive.py with the FastAPI example's python (httpx is in its
+/// virtualenv), or drive.mjs with node (fetch is Node's own) for the Express app.
+pub fn drive(example: Example, base_url: &str, plan: &Value, context: &str) -> Vec<Vec<Response>> {
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/examples");
+    let (mut command, script) = match example {
+        Example::Express => (Command::new("node"), "drive.mjs"),
+        _ => (
+            Command::new(Example::FastApi.dir().join(".venv/bin/python")),
+            "drive.py",
+        ),
+    };
+    command
+        .arg(scripts.join(script))
+        .arg(base_url)
+        .arg(plan.to_string());
     command.stdin(Stdio::null());
-    let output = command.output().unwrap_or_else(|e| panic!("drive.py: {e}"));
-    // httpx's own timeout (20 s a request) bounds how long this takes.
+    let output = command.output().unwrap_or_else(|e| panic!("{script}: {e}"));
+    // The clients' own timeouts (20 s a request) bound how long this takes.
     assert!(
         output.status.success(),
-        "drive.py {base_url} failed on plan {plan}:\n{}\n{context}",
+        "{script} {base_url} failed on plan {plan}:\n{}\n{context}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let rounds: Value = serde_json::from_slice(&output.stdout).expect("drive.py prints JSON");
+    let rounds: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{script} prints JSON ({e})"));
     rounds
         .as_array()
         .expect("rounds")
@@ -355,17 +367,12 @@ pub fn drive(base_url: &str, plan: &Value, context: &str) -> Vec<Vec<Response>> 
         .collect()
 }
 
-/// `example` installed (and for an app, the httpx driver), and the redis-server on PATH under test: Ok, or
+/// `example` installed (for the FastAPI app, with its httpx driver), and the redis-server on PATH under test: Ok, or
 /// why the test skips. (Under `make test-matrix`'s other servers the examples skip: they test
 /// the apps, not the server.)
 pub fn ready(example: Example) -> Result<(), String> {
     if crate::snippets::other_server().is_some() {
         return Err("the examples run on the redis-server on PATH, not RATELIMIT_SERVER's".into());
-    }
-    if example != Example::Prometheus {
-        Example::FastApi
-            .installed()
-            .map_err(|why| format!("no httpx for the example tests: {why}"))?;
     }
     example.installed()
 }
