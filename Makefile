@@ -50,12 +50,12 @@ test: export RATELIMIT_SKIP_LOG := $(CURDIR)/target/test-skips.log
 test: export RUST_TEST_THREADS := $(or $(RUST_TEST_THREADS),4)
 test: build ## Every test: unit, property, integration against real servers, the examples (~6 min fresh, ~1 min after); ends with `N passed, N failed, N skipped`
 	@rm -f $(RATELIMIT_SKIP_LOG)
-	@set -o pipefail; cargo test --release --no-fail-fast 2>&1 | tee target/test.log; \
+	@set -o pipefail; cargo test --profile tests --no-fail-fast 2>&1 | tee target/test.log; \
 	status=$$?; bash tests/summary.sh target/test.log $(RATELIMIT_SKIP_LOG) $$status; exit $$status
 
 examples: export RATELIMIT_MODULE := $(MODULE)
 examples: build ## Only the tests of examples/ (FastAPI, Express, Prometheus; make test runs them too)
-	cargo test --release --test integration -- examples::
+	cargo test --profile tests --test integration -- examples::
 
 fuzz: ## Fuzz the argument parsers and the codec for FUZZ_SECONDS each (installs cargo-fuzz once)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh

@@ -67,7 +67,7 @@ fi
 [ ${#servers[@]} -gt 0 ] || { echo "matrix: no server found" >&2; exit 1; }
 
 # Compile the test binaries once, outside the per-server runs.
-cargo test --release --tests --no-run --quiet || exit 1
+cargo test --profile tests --tests --no-run --quiet || exit 1
 
 rows=()
 failed_servers=0
@@ -98,7 +98,7 @@ for server in "${servers[@]}"; do
     skips="$log_dir/${name}-${version}.skips"
     rm -f "$skips"
     RATELIMIT_SERVER=$server REDIS_CLI=$cli RATELIMIT_SKIP_LOG=$(realpath -m "$skips") \
-        cargo test --release --tests --no-fail-fast >"$log" 2>&1
+        cargo test --profile tests --tests --no-fail-fast >"$log" 2>&1
     status=$?
     seconds=$(( $(date +%s) - start ))
     # The closing total, `N passed, N failed, N skipped`, as `make test` prints it.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make memcheck`: the module's memory safety, checked by valgrind memcheck.
 #
-# Runs tests/integration/memcheck.rs (`cargo test --release --test integration -- memcheck::`) with every redis-server the
+# Runs tests/integration/memcheck.rs (`cargo test --profile tests --test integration -- memcheck::`) with every redis-server the
 # harness starts wrapped in valgrind (RATELIMIT_SERVER_WRAPPER, see tests/integration/common/mod.rs), one log
 # per process (forked children too) in $MEMCHECK_DIR/valgrind.<pid>.log, then reads the logs.
 # It FAILS on any invalid read/write/free, mismatched free, overlapping copy, fishy allocation
@@ -69,7 +69,7 @@ if [ "${MEMCHECK_ONLY_CHECK:-0}" != 1 ]; then
     suite_status=0
     # shellcheck disable=SC2086
     RATELIMIT_MODULE=$module RATELIMIT_SERVER_WRAPPER=$wrapper RATELIMIT_SERVER=$server \
-        cargo test --release --test integration -- memcheck:: ${MEMCHECK_TEST_ARGS:-} || suite_status=$?
+        cargo test --profile tests --test integration -- memcheck:: ${MEMCHECK_TEST_ARGS:-} || suite_status=$?
     echo "memcheck: the suite took $(( $(date +%s) - start )) s under valgrind (exit status $suite_status)"
 else
     suite_status=0

@@ -195,7 +195,7 @@ fn run_equivalence(alg: Algorithm, times: Times, target: usize) -> (Coverage, Ve
             );
             let _ = writeln!(
                 out,
-                "  seed {seed:#x} (EQUIV_SEED={seed:#x} cargo test --release --test integration equivalence::), \
+                "  seed {seed:#x} (EQUIV_SEED={seed:#x} cargo test --profile tests --test integration equivalence::), \
                  base {base}; the sequence up to the mismatch:"
             );
             describe_sequence(

@@ -2,7 +2,7 @@
 //! each, for `make memcheck`. tests/memcheck.sh runs this file with the servers under valgrind
 //! memcheck (`RATELIMIT_SERVER_WRAPPER`, see tests/integration/common) and fails on any invalid access or use
 //! of uninitialised memory with a frame in the module. Without a wrapper it is a quick smoke test
-//! of `cargo test --release`.
+//! of `cargo test --profile tests`.
 //!
 //! Few calls, many paths: valgrind runs the server 30-50x slower, so each path gets a handful of
 //! calls, not thousands. The assertions are about shape only (a decision is six integers, an
@@ -24,7 +24,7 @@
 //!
 //! The tests are grouped by what they exercise: the commands (tests/integration/memcheck/commands.rs), the data
 //! type (tests/integration/memcheck/data_type.rs) and the contexts a command runs in
-//! (tests/integration/memcheck/contexts.rs); all run as `cargo test --release --test integration -- memcheck::`.
+//! (tests/integration/memcheck/contexts.rs); all run as `cargo test --profile tests --test integration -- memcheck::`.
 
 use crate::common;
 
