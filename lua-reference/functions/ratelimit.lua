@@ -11,6 +11,8 @@
 --   FCALL    ratelimit_refund   1 key algorithm limit period [BURST c] [BLOCK d] COST n [AT ms]
 --   FCALL    ratelimit_reset    N key1 .. keyN
 --   FCALL_RO ratelimit_info     1 key
+--   FCALL    ratelimit_acquire  1 key limit lease-duration ID lease-id [COST n] [AT ms]
+--   FCALL    ratelimit_release  1 key ID lease-id [AT ms]
 --
 -- Load it with `redis-cli -x FUNCTION LOAD REPLACE < ratelimit.lua` (`make functions`); the
 -- full documentation is docs/functions.md, the proof tests/integration/functions.rs (module and library
@@ -23,7 +25,10 @@
 --     limit * period_ms for the sliding window (an ERR says so). Fixed window and sliding log
 --     take the module's full bounds.
 --   * The sliding log's limit is at most 100000 (the module's default ratelimit.max-log-limit;
---     a library has no configuration).
+--     a library has no configuration), and so is a key's count of live leases (the module's
+--     default ratelimit.max-leases).
+--   * A lease's expiry (the call's time, or the key's last write if later, plus lease-duration)
+--     must be below 2^53 ms: a sorted set's score is a double.
 --   * Replies are RESP2-shaped under RESP3 too (arrays, not maps; `allowed` is 1 or 0): a
 --     function cannot see its caller's protocol.
 --   * Error texts are the module's, with its command names replaced by these functions' names.
@@ -50,6 +55,19 @@
 -- varint(gap << 1 | several) then varint(count - 2) if several, the gap counted from the
 -- previous run (the first from `base`). Records before `head` have left the window; they are
 -- reclaimed when they outweigh the live ones, and a log under 128 bytes is rewritten whole.
+--
+-- A concurrency limit (ratelimit_acquire) is a sorted set instead: one member per lease, its
+-- score the lease's expiry (ms), and members with negative scores (minus the value) for the
+-- rest, so that every range of positive scores holds leases only:
+--   =<id>       a lease of cost 1                       score: its expiry
+--   +<id>       a lease of cost 2 or more               score: its expiry
+--   #<id>       that lease's cost                       score: -cost
+--   !limit      limit of the last admitted acquire      score: -limit
+--   !lease_ms   lease-duration of that acquire          score: -lease_ms
+--   !last       time of the last write                  score: -last_ms
+--   !cost       the cost of every stored lease          score: -cost (expired ones included)
+-- (an id is any 1 to 128 bytes: the prefix byte keeps it apart from the others). Leases that
+-- have expired stay until a write drops them; the key expires with its last lease.
 -- Any other value is not a limiter: WRONGTYPE.
 
 -- The standard library as upvalues: a function's globals are looked up through its library's
@@ -70,9 +88,12 @@ local EXACT = 9007199254740992 -- 2^53: doubles hold every integer below it
 local MAX_AMOUNT = 1000000000000 -- limit, BURST and COST
 local MAX_PERIOD_MS = 3650 * 86400000
 local MAX_LOG_LIMIT = 100000 -- the module's default ratelimit.max-log-limit
+local MAX_LEASES = 100000 -- the module's default ratelimit.max-leases
+local LEASE_ID_MAX = 128
 
 local TB, LB, FW, SW, SL, GC = 'token-bucket', 'leaky-bucket', 'fixed-window', 'sliding-window',
   'sliding-log', 'gcra'
+local CC = 'concurrency' -- leases: ratelimit_acquire and ratelimit_release, never checked
 local ALGORITHMS = { [TB] = true, [LB] = true, [FW] = true, [SW] = true, [SL] = true, [GC] = true }
 -- The algorithms that take BURST (a capacity in scaled units: C*P below 2^53).
 local BUCKET = { [TB] = true, [LB] = true, [GC] = true }
@@ -111,6 +132,25 @@ local E_CORRUPT = 'ERR corrupt sliding-log state'
 -- Named policies (RATELIMIT.POLICY) are the module's: a library keeps no data outside keys.
 local E_NO_POLICIES = 'ERR the ratelimit functions library has no policies: give the limit '
   .. 'as algorithm limit period [BURST capacity] (see docs/functions.md)'
+local E_NO_LEASE_POLICIES = 'ERR the ratelimit functions library has no policies: give the '
+  .. 'limit as limit lease-duration (see docs/functions.md)'
+-- Leases.
+local E_LEASE_DURATION = 'ERR lease-duration must be an integer from 1 ms to 3650 days, in ms '
+  .. 'or with a unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)'
+local E_LEASE_COST = 'ERR COST must be an integer from 1 to 1000000000000 (a lease holds at '
+  .. 'least 1)'
+local E_LEASE_ID = 'ERR lease id must be 1 to 128 bytes'
+local E_LEASE_ID_MISSING = 'ERR ID lease-id is required: the id the lease is held under'
+local E_ACQUIRE_OPTION = 'expected ID, COST or AT'
+local E_RELEASE_OPTION = 'expected ID or AT'
+local E_CONCURRENCY_CALL = 'ERR concurrency limits are held by leases: use ratelimit_acquire '
+  .. 'and ratelimit_release'
+local E_TOO_MANY_LEASES = 'ERR key holds ratelimit.max-leases (' .. MAX_LEASES .. ') live '
+  .. 'leases: release some (ratelimit_release)'
+local E_EXACT_LEASE = 'ERR AT (or the key\'s last write, if later) plus lease-duration must be '
+  .. 'below 2^53 for exact arithmetic in the ratelimit functions library (the module has no '
+  .. 'such bound)'
+local E_CORRUPT_LEASES = 'ERR corrupt concurrency state'
 
 local function arity(name)
   return 'ERR wrong number of arguments for \'' .. name .. '\' command'
@@ -164,6 +204,10 @@ local function one_key(name)
 end
 
 local function mismatch(stored, named)
+  if stored == CC then
+    return 'ERR key holds a concurrency limiter: use ratelimit_acquire and ratelimit_release '
+      .. '(or ratelimit_reset it to change algorithm)'
+  end
   return 'ERR key holds a ' .. stored .. ' limiter, not ' .. named
     .. ': ratelimit_reset it to change algorithm'
 end
@@ -364,6 +408,12 @@ local function parse_head(args, i, after)
   if not ALGORITHMS[algorithm] then
     algorithm = lower(algorithm)
     if not ALGORITHMS[algorithm] then
+      if algorithm == CC then
+        -- The module's order: the limit and the period are read first.
+        if not parse_amount(limit_s, 1) then return nil, bad(E_LIMIT) end
+        if not parse_period(period_s) then return nil, bad(E_PERIOD) end
+        return nil, bad(E_CONCURRENCY_CALL)
+      end
       return nil, bad(unknown('algorithm', E_ALGORITHM, alg_s, after))
     end
   end
@@ -688,12 +738,40 @@ local function remember_state(raw, st)
   states[raw], states_n = st, states_n + 1
 end
 
+-- A concurrency key's fields (see the layout above): the members read with ZMSCORE.
+local LEASE_META = { '!limit', '!lease_ms', '!last', '!cost' }
+
+-- A score (as Redis answers it: a decimal string; false when missing) negated, if it is an
+-- integer from lo to hi.
+local function negated(score, lo, hi)
+  if not score then return nil end
+  local v = -(score + 0)
+  if v >= lo and v <= hi and v == floor(v) then return v end
+  return nil
+end
+
+-- The fields of a concurrency key from the scores of LEASE_META, or nil if they are not one's:
+-- L (limit) and P (lease-duration) of its last admitted acquire, last (its last write, ms) and
+-- total (the cost of its stored leases, expired ones included: at most a limit, 10^12).
+local function lease_fields(scores)
+  local L, P = negated(scores[1], 1, MAX_AMOUNT), negated(scores[2], 1, MAX_PERIOD_MS)
+  local last, total = negated(scores[3], 0, EXACT - 1), negated(scores[4], 1, MAX_AMOUNT)
+  if not (L and P and last and total) then return nil end
+  return { alg = CC, L = L, P = P, C = L, last = last, total = total }
+end
+
 -- The limiter at `key`: nil for a missing key, or nil and WRONGTYPE for anything that is not
--- one (another type, or a string that is not a limiter's). One read of at most 128 bytes.
+-- one (another type, or a string that is not a limiter's). One read of at most 128 bytes (a
+-- concurrency key, a sorted set, is read once GETRANGE has refused it: its fields).
 -- A state just parsed (not found in the memo) comes with its value, the third result.
 local function load(key)
   local raw = redis.pcall('GETRANGE', key, '0', '127')
-  if type(raw) ~= 'string' then return nil, WRONG_TYPE end
+  if type(raw) ~= 'string' then
+    local scores = redis.pcall('ZMSCORE', key, unpack(LEASE_META))
+    local st = not scores.err and lease_fields(scores)
+    if st then return st end
+    return nil, WRONG_TYPE
+  end
   local st = states[raw]
   if st then return st end
   if raw == '' then
@@ -1344,6 +1422,300 @@ local function give_back(key, st, cost, now)
 end
 
 -- ------------------------------------------------------------------------------------------
+-- Concurrency limits (leases), as the module's src/algorithms/concurrency.rs: at most `limit`
+-- cost held at once, each lease (id, cost, expiry) held until it is released or expires. At
+-- t = max(call, last): the live leases are those with expiry > t, `held` their cost. An acquire
+-- of n under id is admitted if the other ids' live leases plus n fit the limit; it then stores
+-- (id, n, t + lease-duration) (a new lease, or the id's live one renewed: cost replaced, expiry
+-- moved), drops the expired leases and sets last = t. A rejected acquire and a release of no
+-- live lease write nothing. The key is a sorted set (the layout at the top): its positive scores
+-- are the leases' expiries, so the expired leases, the live ones in order of expiry and the
+-- last one are ranges of it, and a call costs O(log n) plus the leases it walks.
+
+local EQUALS, PLUS = 61, 43 -- '=' and '+': a lease of cost 1, of cost 2 or more
+
+-- A lease's expiry from its score: an integer from 1 to 2^53 - 1.
+local function lease_expiry(score)
+  local e = score + 0
+  if e < 1 or e >= EXACT or e ~= floor(e) then error(redis.error_reply(E_CORRUPT_LEASES)) end
+  return e
+end
+
+-- The costs of `members` ('+<id>' leases) from their '#<id>' members, appended to `out`.
+local function lease_costs(key, members, out)
+  for i = 1, #members, 1000 do
+    local names = {}
+    for j = i, min(i + 999, #members) do names[#names + 1] = '#' .. strsub(members[j], 2) end
+    local scores = redis.call('ZMSCORE', key, unpack(names))
+    for j = 1, #names do
+      local cost = negated(scores[j], 2, MAX_AMOUNT)
+      if not cost then error(redis.error_reply(E_CORRUPT_LEASES)) end
+      out[#out + 1] = cost
+    end
+  end
+  return out
+end
+
+-- The leases that have expired by t (they hold nothing, and stay until a write drops them):
+-- { n = how many, cost = their cost, members = the '#<id>' members of those of cost 2 or more,
+-- removed with them }.
+local function expired_leases(key, t)
+  local found = redis.call('ZRANGE', key, '(0', fmt(t), 'BYSCORE')
+  local cost, plus = 0, {}
+  for _, m in ipairs(found) do
+    if byte(m) == PLUS then plus[#plus + 1] = m else cost = cost + 1 end
+  end
+  for _, c in ipairs(lease_costs(key, plus, {})) do cost = cost + c end
+  local members = {}
+  for i, m in ipairs(plus) do members[i] = '#' .. strsub(m, 2) end
+  return { n = #found, cost = cost, members = members }
+end
+
+-- A write's removals: the expired leases (with their cost members) and `members`.
+local function drop_leases(key, t, expired, members)
+  if expired.n > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '(0', fmt(t))
+    local more = expired.members
+    for i = 1, #more, 1000 do
+      redis.call('ZREM', key, unpack(more, i, min(i + 999, #more)))
+    end
+  end
+  if #members > 0 then redis.call('ZREM', key, unpack(members)) end
+end
+
+-- The concurrency key at `key` and `id`'s stored lease (live or not): fields (nil: missing),
+-- lease ({ member, expiry, cost } or nil), or nil, nil, error (another type, or a rate limiter:
+-- the module's mismatch error).
+local function load_leases(key, id)
+  local scores = redis.pcall('ZMSCORE', key, LEASE_META[1], LEASE_META[2], LEASE_META[3],
+    LEASE_META[4], '=' .. id, '+' .. id, '#' .. id)
+  if scores.err then
+    local st, err = load(key)
+    if st then return nil, nil, mismatch(st.alg, CC) end
+    return nil, nil, err or WRONG_TYPE
+  end
+  local st = lease_fields(scores)
+  if not st then
+    if scores[1] or scores[2] or scores[3] or scores[4] or scores[5] or scores[6]
+      or redis.call('EXISTS', key) == 1 then
+      return nil, nil, WRONG_TYPE
+    end
+    return nil
+  end
+  local lease
+  if scores[5] then
+    if scores[6] then return nil, nil, E_CORRUPT_LEASES end
+    lease = { member = '=' .. id, expiry = lease_expiry(scores[5]), cost = 1 }
+  elseif scores[6] then
+    local cost = negated(scores[7], 2, MAX_AMOUNT)
+    if not cost then return nil, nil, E_CORRUPT_LEASES end
+    lease = { member = '+' .. id, expiry = lease_expiry(scores[6]), cost = cost }
+  end
+  return st, lease
+end
+
+-- The members a lease of id leaves behind when it goes.
+local function lease_members(lease, id)
+  if lease.cost == 1 then return { lease.member } end
+  return { lease.member, '#' .. id }
+end
+
+-- The earliest expiry by which the live leases of the other ids (than `id`) that have expired
+-- hold `need` (at least 1): leases expire in order of expiry, so the running total of their
+-- costs, walked in that order from t on, reaches `need` there; nil if it never does. Read by
+-- rank, in pages.
+local function first_fit(key, t, need, id)
+  local equals, plus = '=' .. id, '+' .. id
+  local rank = redis.call('ZCOUNT', key, '-inf', fmt(t)) -- the fields and the expired leases
+  local page, sum = min(need + 1, 256), 0
+  while true do
+    local got = redis.call('ZRANGE', key, fmt(rank), fmt(rank + page - 1), 'WITHSCORES')
+    if #got == 0 then return nil end
+    local members = {}
+    for i = 1, #got, 2 do
+      local m = got[i]
+      if byte(m) == PLUS and m ~= plus then members[#members + 1] = m end
+    end
+    local costs, k = lease_costs(key, members, {}), 0
+    for i = 1, #got, 2 do
+      local m = got[i]
+      if m ~= equals and m ~= plus then
+        local cost = 1
+        if byte(m) == PLUS then
+          k = k + 1
+          cost = costs[k]
+        elseif byte(m) ~= EQUALS then
+          error(redis.error_reply(E_CORRUPT_LEASES))
+        end
+        sum = sum + cost
+        if sum >= need then return lease_expiry(got[i + 1]) end
+      end
+    end
+    rank, page = rank + page, min(page * 2, 1000)
+  end
+end
+
+-- The latest expiry of a stored lease but `id`'s (0: none). `top`: ZRANGE's highest members
+-- WITHSCORES, in ascending order; the fields have negative scores.
+local function last_expiry_except(top, id)
+  for i = #top - 1, 1, -2 do
+    local m, score = top[i], top[i + 1] + 0
+    if score <= 0 then return 0 end
+    if strsub(m, 2) ~= id then return lease_expiry(score) end
+  end
+  return 0
+end
+
+-- `ID lease-id`, `COST n` (with_cost: ACQUIRE's) and `AT unix-ms` from args[i] on, in pairs, in
+-- any order, each once. Returns id, cost (default 1), at (nil: the server's clock), or nil,
+-- error message.
+local LEASE_OPTIONS = { ID = 'ID', COST = 'COST', AT = 'AT' }
+local function lease_options(args, i, with_cost)
+  local id, cost, at
+  while args[i] ~= nil do
+    local option = LEASE_OPTIONS[args[i]] or LEASE_OPTIONS[upper(args[i])]
+    if option == 'COST' and not with_cost then option = nil end
+    if not option then
+      local expected = E_RELEASE_OPTION
+      if with_cost then expected = E_ACQUIRE_OPTION end
+      return nil, unknown('option', expected, args[i], nil)
+    end
+    local value = args[i + 1]
+    if value == nil then return nil, 'ERR ' .. option .. ' needs a value' end
+    local before
+    if option == 'ID' then
+      if #value < 1 or #value > LEASE_ID_MAX then return nil, E_LEASE_ID end
+      before, id = id, value
+    elseif option == 'COST' then
+      local n = parse_amount(value, 1)
+      if not n then return nil, E_LEASE_COST end
+      before, cost = cost, n
+    else
+      local v, err = option_value('AT', value)
+      if not v then return nil, err.msg end
+      before, at = at, v
+    end
+    if before ~= nil then return nil, 'ERR ' .. option .. ' given more than once' end
+    i = i + 2
+  end
+  if not id then return nil, E_LEASE_ID_MISSING end
+  return id, cost or 1, at
+end
+
+-- ACQUIRE: `limit lease-duration ID lease-id [COST n] [AT unix-ms]`, the reply the six integers
+-- (`delay_ms` 0): `remaining` the limit less what the live leases hold after the call,
+-- `retry_after_ms` the least wait until enough of the other ids' leases have expired for this
+-- one to fit (-1 for a cost above the limit), `reset_after_ms` the time until the last live
+-- lease expires (when the key does).
+local function acquire(keys, args)
+  local name = 'ratelimit_acquire'
+  if #keys ~= 1 then return redis.error_reply(one_key(name)) end
+  local first = args[1]
+  if first ~= nil and #first == 6 and lower(first) == 'policy' then
+    return redis.error_reply(E_NO_LEASE_POLICIES)
+  end
+  if #args < 4 then return redis.error_reply(arity(name)) end
+  local L = parse_amount(args[1], 1)
+  if not L then return redis.error_reply(E_LIMIT) end
+  local D = parse_period(args[2])
+  if not D then return redis.error_reply(E_LEASE_DURATION) end
+  local id, n, at = lease_options(args, 3, true)
+  if not id then return redis.error_reply(n) end
+
+  local key = keys[1]
+  local st, own, err = load_leases(key, id)
+  if err then return redis.error_reply(err) end
+  local t = at or server_now()
+  if st and st.last > t then t = st.last end
+  if t + D >= EXACT then return redis.error_reply(E_EXACT_LEASE) end
+
+  local held, expired = 0, nil
+  if st then
+    expired = expired_leases(key, t)
+    held = st.total - expired.cost
+    if held < 0 then return redis.error_reply(E_CORRUPT_LEASES) end
+  end
+  local live = own and own.expiry > t
+  local other = held
+  if live then other = held - own.cost end
+
+  if other + n > L then
+    -- Rejected: nothing written.
+    local retry = -1
+    if n <= L then
+      local x = first_fit(key, t, other + n - L, id)
+      if not x then return redis.error_reply(E_CORRUPT_LEASES) end
+      retry = x - t
+    end
+    local reset = 0
+    if st then
+      local top = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+      if top[2] and top[2] + 0 > t then reset = top[2] - t end
+    end
+    return { 0, L, max(0, L - held), retry, reset, 0 }
+  end
+
+  -- A new lease past the bound is an error (a renewal never is). ZCARD, every member, bounds
+  -- the live leases from above in O(1).
+  if st and not live and redis.call('ZCARD', key) >= MAX_LEASES
+    and redis.call('ZCOUNT', key, '(' .. fmt(t), '+inf') >= MAX_LEASES then
+    return redis.error_reply(E_TOO_MANY_LEASES)
+  end
+  local expiry = t + D
+  local last_other = 0
+  if st then
+    last_other = last_expiry_except(redis.call('ZRANGE', key, '-2', '-1', 'WITHSCORES'), id)
+  end
+  local reset = max(last_other, expiry) - t
+
+  -- The write: the expired leases dropped, the id's lease stored (its old members removed
+  -- when it changes form), the fields, the expiry at the last lease's.
+  local member = '=' .. id
+  if n > 1 then member = '+' .. id end
+  local gone = {}
+  if live and own.member ~= member then gone = lease_members(own, id) end
+  if st then drop_leases(key, t, expired, gone) end
+  local zadd = { 'ZADD', key, fmt(-L), '!limit', fmt(-D), '!lease_ms', fmt(-t), '!last',
+    fmt(-(other + n)), '!cost', fmt(expiry), member }
+  if n > 1 then
+    zadd[#zadd + 1] = fmt(-n)
+    zadd[#zadd + 1] = '#' .. id
+  end
+  redis.call(unpack(zadd))
+  redis.call('PEXPIREAT', key, fmt(t + reset))
+  return { 1, L, L - (other + n), 0, reset, 0 }
+end
+
+-- RELEASE: `ID lease-id [AT unix-ms]`; 1 if the id held a live lease (now gone, with the
+-- expired ones), else 0 and nothing written. Releasing the last live lease deletes the key.
+local function release(keys, args)
+  local name = 'ratelimit_release'
+  if #keys ~= 1 then return redis.error_reply(one_key(name)) end
+  if #args < 2 then return redis.error_reply(arity(name)) end
+  local id, bad_option, at = lease_options(args, 1, false)
+  if not id then return redis.error_reply(bad_option) end
+  local key = keys[1]
+  local st, own, err = load_leases(key, id)
+  if err then return redis.error_reply(err) end
+  if not st then return 0 end
+  local t = max(at or server_now(), st.last)
+  if not own or own.expiry <= t then return 0 end
+  local expired = expired_leases(key, t)
+  local total = st.total - expired.cost - own.cost
+  if total < 0 then return redis.error_reply(E_CORRUPT_LEASES) end
+  if total == 0 then
+    -- Every lease has a cost: none is left.
+    redis.call('DEL', key)
+    return 1
+  end
+  drop_leases(key, t, expired, lease_members(own, id))
+  redis.call('ZADD', key, fmt(-t), '!last', fmt(-total), '!cost')
+  local top = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  redis.call('PEXPIREAT', key, fmt(lease_expiry(top[2])))
+  return 1
+end
+
+-- ------------------------------------------------------------------------------------------
 -- The functions.
 
 local function check(name, keys, args, commit)
@@ -1521,6 +1893,21 @@ local function info(keys, args)
   local st, err = load(key)
   if err then return redis.error_reply(err) end
   if not st then return false end
+  if st.alg == CC then
+    -- The module's fields of a concurrency key: what its live leases hold now.
+    local t = max(server_now(), st.last)
+    local expired = expired_leases(key, t)
+    local held = st.total - expired.cost
+    local leases = redis.call('ZCOUNT', key, '(' .. fmt(t), '+inf')
+    local top = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+    local reset = 0
+    if top[2] and top[2] + 0 > t then reset = top[2] - t end
+    return {
+      status('algorithm'), status(CC), status('limit'), st.L, status('lease_ms'), st.P,
+      status('remaining'), max(0, st.L - held), status('reset_after_ms'), reset,
+      status('updated_at_ms'), st.last, status('leases'), leases, status('held'), held,
+    }
+  end
   -- remaining and reset_after_ms: a COST 0 PEEK with the stored parameters, now (a block too).
   local reply, t = decide(st.alg, view_of(key, st), st, 0, server_now())
   local left = block_left(st, t)
@@ -1611,4 +1998,25 @@ redis.register_function {
   end,
   flags = { 'no-writes' },
   description = 'RATELIMIT.INFO: 1 key; the stored state as field/value pairs, nil if missing',
+}
+redis.register_function {
+  function_name = 'ratelimit_acquire',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return acquire(keys, args)
+  end,
+  description = 'RATELIMIT.ACQUIRE: 1 key limit lease-duration ID lease-id [COST n] [AT ms]; '
+    .. 'takes (or renews) a lease if the limit has room for it',
+}
+-- allow-oom: a release only removes and rewrites members (memory is given back), and the
+-- module's RELEASE is allowed over maxmemory so that a request's `finally` can always run.
+redis.register_function {
+  function_name = 'ratelimit_release',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return release(keys, args)
+  end,
+  flags = { 'allow-oom' },
+  description = 'RATELIMIT.RELEASE: 1 key ID lease-id [AT ms]; gives a lease back, 1 if it was '
+    .. 'live',
 }

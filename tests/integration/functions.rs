@@ -43,6 +43,7 @@ mod contexts;
 mod engines;
 mod equivalence;
 mod errors;
+mod leases;
 mod limits;
 mod memory;
 mod refund;

@@ -350,12 +350,23 @@ fn decision_ok(con: &mut Connection, cmd: Cmd) {
     assert_eq!(reply[0], 1, "{reply:?}");
 }
 
+/// An ACQUIRE of one engine: `(key, limit, duration_ms, id, cost, at)`.
+pub type AcquireCmd = fn(&str, u64, u64, &[u8], u64, Option<u64>) -> Cmd;
+/// A RELEASE of one engine: `(key, id, at)`.
+pub type ReleaseCmd = fn(&str, &[u8], Option<u64>) -> Cmd;
+
 #[test]
 fn racing_clients_never_hold_more_than_the_limit() {
+    race(&Server::start(), acquire, release);
+}
+
+/// 8 clients taking and releasing leases of one key on the server's clock never hold more than
+/// the limit together; at one instant (`AT`) exactly the limit is admitted, with distinct
+/// `remaining`s. Also run on the Functions library (functions/leases.rs).
+pub fn race(server: &Server, acquire: AcquireCmd, release: ReleaseCmd) {
     const CLIENTS: usize = 8;
     const LIMIT: i64 = 3;
     const ROUNDS: usize = 300;
-    let server = Server::start();
     // What the clients hold, counted by them: up after an admitted ACQUIRE, down before RELEASE.
     let held = Arc::new(AtomicI64::new(0));
     let peak = Arc::new(AtomicI64::new(0));

@@ -144,14 +144,18 @@ pub struct WorkedRow {
     pub reply: [i64; 6],
 }
 
-/// The rows of the worked-example table in the section `## {section}` of docs/algorithms.md.
-pub fn worked_examples(section: &str) -> Vec<WorkedRow> {
+/// The text of the section `## {section}` of docs/algorithms.md.
+fn algorithms_section(section: &str) -> &'static str {
     let page = include_str!("../../../docs/algorithms.md");
-    let text = page
-        .split(&format!("\n## {section}\n"))
+    page.split(&format!("\n## {section}\n"))
         .nth(1)
         .and_then(|rest| rest.split("\n## ").next())
-        .unwrap_or_else(|| panic!("docs/algorithms.md has a {section} section"));
+        .unwrap_or_else(|| panic!("docs/algorithms.md has a {section} section"))
+}
+
+/// The rows of the worked-example table in the section `## {section}` of docs/algorithms.md.
+pub fn worked_examples(section: &str) -> Vec<WorkedRow> {
+    let text = algorithms_section(section);
     let mut rows = Vec::new();
     let mut limit = String::new();
     for line in text.lines() {
@@ -178,4 +182,57 @@ pub fn worked_examples(section: &str) -> Vec<WorkedRow> {
         });
     }
     rows
+}
+
+/// One row of docs/algorithms.md's Concurrency table: `| AT | call | reply | leases after |`.
+pub struct LeaseRow {
+    pub at: u64,
+    /// `ACQUIRE` or `RELEASE`.
+    pub command: String,
+    pub id: String,
+    /// ACQUIRE's `COST`.
+    pub cost: Option<u64>,
+    /// Six fields for ACQUIRE, one for RELEASE.
+    pub reply: Vec<i64>,
+}
+
+/// The Concurrency table of docs/algorithms.md and the `limit` and `lease-duration` its text
+/// names (`limit 3`, `lease-duration 1000`).
+pub fn lease_worked_examples() -> (u64, u64, Vec<LeaseRow>) {
+    let text = algorithms_section("Concurrency");
+    let named = |word: &str| -> u64 {
+        let after = text
+            .split(&format!("`{word} "))
+            .nth(1)
+            .unwrap_or_else(|| panic!("the Concurrency table names its {word}"));
+        after[..after.find('`').expect("closing backquote")]
+            .parse()
+            .expect("a number")
+    };
+    let (limit, duration) = (named("limit"), named("lease-duration"));
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let Some(words) = cells
+            .get(2)
+            .map(|cell| cell.split_whitespace().collect::<Vec<_>>())
+        else {
+            continue;
+        };
+        if cells.len() != 6 || !matches!(words.first(), Some(&"ACQUIRE" | &"RELEASE")) {
+            continue;
+        }
+        rows.push(LeaseRow {
+            at: cells[1].parse().expect("AT"),
+            command: words[0].to_string(),
+            id: words[1].trim_matches('`').to_string(),
+            cost: (words.get(2) == Some(&"COST")).then(|| words[3].parse().expect("COST")),
+            reply: cells[3]
+                .trim_matches(|c| c == '[' || c == ']')
+                .split(", ")
+                .map(|n| n.parse().expect("reply"))
+                .collect(),
+        });
+    }
+    (limit, duration, rows)
 }

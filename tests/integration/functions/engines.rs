@@ -128,8 +128,15 @@ pub fn same_info(module: &Value, library: &Value) -> bool {
 pub fn as_library_error(module: &str) -> String {
     let mut text = module
         .replace("RATELIMIT.RESET it", "ratelimit_reset it")
-        .replace("RATELIMIT.REFUND needs", "ratelimit_refund needs");
-    for command in ["check", "peek", "checkall", "refund", "reset", "info"] {
+        .replace("RATELIMIT.REFUND needs", "ratelimit_refund needs")
+        .replace(
+            "use RATELIMIT.ACQUIRE and RATELIMIT.RELEASE",
+            "use ratelimit_acquire and ratelimit_release",
+        )
+        .replace("(RATELIMIT.RELEASE)", "(ratelimit_release)");
+    for command in [
+        "check", "peek", "checkall", "refund", "reset", "info", "acquire", "release",
+    ] {
         text = text.replace(
             &format!("'ratelimit.{command}'"),
             &format!("'ratelimit_{command}'"),
