@@ -231,8 +231,9 @@ fn run_acquire(call: &Call) -> c_int {
 }
 
 fn run_release(call: &Call) -> c_int {
-    // ID, AT and one more to name an extra argument.
-    let (slices, count) = args_after_key::<5>(call);
+    // ID and AT with their values, and one more option with its value: an option given twice
+    // or an unknown one is then named by the parser.
+    let (slices, count) = args_after_key::<6>(call);
     let args = &slices[..count];
     let parsed = if call.argc() < 4 {
         Err(ArgError::WrongArity)

@@ -661,6 +661,14 @@ fn leases_through_a_policy_and_copy_and_errors() {
         ("RATELIMIT.ACQUIRE pk 3 1s ID", "wrong number of arguments"),
         ("RATELIMIT.RELEASE pk ID a COST 1", "expected ID or AT"),
         ("RATELIMIT.RELEASE pk AT 5", "ID lease-id is required"),
+        (
+            "RATELIMIT.RELEASE pk ID a AT 5 ID b",
+            "ID given more than once",
+        ),
+        (
+            "RATELIMIT.RELEASE pk ID a AT 5 AT 6",
+            "AT given more than once",
+        ),
         ("RATELIMIT.RELEASE pk", "wrong number of arguments"),
     ];
     for (line, expected) in errors {

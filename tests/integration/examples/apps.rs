@@ -117,6 +117,7 @@ both!(
     uses_an_existing_policy_as_is_and_a_shadow_one_admits_and_logs,
     fails_open_by_default_and_closed_when_set,
     never_admits_more_jobs_than_the_lease_limit,
+    never_admits_more_jobs_than_the_lease_limit_through_the_library,
 );
 
 fn limits_each_key_with_coherent_headers_and_refunds_failed_jobs(example: Example) {
@@ -267,21 +268,51 @@ fn never_admits_more_jobs_than_the_lease_limit(example: Example) {
         return skip(&why);
     }
     let server = Server::start();
-    let mut con = server.client();
-    let acquire: Vec<redis::Value> = redis::cmd("COMMAND")
-        .arg(&["INFO", "RATELIMIT.ACQUIRE"][..])
-        .query(&mut con)
-        .unwrap();
-    if matches!(acquire.as_slice(), [redis::Value::Nil]) {
-        return skip("waiting for RATELIMIT.ACQUIRE (issue 25): this module build has no leases");
-    }
     // Room for every request in the rate limit: only the leases refuse.
     let _: String = redis::cmd("RATELIMIT.POLICY")
         .arg(&["SET", POLICY, "sliding-window", "100", "10s"][..])
-        .query(&mut con)
+        .query(&mut server.client())
         .unwrap();
     let app = App::start(example, &server.url(), &[]);
     app.wait_log("engine: the module");
+    jobs_hold_leases(&app, &server, "jobs:");
+}
+
+fn never_admits_more_jobs_than_the_lease_limit_through_the_library(example: Example) {
+    if let Err(why) = ready(example) {
+        return skip(&why);
+    }
+    let server = Server::start_without_module();
+    // The example's config with room for every request in the rate limit (the library takes
+    // the limit inline, from the config): only the leases refuse.
+    let dir = crate::common::make_temp_dir();
+    let mut config: Value = serde_json::from_slice(
+        &std::fs::read(example.dir().join("ratelimit.json")).expect("the example's config"),
+    )
+    .expect("the config is JSON");
+    config["limit"] = json!("sliding-window 100 10s");
+    let library = example
+        .dir()
+        .join(config["functions_library"].as_str().unwrap());
+    config["functions_library"] = json!(library.canonicalize().unwrap());
+    let path = dir.join("ratelimit.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let app = App::start(
+        example,
+        &server.url(),
+        &[("RATELIMIT_CONFIG", path.to_str().unwrap())],
+    );
+    app.wait_log("engine: the Functions library");
+    jobs_hold_leases(&app, &server, "fn:jobs:");
+    drop(app);
+    crate::common::remove_dir(&dir);
+}
+
+/// 8 jobs at once on each of two keys, then one more: per key, never more than the config's 2
+/// running at once, the others 429; every lease released (the lease keys `<prefix>j1`, `j2`
+/// gone) so the last job runs.
+fn jobs_hold_leases(app: &App, server: &Server, prefix: &str) {
+    let mut con = server.client();
     let job = |key: &str| request("POST", "/jobs", key, Some(json!({ "work_ms": 300 })));
     let burst: Vec<Value> = (0..16)
         .map(|i| job(if i % 2 == 0 { "j1" } else { "j2" }))
@@ -313,9 +344,11 @@ fn never_admits_more_jobs_than_the_lease_limit(example: Example) {
     }
     // Every lease was released (the last release deletes the key), so the next job runs.
     assert_eq!(rounds[1][0].status, 200, "{:?}", rounds[1][0]);
-    let held: Option<Vec<redis::Value>> = redis::cmd("RATELIMIT.INFO")
-        .arg("jobs:j1")
-        .query(&mut con)
-        .unwrap();
-    assert!(held.is_none(), "leases left behind: {held:?}");
+    for key in ["j1", "j2"] {
+        let left: u64 = redis::cmd("EXISTS")
+            .arg(format!("{prefix}{key}"))
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(left, 0, "leases left behind on {prefix}{key}");
+    }
 }
