@@ -35,6 +35,18 @@ pub const MAX_LEASES: usize = (1 << SLOT_BITS) - 2;
 /// The largest cost one lease holds (40 bits; the commands allow up to 10^12).
 pub const MAX_COST: u64 = FIELD_MAX;
 
+/// What one lease takes beyond its id, at most, in the memory bound: the set's heap
+/// ([`Leases::heap_bytes`]) is at most [`HEADER_BYTES`] + [`CLASS_BYTES`] per class + the sum of
+/// `len(id) + LEASE_BYTES` over the leases, after every operation (the module documentation
+/// proves it). A class is an id length the set holds, or held while every class was in use.
+pub const LEASE_BYTES: usize = 24;
+/// The fixed part of the memory bound (see [`LEASE_BYTES`]).
+pub const HEADER_BYTES: usize = 252;
+/// The part of the memory bound that each class adds (see [`LEASE_BYTES`]).
+pub const CLASS_BYTES: usize = 52;
+/// The memory bound's header whatever the id lengths: a set holds at most [`MAX_ID_LEN`] classes.
+pub const MAX_HEADER_BYTES: usize = HEADER_BYTES + CLASS_BYTES * MAX_ID_LEN;
+
 /// A lease: the cost it holds, until `expiry_ms` (it holds nothing from then on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -58,12 +70,25 @@ const HANDLE_MASK: u32 = (1 << HANDLE_BITS) - 1;
 /// A free table slot (fingerprint 31 and the handle of place 2^20 − 1, which is never used).
 const EMPTY: u32 = u32::MAX;
 
-const LEAF_MAX: usize = 64;
-const LEAF_MIN: usize = 16;
+/// The most handles of a leaf; every leaf but the last holds at least half as many.
+const LEAF_MAX: usize = 128;
+const LEAF_MIN: usize = LEAF_MAX / 2;
+/// The most children of an inner node; every inner node but the root and the last of its level
+/// has at least half as many.
 const INNER_MAX: usize = 32;
-const INNER_MIN: usize = 8;
+const INNER_MIN: usize = INNER_MAX / 2;
 /// Leaf arrays grow and shrink by this many handles.
 const LEAF_STEP: usize = 8;
+/// Records per page: a place is `page << PAGE_BITS | record`.
+const PAGE_BITS: u32 = 5;
+const PAGE_RECORDS: usize = 1 << PAGE_BITS;
+const PAGE_MASK: usize = PAGE_RECORDS - 1;
+
+// The sizes the memory bound's arithmetic counts with (the module documentation).
+const _: () = assert!(std::mem::size_of::<Child>() <= CHILD_BYTES);
+const _: () = assert!(std::mem::size_of::<Class>() <= 32);
+const _: () = assert!(std::mem::size_of::<Box<[u8]>>() == 16);
+const CHILD_BYTES: usize = 48;
 
 fn read40(bytes: &[u8]) -> u64 {
     let mut word = [0u8; 8];
@@ -75,48 +100,78 @@ fn write40(bytes: &mut [u8], value: u64) {
     bytes[..5].copy_from_slice(&value.to_le_bytes()[..5]);
 }
 
-/// The records of the ids of one length.
-#[derive(Clone)]
+/// The records of the ids of one length, in pages of [`PAGE_RECORDS`]: every page full but the
+/// last, which holds 1 to [`PAGE_RECORDS`] records and is allocated to its size exactly. Place
+/// `p` is record `p & PAGE_MASK` of page `p >> PAGE_BITS`: the places are dense, `0..len`.
+#[derive(Clone, Default)]
 struct Class {
-    id_len: usize,
-    records: Vec<u8>,
+    pages: Vec<Box<[u8]>>,
+    /// Records held.
+    len: u32,
+    /// The ids' length (0: a class no lease uses any more, whose slot a new length may take).
+    id_len: u8,
 }
 
 impl Class {
     fn size(&self) -> usize {
-        HEAD + self.id_len
+        HEAD + usize::from(self.id_len)
     }
 
     fn len(&self) -> usize {
-        self.records.len() / self.size()
+        self.len as usize
     }
 
     fn record(&self, place: usize) -> &[u8] {
-        let size = self.size();
-        &self.records[place * size..(place + 1) * size]
+        let (size, at) = (self.size(), place & PAGE_MASK);
+        &self.pages[place >> PAGE_BITS][at * size..(at + 1) * size]
     }
 
     fn record_mut(&mut self, place: usize) -> &mut [u8] {
-        let size = self.size();
-        &mut self.records[place * size..(place + 1) * size]
+        let (size, at) = (self.size(), place & PAGE_MASK);
+        &mut self.pages[place >> PAGE_BITS][at * size..(at + 1) * size]
     }
 
-    /// Room for one more record: the array grows by an eighth (at least one record), so it
-    /// never holds more than an eighth beyond its records for long.
-    fn reserve_one(&mut self) {
-        let size = self.size();
-        if self.records.capacity() - self.records.len() < size {
-            self.records
-                .reserve_exact((self.records.len() / 8).max(size) / size * size);
+    /// Adds `record` at place `len`. The last page grows by this record alone (a copy of at most
+    /// a page); a new page is added when it is full, the list of pages growing by an eighth.
+    fn push(&mut self, record: &[u8]) {
+        if self.len() % PAGE_RECORDS == 0 {
+            if self.pages.len() == self.pages.capacity() {
+                self.pages.reserve_exact((self.pages.len() / 8).max(1));
+            }
+            self.pages.push(Box::from(record));
+        } else {
+            let last = self.pages.last_mut().expect("a partial page");
+            let mut page = std::mem::take(last).into_vec();
+            page.reserve_exact(record.len());
+            page.extend_from_slice(record);
+            *last = page.into_boxed_slice();
         }
+        self.len += 1;
     }
 
-    /// Gives memory back once a quarter of the array is unused.
-    fn shrink(&mut self) {
-        let (len, capacity) = (self.records.len(), self.records.capacity());
-        if capacity - len > len / 4 + self.size() {
-            self.records.shrink_to(len + len / 16);
+    /// Removes the record at place `len − 1`. The last page shrinks to its records; a page emptied
+    /// goes, and the list of pages gives memory back once a quarter of it is unused.
+    fn pop(&mut self) {
+        let size = self.size();
+        let last = self.pages.last_mut().expect("a record to pop");
+        if last.len() == size {
+            self.pages.pop();
+            let (len, capacity) = (self.pages.len(), self.pages.capacity());
+            if capacity - len > len / 4 {
+                self.pages.shrink_to(len + len / 8);
+            }
+        } else {
+            let mut page = std::mem::take(last).into_vec();
+            page.truncate(page.len() - size);
+            *last = page.into_boxed_slice();
         }
+        self.len -= 1;
+    }
+
+    /// Bytes on the heap: the pages and the list of them.
+    fn heap_bytes(&self) -> usize {
+        self.pages.capacity() * std::mem::size_of::<Box<[u8]>>()
+            + self.pages.iter().map(|page| page.len()).sum::<usize>()
     }
 }
 
@@ -242,10 +297,18 @@ impl Child {
     }
 }
 
-/// A leaf's array holds its handles and at most `2 · LEAF_STEP` more.
+/// A leaf's array holds its handles and fewer than `LEAF_STEP` more.
 fn fit(handles: &mut Vec<u32>) {
-    if handles.capacity() >= handles.len() + 2 * LEAF_STEP {
+    if handles.capacity() >= handles.len() + LEAF_STEP {
         handles.shrink_to(handles.len().next_multiple_of(LEAF_STEP));
+    }
+}
+
+/// An inner node's array holds its children exactly (it changes only when a leaf splits or
+/// merges).
+fn fit_exactly(children: &mut Vec<Child>) {
+    if children.capacity() > children.len() {
+        children.shrink_to_fit();
     }
 }
 
@@ -313,6 +376,7 @@ fn insert(
                 .min(n - 1);
             let split = insert(&mut children[i], h, cost, records, rightmost && i + 1 == n);
             if let Some(sibling) = split {
+                children.reserve_exact(1);
                 children.insert(i + 1, sibling);
             }
             child.last = children.last().expect("children").last;
@@ -325,7 +389,7 @@ fn insert(
                 children.len() / 2
             };
             let right = children.split_off(at);
-            children.shrink_to_fit();
+            fit_exactly(children);
             let (count, cost) = inner_totals(&right);
             child.count -= count;
             child.cost -= cost;
@@ -390,13 +454,17 @@ fn rebalance(children: &mut Vec<Child>, i: usize, records: Records) {
                 a.append(b);
                 fit(a);
             }
-            (Node::Inner(a), Node::Inner(b)) => a.append(b),
+            (Node::Inner(a), Node::Inner(b)) => {
+                a.reserve_exact(b.len());
+                a.append(b);
+            }
             _ => unreachable!("siblings are of one kind"),
         }
         left.count += right.count;
         left.cost += right.cost;
         left.last = right.last;
         children.remove(l + 1);
+        fit_exactly(children);
         return;
     }
     let want = total / 2;
@@ -426,10 +494,14 @@ fn rebalance(children: &mut Vec<Child>, i: usize, records: Records) {
             };
             let totals = inner_totals(&moved);
             if into_left {
+                a.reserve_exact(moved.len());
                 a.extend(moved);
             } else {
+                b.reserve_exact(moved.len());
                 b.splice(0..0, moved);
             }
+            fit_exactly(a);
+            fit_exactly(b);
             totals
         }
         _ => unreachable!("siblings are of one kind"),
@@ -704,32 +776,36 @@ impl Leases {
             self.tree_insert(h, lease.cost);
             return Ok(Some(old));
         }
-        let class = match self.classes.iter().position(|c| c.id_len == id.len()) {
-            Some(class) => class,
-            None => {
-                self.classes.push(Class {
-                    id_len: id.len(),
-                    records: Vec::new(),
-                });
-                self.classes.len() - 1
-            }
-        };
-        let records = &mut self.classes[class];
-        if records.len() >= MAX_LEASES {
-            return Err(Refused);
-        }
-        records.reserve_one();
+        let class = self.class_for(id.len());
         let mut record = [0u8; HEAD + MAX_ID_LEN];
         write40(&mut record, offset);
         write40(&mut record[5..], lease.cost);
         record[HEAD..HEAD + id.len()].copy_from_slice(id);
+        let records = &mut self.classes[class];
         let h = handle(class, records.len());
-        records
-            .records
-            .extend_from_slice(&record[..HEAD + id.len()]);
+        records.push(&record[..HEAD + id.len()]);
         self.table_insert(h, hash);
         self.tree_insert(h, lease.cost);
         Ok(None)
+    }
+
+    /// The class of the ids of `id_len` bytes: the one holding them, else a slot no lease uses
+    /// any more, else a new one (the list of classes held to its length).
+    fn class_for(&mut self, id_len: usize) -> usize {
+        let id_len = id_len as u8;
+        if let Some(class) = self.classes.iter().position(|c| c.id_len == id_len) {
+            return class;
+        }
+        let class = match self.classes.iter().position(|c| c.id_len == 0) {
+            Some(free) => free,
+            None => {
+                self.classes.reserve_exact(1);
+                self.classes.push(Class::default());
+                self.classes.len() - 1
+            }
+        };
+        self.classes[class].id_len = id_len;
+        class
     }
 
     fn tree_insert(&mut self, h: u32, cost: u64) {
@@ -768,7 +844,11 @@ impl Leases {
         let old = self.base_ms;
         for class in &mut self.classes {
             let size = class.size();
-            for record in class.records.chunks_exact_mut(size) {
+            for record in class
+                .pages
+                .iter_mut()
+                .flat_map(|p| p.chunks_exact_mut(size))
+            {
                 let expiry = old + read40(record);
                 write40(record, expiry - base);
             }
@@ -853,10 +933,11 @@ impl Leases {
         let (class, place) = (class_of(h), place_of(h));
         let last = self.classes[class].len() - 1;
         if place != last {
-            let size = self.classes[class].size();
-            self.classes[class]
-                .records
-                .copy_within(last * size..(last + 1) * size, place * size);
+            let records = &mut self.classes[class];
+            let size = records.size();
+            let mut moving = [0u8; HEAD + MAX_ID_LEN];
+            moving[..size].copy_from_slice(records.record(last));
+            records.record_mut(place).copy_from_slice(&moving[..size]);
             let moved = handle(class, last);
             let records = Records {
                 classes: &self.classes,
@@ -868,12 +949,20 @@ impl Leases {
             }
         }
         let records = &mut self.classes[class];
-        records.records.truncate(last * records.size());
-        records.shrink();
+        records.pop();
+        if records.len() == 0 {
+            // No handle names the class now: its slot is free for another length.
+            records.id_len = 0;
+            while self.classes.last().is_some_and(|c| c.id_len == 0) {
+                self.classes.pop();
+            }
+            self.classes.shrink_to_fit();
+        }
         let len = self.len();
         if len == 0 {
             *self = Leases::default();
-        } else if len * 25 < self.table.len() * 8 {
+        } else if self.table.len() > 2 * len && table_size(len) < self.table.len() {
+            // Never below half full (unless at the smallest size).
             self.rehash(table_size(len));
         }
         lease
@@ -937,11 +1026,7 @@ impl Leases {
     /// Bytes held on the heap, for `MEMORY USAGE`.
     pub fn heap_bytes(&self) -> usize {
         self.classes.capacity() * std::mem::size_of::<Class>()
-            + self
-                .classes
-                .iter()
-                .map(|c| c.records.capacity())
-                .sum::<usize>()
+            + self.classes.iter().map(Class::heap_bytes).sum::<usize>()
             + self.table.capacity() * std::mem::size_of::<u32>()
             + node_bytes(&self.tree)
     }
@@ -949,13 +1034,26 @@ impl Leases {
     /// Checks every structural invariant (tests).
     #[cfg(test)]
     pub fn check_invariants(&self) {
-        fn walk(child: &Child, records: Records, out: &mut Vec<u32>, root: bool) -> (u32, u64) {
+        /// `root`: the tree's root; `last`: the last node of its level (the root included).
+        fn walk(
+            child: &Child,
+            records: Records,
+            out: &mut Vec<u32>,
+            root: bool,
+            last: bool,
+        ) -> (u32, u64) {
             let (count, cost) = match &child.node {
                 Node::Leaf(handles) => {
                     assert!(handles.len() <= LEAF_MAX);
-                    assert!(handles.capacity() < handles.len() + 2 * LEAF_STEP + LEAF_STEP);
+                    assert!(handles.capacity() < handles.len() + LEAF_STEP);
                     if !root {
                         assert!(!handles.is_empty());
+                    }
+                    if !last {
+                        assert!(
+                            handles.len() >= LEAF_MIN,
+                            "a leaf at half its size at least"
+                        );
                     }
                     out.extend_from_slice(handles);
                     leaf_totals(handles, records)
@@ -963,9 +1061,17 @@ impl Leases {
                 Node::Inner(children) => {
                     assert!(children.len() <= INNER_MAX);
                     assert!(children.len() >= if root { 2 } else { 1 });
+                    if !last {
+                        assert!(
+                            children.len() >= INNER_MIN,
+                            "a node at half its size at least"
+                        );
+                    }
+                    assert_eq!(children.capacity(), children.len());
                     let mut totals = (0, 0);
-                    for c in children {
-                        let (count, cost) = walk(c, records, out, false);
+                    for (i, c) in children.iter().enumerate() {
+                        let (count, cost) =
+                            walk(c, records, out, false, last && i + 1 == children.len());
                         assert_eq!((count, cost), (c.count, c.cost));
                         totals = (totals.0 + count, totals.1 + cost);
                     }
@@ -979,21 +1085,56 @@ impl Leases {
         }
         let records = self.records();
         let mut order = Vec::new();
-        let totals = walk(&self.tree, records, &mut order, true);
+        let totals = walk(&self.tree, records, &mut order, true, true);
         assert_eq!(totals, (self.tree.count, self.tree.cost));
         assert!(order.windows(2).all(|w| records.less(w[0], w[1])));
+        // The classes: the pages full but the last, allocated exactly; no class slot unused at
+        // the end of the list, which is allocated exactly.
+        assert_eq!(self.classes.capacity(), self.classes.len());
+        assert!(self.classes.last().is_none_or(|c| c.id_len != 0));
+        for (i, class) in self.classes.iter().enumerate() {
+            let size = class.size();
+            assert_eq!(class.pages.len(), class.len().div_ceil(PAGE_RECORDS));
+            assert!(class.pages.capacity() - class.pages.len() <= class.pages.len() / 4);
+            for (p, page) in class.pages.iter().enumerate() {
+                let held = (class.len() - p * PAGE_RECORDS).min(PAGE_RECORDS);
+                assert_eq!(page.len(), held * size, "page {p} of class {i}");
+            }
+            if class.id_len == 0 {
+                assert_eq!(class.len(), 0);
+            } else {
+                assert!(class.len() > 0, "a class in use holds a record");
+                assert!(self.classes[..i].iter().all(|c| c.id_len != class.id_len));
+            }
+        }
         let stored: usize = self.classes.iter().map(Class::len).sum();
         assert_eq!(stored, order.len());
         let used = self.table.iter().filter(|&&s| s != EMPTY).count();
         assert_eq!(used, order.len());
+        assert_eq!(self.table.capacity(), self.table.len());
         if !order.is_empty() {
             assert!(used * 5 <= self.table.len() * 4);
+            assert!(self.table.len() <= (2 * used).max(table_size(used)));
         }
         for &h in &order {
             let id = records.id(h);
             let slot = self.find(id, hash(id)).expect("every id is found");
             assert_eq!(self.table[slot] & HANDLE_MASK, h);
         }
+        let ids: usize = order.iter().map(|&h| records.id(h).len()).sum();
+        assert!(
+            self.heap_bytes() <= self.memory_bound(ids),
+            "{} bytes for {} leases of {ids} bytes of ids in {} classes",
+            self.heap_bytes(),
+            order.len(),
+            self.classes.len()
+        );
+    }
+
+    /// The bound [`Leases::heap_bytes`] holds to, with `ids` the bytes of the ids held (tests).
+    #[cfg(test)]
+    fn memory_bound(&self, ids: usize) -> usize {
+        HEADER_BYTES + CLASS_BYTES * self.classes.len() + ids + LEASE_BYTES * self.len()
     }
 }
 
