@@ -1373,6 +1373,247 @@ mod tests {
         );
     }
 
+    /// A set beside what the memory bound counts: the ids' bytes, how many leases hold each id
+    /// length, and the most id lengths held at once since the set was last empty (a bound on its
+    /// classes).
+    #[derive(Default)]
+    struct Bounded {
+        leases: Leases,
+        ids: usize,
+        by_length: BTreeMap<usize, usize>,
+        classes: usize,
+    }
+
+    impl Bounded {
+        fn insert(&mut self, id: &[u8], lease: Lease) -> Option<Lease> {
+            let old = self
+                .leases
+                .insert(id, lease)
+                .expect("an id the set accepts");
+            if old.is_none() {
+                self.ids += id.len();
+                *self.by_length.entry(id.len()).or_default() += 1;
+                self.classes = self.classes.max(self.by_length.len());
+            }
+            self.holds_the_bound();
+            old
+        }
+
+        fn remove(&mut self, id: &[u8]) -> Option<Lease> {
+            let old = self.leases.remove(id);
+            if old.is_some() {
+                self.forget(id.len());
+            }
+            self.holds_the_bound();
+            old
+        }
+
+        fn drop_expired(&mut self, t_ms: u64) -> usize {
+            let gone: Vec<usize> = self
+                .leases
+                .iter()
+                .take_while(|(_, l)| l.expiry_ms <= t_ms)
+                .map(|(id, _)| id.len())
+                .collect();
+            assert_eq!(self.leases.drop_expired(t_ms), gone.len());
+            for len in gone {
+                self.forget(len);
+            }
+            self.holds_the_bound();
+            self.leases.len()
+        }
+
+        fn forget(&mut self, len: usize) {
+            self.ids -= len;
+            let held = self.by_length.get_mut(&len).expect("a length held");
+            *held -= 1;
+            if *held == 0 {
+                self.by_length.remove(&len);
+            }
+            if self.by_length.is_empty() {
+                self.classes = 0;
+            }
+        }
+
+        /// The bound, as the documentation states it: by the classes, and whatever they are.
+        fn holds_the_bound(&self) {
+            let (heap, leases) = (self.leases.heap_bytes(), self.leases.len());
+            let held = self.ids + LEASE_BYTES * leases;
+            assert!(
+                heap <= HEADER_BYTES + CLASS_BYTES * self.classes + held,
+                "{heap} bytes for {leases} leases of {} bytes of ids in {} classes",
+                self.ids,
+                self.classes
+            );
+            assert!(heap <= MAX_HEADER_BYTES + held);
+        }
+    }
+
+    /// An id of `len` bytes numbered `n` (distinct for distinct `n` at one length).
+    fn id_of(n: u64, len: usize) -> Vec<u8> {
+        let mut id = vec![b'.'; len];
+        let digits = n.to_le_bytes();
+        let k = len.min(8);
+        id[..k].copy_from_slice(&digits[..k]);
+        id
+    }
+
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
+    /// 100,000 leases of 128-byte ids, then 95% of them released at random: every step within
+    /// the bound, as the set thins out leaves, pages and the table.
+    #[test]
+    fn memory_bound_holds_when_most_leases_go_at_random() {
+        let mut set = Bounded::default();
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
+        let n = 100_000u64;
+        for i in 0..n {
+            set.insert(&id_of(i, 128), lease(1, 1_000_000 + next() % 100_000));
+        }
+        set.leases.check_invariants();
+        let mut order: Vec<u64> = (0..n).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        for (k, &i) in order.iter().take(95_000).enumerate() {
+            assert!(set.remove(&id_of(i, 128)).is_some());
+            if k % 10_000 == 0 {
+                set.leases.check_invariants();
+            }
+        }
+        set.leases.check_invariants();
+        assert_eq!(set.leases.len(), 5_000);
+    }
+
+    /// Every other lease released (every leaf loses half its handles), at a length of 16 and of
+    /// 128, leases in order of expiry as the usual ones are.
+    #[test]
+    fn memory_bound_holds_when_every_other_lease_goes() {
+        for len in [16, 128] {
+            let mut set = Bounded::default();
+            let n = 50_000u64;
+            for i in 0..n {
+                set.insert(&id_of(i, len), lease(1 + i % 3, 1_000_000 + i));
+            }
+            for i in (0..n).step_by(2) {
+                assert!(set.remove(&id_of(i, len)).is_some());
+            }
+            set.leases.check_invariants();
+            // And back again, then dropped by expiry from the earliest on.
+            for i in (0..n).step_by(2) {
+                set.insert(&id_of(i, len), lease(1, 1_000_000 + i));
+            }
+            let mut t = 1_000_000;
+            while set.drop_expired(t) > 0 {
+                t += 997;
+            }
+            set.leases.check_invariants();
+            assert_eq!(set.leases.heap_bytes(), 0);
+        }
+    }
+
+    /// Lengths alternating, and every length from 1 to 128 at once, a few leases each: the
+    /// classes' share of the bound.
+    #[test]
+    fn memory_bound_holds_with_many_id_lengths() {
+        let mut set = Bounded::default();
+        for i in 0..20_000u64 {
+            let len = if i % 2 == 0 { 16 } else { 128 };
+            set.insert(&id_of(i, len), lease(1, 1_000_000 + i));
+        }
+        for i in 0..20_000u64 {
+            if i % 3 != 0 {
+                set.remove(&id_of(i, if i % 2 == 0 { 16 } else { 128 }));
+            }
+        }
+        set.leases.check_invariants();
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+        for round in 0..3u64 {
+            for len in 1..=MAX_ID_LEN {
+                for k in 0..(1 + round * 17) {
+                    set.insert(&id_of(k, len), lease(1, 2_000_000 + next() % 1000));
+                }
+            }
+            set.leases.check_invariants();
+            // Lengths emptied in the middle of the list, and taken again by others.
+            for len in (1..=MAX_ID_LEN).step_by(3) {
+                for k in 0..(1 + round * 17) {
+                    set.remove(&id_of(k, len));
+                }
+            }
+            set.leases.check_invariants();
+        }
+        assert!(set.classes <= MAX_ID_LEN);
+    }
+
+    /// The usual flow: leases of one duration acquired at the end, expiring from the front,
+    /// some renewed, some released early; from one lease to thousands and back.
+    #[test]
+    fn memory_bound_holds_as_leases_come_and_go() {
+        let mut set = Bounded::default();
+        let mut next = xorshift(0xD1B5_4A32_D192_ED03);
+        let mut now = 1_000_000u64;
+        for round in 0..200_000u64 {
+            let r = next();
+            let live = 1 + (round / 1000) % 50 * 100;
+            let len = 1 + (r % 40) as usize;
+            let n = r >> 40;
+            match (r >> 8) % 8 {
+                0..=4 => {
+                    set.insert(&id_of(n % live, len), lease(1, now + 5_000));
+                }
+                5 => {
+                    set.remove(&id_of(n % live, len));
+                }
+                _ => {
+                    now += 1 + (r >> 20) % 30;
+                    set.drop_expired(now);
+                }
+            }
+            if round % 20_000 == 0 {
+                set.leases.check_invariants();
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(256))]
+
+        /// The memory bound after every step of random inserts, renewals, removals and drops, ids
+        /// of every length from 1 to 128, few or many of them.
+        #[test]
+        fn memory_stays_within_the_bound(
+            lengths in proptest::collection::vec(1usize..=MAX_ID_LEN, 1..6),
+            ops in proptest::collection::vec((0u8..10, 0u64..400, 0usize..6, 0u64..3000), 1..800),
+        ) {
+            let mut set = Bounded::default();
+            let mut now = 1u64 << 40;
+            for (kind, n, which, spread) in ops {
+                let id = id_of(n, lengths[which % lengths.len()]);
+                match kind {
+                    0..=5 => {
+                        set.insert(&id, lease(1 + spread % 5, now + spread));
+                    }
+                    6 | 7 => {
+                        set.remove(&id);
+                    }
+                    _ => {
+                        now += spread % 200;
+                        set.drop_expired(now);
+                    }
+                }
+                set.leases.check_invariants();
+            }
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::test_runner::Config::with_cases(256))]
 
