@@ -1,26 +1,71 @@
 //! The lease set of one concurrency key: requests in flight by id, each holding a cost until its
-//! expiry, kept so that every operation is O(log n) in the leases held and a lease costs little
-//! more than its id.
+//! expiry, kept so that every operation is O(log n) in the leases held and a lease costs at most
+//! 24 bytes more than its id.
 //!
 //! Three parts index the same leases:
-//! - **records**, one array per id length: fixed-size records `[expiry − base: 5 bytes]
-//!   [cost: 5 bytes][id]` (little-endian), dense: a removed record's place is taken by the
-//!   array's last one. A lease's *handle* is its id length's array (7 bits) and its place there
-//!   (20 bits). Expiries are stored as offsets from `base_ms`, 40 bits (34 years) wide; the base
+//! - **records**, one *class* per id length: fixed-size records `[expiry − base: 5 bytes]
+//!   [cost: 5 bytes][id]` (little-endian) in pages of 32, every page full but the last, which is
+//!   allocated to its records exactly; dense: a removed record's place is taken by the class's
+//!   last one. A lease's *handle* is its class (7 bits) and its place there (20 bits: page << 5 |
+//!   record). Expiries are stored as offsets from `base_ms`, 40 bits (34 years) wide; the base
 //!   sits in the middle of that span and moves (every record rewritten) only when a lease falls
-//!   outside it.
+//!   outside it. A class no lease uses any more keeps its slot (handles name classes by index)
+//!   until a new length takes it, or it is the last slot and goes.
 //! - **by id**: an open-addressing table of handles (linear probing, backward-shift deletion, no
 //!   tombstones), each slot a handle and 5 bits of the id's hash (so a probe seldom reads a record
-//!   it does not want), kept between 16/25 and 4/5 full. The hash is SipHash with keys drawn at
-//!   random once per process, so ids chosen to collide cannot be precomputed.
+//!   it does not want), kept between 1/2 and 4/5 full (rebuilt 16/25 full). The hash is SipHash
+//!   with keys drawn at random once per process, so ids chosen to collide cannot be precomputed.
 //! - **by expiry**: a B+ tree of handles ordered by `(expiry, id)`, each child of an inner node
 //!   carrying its subtree's count, total cost and greatest handle: the earliest and the last
 //!   lease, the cost that has expired by a time, and the time by which a given cost has expired,
-//!   each in O(log n). A leaf's array grows and shrinks 8 handles at a time, so a leaf half full
-//!   costs half as much.
+//!   each in O(log n). Leaves hold 64 to 128 handles and inner nodes 16 to 32 children (a node
+//!   below half is merged with or evened out with a neighbour), except the last node of each level,
+//!   where leases of one duration are appended: a full node splits off the new one alone there.
 //!
-//! Tables and arrays grow and shrink by fractions (as a `Vec` does): a call that crosses a
-//! threshold copies once what it holds, so the bounds are amortized.
+//! # Memory
+//!
+//! After every operation, with `n` leases, `d` classes (at most the most id lengths held at once
+//! since the set was last empty, so at most 128) and [`Leases::heap_bytes`] what is allocated:
+//!
+//! `heap_bytes ≤ 244 + 52·d + Σ (len(id) + 24)`, so at most `6,900 + Σ (len(id) + 24)`.
+//!
+//! Every allocation is sized to a rule, and each part's share is:
+//! - **records**: `len(id) + 10` bytes a lease, exactly (pages are never partly empty but the
+//!   last, allocated to its records).
+//! - **the lists of pages**: 16 bytes a page, a list at most a quarter beyond its pages: with `p`
+//!   pages for a class of `m` leases, `16·(p + ⌊p/4⌋) ≤ 20 + 20·(p − 1) ≤ 20 + 0.625·m` (the `p − 1`
+//!   full pages hold 32 leases each). The class itself, in a list allocated exactly: 32 bytes.
+//!   Per class 52 bytes, per lease 0.625.
+//! - **the table**: 4 bytes a slot, at most `max(8, 2n)` slots (rebuilt with `25n/16`, at least
+//!   8, when more than 4/5 full; with `25n/16` when less than half full and that is smaller):
+//!   `4·max(8, 2n) ≤ 24 + 8n` for `n ≥ 1`. Per lease 8, and 24 in the header.
+//! - **the tree**: a leaf's array holds fewer than 8 handles beyond its `k`: at most `4k + 28`;
+//!   every node but the root is a 48-byte child record in its parent's array, allocated exactly.
+//!   A leaf that is not the last holds `k ≥ 64`, so with its record it takes at most
+//!   `4k + 76 ≤ 5.1875·k`. An inner node that is not the last of its level has 16 children at
+//!   least, all of them not the last either, so at least `16^h·64` handles below it at height
+//!   `h`: its record adds at most `48/1024 + 48/16,384 + … < 0.05` a handle over all heights. The
+//!   last nodes of the levels are what their handles do not pay for: the last leaf at most 76
+//!   bytes (its spare handles and its record), the last inner node of a level its 48-byte record;
+//!   below [`MAX_LEASES`] (`2^20 − 2`) leases there are at most 16,384 leaves, 1,024, 64 and 4
+//!   inner nodes on the levels above them, so at most 3 levels below the root: `76 + 3·48 = 220`.
+//!   Per lease `5.1875 + 0.05 = 5.2375`, and 220 in the header (the root's record is in the set,
+//!   not on the heap).
+//!
+//! Summed: `Σ (len(id) + 10) + (0.625 + 8 + 5.2375)·n + 52·d + 24 + 220`, and `13.8625 ≤ 14`.
+//! The sizes the arithmetic counts with (a child record 48 bytes, a class 32, a page's pointer
+//! 16) are asserted when the crate compiles; [`Leases::check_invariants`] checks every rule above
+//! and the bound itself, and the tests check the bound after every step of random and adversarial
+//! sequences.
+//!
+//! # Time
+//!
+//! Every operation is O(log n), and what it copies is bounded: the last page of a class is
+//! reallocated on each insertion and removal of its class (at most 32 records, 4,416 bytes at the
+//! longest ids), a leaf's array 8 handles at a time (at most 512 bytes), an inner node's array
+//! only when a node below it splits or merges, a list of pages by an eighth at a time. The table
+//! is rebuilt, each time 16/25 full, once a quarter of `n` has been added or a fifth removed at
+//! least: amortized O(1) rehashed slots per call.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -41,7 +86,7 @@ pub const MAX_COST: u64 = FIELD_MAX;
 /// proves it). A class is an id length the set holds, or held while every class was in use.
 pub const LEASE_BYTES: usize = 24;
 /// The fixed part of the memory bound (see [`LEASE_BYTES`]).
-pub const HEADER_BYTES: usize = 252;
+pub const HEADER_BYTES: usize = 244;
 /// The part of the memory bound that each class adds (see [`LEASE_BYTES`]).
 pub const CLASS_BYTES: usize = 52;
 /// The memory bound's header whatever the id lengths: a set holds at most [`MAX_ID_LEN`] classes.
