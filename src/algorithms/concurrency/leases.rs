@@ -62,7 +62,7 @@
 //!
 //! Every operation is O(log n), and what it copies is bounded: the last page of a class is
 //! reallocated on each insertion and removal of its class (at most 32 records, 4,416 bytes at the
-//! longest ids), a leaf's array 8 handles at a time (at most 512 bytes), an inner node's array
+//! longest ids), a leaf's array 4 handles at a time (at most 512 bytes; it shrinks once 8 are spare), an inner node's array
 //! only when a node below it splits or merges, a list of pages by an eighth at a time. The table
 //! is rebuilt, each time 16/25 full, once a quarter of `n` has been added or a fifth removed at
 //! least: amortized O(1) rehashed slots per call.
@@ -122,8 +122,9 @@ const LEAF_MIN: usize = LEAF_MAX / 2;
 /// has at least half as many.
 const INNER_MAX: usize = 32;
 const INNER_MIN: usize = INNER_MAX / 2;
-/// Leaf arrays grow and shrink by this many handles.
-const LEAF_STEP: usize = 8;
+/// Leaf arrays grow by this many handles, and shrink once twice as many are spare (so a leaf
+/// that gains and loses a handle in turn does not reallocate each time).
+const LEAF_STEP: usize = 4;
 /// Records per page: a place is `page << PAGE_BITS | record`.
 const PAGE_BITS: u32 = 5;
 const PAGE_RECORDS: usize = 1 << PAGE_BITS;
@@ -342,9 +343,9 @@ impl Child {
     }
 }
 
-/// A leaf's array holds its handles and fewer than `LEAF_STEP` more.
+/// A leaf's array holds its handles and fewer than `2 · LEAF_STEP` more.
 fn fit(handles: &mut Vec<u32>) {
-    if handles.capacity() >= handles.len() + LEAF_STEP {
+    if handles.capacity() >= handles.len() + 2 * LEAF_STEP {
         handles.shrink_to(handles.len().next_multiple_of(LEAF_STEP));
     }
 }
@@ -1090,7 +1091,7 @@ impl Leases {
             let (count, cost) = match &child.node {
                 Node::Leaf(handles) => {
                     assert!(handles.len() <= LEAF_MAX);
-                    assert!(handles.capacity() < handles.len() + LEAF_STEP);
+                    assert!(handles.capacity() < handles.len() + 2 * LEAF_STEP);
                     if !root {
                         assert!(!handles.is_empty());
                     }
