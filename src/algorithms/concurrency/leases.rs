@@ -30,12 +30,13 @@
 //! `heap_bytes ≤ 244 + 52·d + Σ (len(id) + 24)`, so at most `6,900 + Σ (len(id) + 24)`.
 //!
 //! Every allocation is sized to a rule, and each part's share is:
-//! - **records**: `len(id) + 10` bytes a lease, exactly (pages are never partly empty but the
-//!   last, allocated to its records).
-//! - **the lists of pages**: 16 bytes a page, a list at most a quarter beyond its pages: with `p`
-//!   pages for a class of `m` leases, `16·(p + ⌊p/4⌋) ≤ 20 + 20·(p − 1) ≤ 20 + 0.625·m` (the `p − 1`
-//!   full pages hold 32 leases each). The class itself, in a list allocated exactly: 32 bytes.
-//!   Per class 52 bytes, per lease 0.625.
+//! - **records**: `len(id) + 10` bytes a lease (pages are never partly empty but the last,
+//!   allocated to its records), and room for one record more in the last page of a class of `m`
+//!   leases once `m ≥ 8·(len(id) + 10)`: at most `m/8` bytes, 0.125 a lease.
+//! - **the lists of pages**: 16 bytes a page, a list at most a quarter beyond its pages: with
+//!   `p` pages for a class of `m` leases, `16·(p + ⌊p/4⌋) ≤ 20 + 20·(p − 1) ≤ 20 + 0.625·m`
+//!   (the `p − 1` full pages hold 32 leases each). The class itself, in a list allocated
+//!   exactly: 32 bytes. Per class 52 bytes, per lease 0.625.
 //! - **the table**: 4 bytes a slot, at most `max(8, 2n)` slots (rebuilt with `25n/16`, at least
 //!   8, when more than 4/5 full; with `25n/16` when less than half full and that is smaller):
 //!   `4·max(8, 2n) ≤ 24 + 8n` for `n ≥ 1`. Per lease 8, and 24 in the header.
@@ -52,20 +53,22 @@
 //!   Per lease `5.1875 + 0.05 = 5.2375`, and 220 in the header (the root's record is in the set,
 //!   not on the heap).
 //!
-//! Summed: `Σ (len(id) + 10) + (0.625 + 8 + 5.2375)·n + 52·d + 24 + 220`, and `13.8625 ≤ 14`.
-//! The sizes the arithmetic counts with (a child record 48 bytes, a class 32, a page's pointer
-//! 16) are asserted when the crate compiles; [`Leases::check_invariants`] checks every rule above
-//! and the bound itself, and the tests check the bound after every step of random and adversarial
-//! sequences.
+//! Summed: `Σ (len(id) + 10) + (0.125 + 0.625 + 8 + 5.2375)·n + 52·d + 24 + 220`, and
+//! `13.9875 ≤ 14`. The sizes the arithmetic counts with (a child record 48 bytes, a class 32, a
+//! page's pointer 16) are asserted when the crate compiles; [`Leases::check_invariants`] checks
+//! every rule above and the bound itself, and the tests check the bound after every step of random
+//! and adversarial sequences.
 //!
 //! # Time
 //!
 //! Every operation is O(log n), and what it copies is bounded: the last page of a class is
-//! reallocated on each insertion and removal of its class (at most 32 records, 4,416 bytes at the
-//! longest ids), a leaf's array 4 handles at a time (at most 512 bytes; it shrinks once 8 are spare), an inner node's array
-//! only when a node below it splits or merges, a list of pages by an eighth at a time. The table
-//! is rebuilt, each time 16/25 full, once a quarter of `n` has been added or a fifth removed at
-//! least: amortized O(1) rehashed slots per call.
+//! reallocated (at most 32 records, 4,416 bytes at the longest ids) on each insertion and removal
+//! of a class of fewer than `8·(len(id) + 10)` leases, and of a larger one only when its spare room
+//! is used up or doubled (a lease acquired and released in turn reallocates nothing); a leaf's
+//! array 4 handles at a time (at most 512 bytes; it shrinks once 8 are spare); an inner node's
+//! array only when a node below it splits or merges; a list of pages by an eighth at a time. The
+//! table is rebuilt, each time 16/25 full, once a quarter of `n` has been added or a fifth removed
+//! at least: amortized O(1) rehashed slots per call.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -177,39 +180,61 @@ impl Class {
         &mut self.pages[place >> PAGE_BITS][at * size..(at + 1) * size]
     }
 
-    /// Adds `record` at place `len`. The last page grows by this record alone (a copy of at most
-    /// a page); a new page is added when it is full, the list of pages growing by an eighth.
+    /// Records in the last page (the class holds some).
+    fn in_last_page(&self) -> usize {
+        (self.len() - 1) % PAGE_RECORDS + 1
+    }
+
+    /// Whether the last page may keep room for one record more, with `len` records held: when
+    /// that room is at most an eighth of a byte per record.
+    fn may_keep_spare(&self, len: usize) -> bool {
+        len >= 8 * self.size()
+    }
+
+    /// Adds `record` at place `len`: in the last page's spare room, else the last page grows by
+    /// this record alone (a copy of at most a page), else a new page, the list of pages growing by
+    /// an eighth.
     fn push(&mut self, record: &[u8]) {
+        let size = self.size();
         if self.len() % PAGE_RECORDS == 0 {
             if self.pages.len() == self.pages.capacity() {
                 self.pages.reserve_exact((self.pages.len() / 8).max(1));
             }
             self.pages.push(Box::from(record));
         } else {
+            let at = self.in_last_page() * size;
             let last = self.pages.last_mut().expect("a partial page");
-            let mut page = std::mem::take(last).into_vec();
-            page.reserve_exact(record.len());
-            page.extend_from_slice(record);
-            *last = page.into_boxed_slice();
+            if last.len() < at + size {
+                let mut page = std::mem::take(last).into_vec();
+                page.reserve_exact(size);
+                page.resize(at + size, 0);
+                *last = page.into_boxed_slice();
+            }
+            last[at..at + size].copy_from_slice(record);
         }
         self.len += 1;
     }
 
-    /// Removes the record at place `len − 1`. The last page shrinks to its records; a page emptied
-    /// goes, and the list of pages gives memory back once a quarter of it is unused.
+    /// Removes the record at place `len − 1`. The last page keeps room for one record at most (and
+    /// only as [`Class::may_keep_spare`] says); a page emptied goes, and the list of pages gives
+    /// memory back once a quarter of it is unused.
     fn pop(&mut self) {
         let size = self.size();
-        let last = self.pages.last_mut().expect("a record to pop");
-        if last.len() == size {
+        let held = self.in_last_page();
+        if held == 1 {
             self.pages.pop();
             let (len, capacity) = (self.pages.len(), self.pages.capacity());
             if capacity - len > len / 4 {
                 self.pages.shrink_to(len + len / 8);
             }
         } else {
-            let mut page = std::mem::take(last).into_vec();
-            page.truncate(page.len() - size);
-            *last = page.into_boxed_slice();
+            let keep = held - 1 + usize::from(self.may_keep_spare(self.len() - 1));
+            let last = self.pages.last_mut().expect("a record to pop");
+            if last.len() > keep * size {
+                let mut page = std::mem::take(last).into_vec();
+                page.truncate(keep * size);
+                *last = page.into_boxed_slice();
+            }
         }
         self.len -= 1;
     }
@@ -889,12 +914,8 @@ impl Leases {
         let base = low.saturating_sub((FIELD_MAX - spread) / 2);
         let old = self.base_ms;
         for class in &mut self.classes {
-            let size = class.size();
-            for record in class
-                .pages
-                .iter_mut()
-                .flat_map(|p| p.chunks_exact_mut(size))
-            {
+            for place in 0..class.len() {
+                let record = class.record_mut(place);
                 let expiry = old + read40(record);
                 write40(record, expiry - base);
             }
@@ -1144,7 +1165,16 @@ impl Leases {
             assert!(class.pages.capacity() - class.pages.len() <= class.pages.len() / 4);
             for (p, page) in class.pages.iter().enumerate() {
                 let held = (class.len() - p * PAGE_RECORDS).min(PAGE_RECORDS);
-                assert_eq!(page.len(), held * size, "page {p} of class {i}");
+                let spare = page.len() / size - held;
+                assert_eq!(page.len() % size, 0);
+                assert!(
+                    spare == 0
+                        || (spare == 1
+                            && p + 1 == class.pages.len()
+                            && held < PAGE_RECORDS
+                            && class.may_keep_spare(class.len())),
+                    "page {p} of class {i}: {held} records, room for {spare} more"
+                );
             }
             if class.id_len == 0 {
                 assert_eq!(class.len(), 0);
