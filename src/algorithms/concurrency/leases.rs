@@ -1595,6 +1595,33 @@ mod tests {
         }
     }
 
+    /// A class's last page with room for one record more, holding the bytes of the earliest
+    /// lease, released; then a lease far enough to move the base past that expiry: every lease
+    /// held keeps its expiry, and the spare bytes are not read.
+    #[test]
+    fn moving_the_base_rewrites_the_records_held_only() {
+        let mut set = Bounded::default();
+        let mut model = BTreeMap::new();
+        let start = 2_000_000u64;
+        for i in 0..300u64 {
+            set.insert(&id_of(i, 2), lease(1, start - i));
+            model.insert(id_of(i, 2), lease(1, start - i));
+        }
+        // 300 records: 9 full pages and 12; releasing the last (the earliest lease) leaves 11 and
+        // room for a 12th.
+        set.remove(&id_of(299, 2));
+        model.remove(&id_of(299, 2));
+        set.leases.check_invariants();
+        let class = &set.leases.classes[0];
+        assert_eq!(class.pages.last().map(|p| p.len()), Some(12 * class.size()));
+        // The base moves to the earliest expiry held, after the released one.
+        let far = (start - 298) + FIELD_MAX;
+        set.insert(b"far", lease(1, far));
+        model.insert(b"far".to_vec(), lease(1, far));
+        assert_eq!(set.leases.base_ms, start - 298);
+        same_as(&set.leases, &model);
+    }
+
     /// Lengths alternating, and every length from 1 to 128 at once, a few leases each: the
     /// classes' share of the bound.
     #[test]
