@@ -86,7 +86,8 @@ pub const MAX_COST: u64 = FIELD_MAX;
 /// What one lease takes beyond its id, at most, in the memory bound: the set's heap
 /// ([`Leases::heap_bytes`]) is at most [`HEADER_BYTES`] + [`CLASS_BYTES`] per class + the sum of
 /// `len(id) + LEASE_BYTES` over the leases, after every operation (the module documentation
-/// proves it). A class is an id length the set holds, or held while every class was in use.
+/// proves it). A class is an id length the set holds, or one it held that no new length has
+/// taken over yet: at most the most id lengths held at once since the set was last empty.
 pub const LEASE_BYTES: usize = 24;
 /// The fixed part of the memory bound (see [`LEASE_BYTES`]).
 pub const HEADER_BYTES: usize = 244;
@@ -150,8 +151,9 @@ fn write40(bytes: &mut [u8], value: u64) {
 }
 
 /// The records of the ids of one length, in pages of [`PAGE_RECORDS`]: every page full but the
-/// last, which holds 1 to [`PAGE_RECORDS`] records and is allocated to its size exactly. Place
-/// `p` is record `p & PAGE_MASK` of page `p >> PAGE_BITS`: the places are dense, `0..len`.
+/// last, which holds 1 to [`PAGE_RECORDS`] records and is allocated to them exactly, or with room
+/// for one more in a large class ([`Class::may_keep_spare`]). Place `p` is record `p & PAGE_MASK`
+/// of page `p >> PAGE_BITS`: the places are dense, `0..len`.
 #[derive(Clone, Default)]
 struct Class {
     pages: Vec<Box<[u8]>>,
