@@ -57,8 +57,9 @@ pub fn max_policies() -> u64 {
 
 /// Default `ratelimit.max-leases`: the most live leases one concurrency key may hold.
 pub const DEFAULT_MAX_LEASES: i64 = 100_000;
-/// Bounds of `ratelimit.max-leases`. A lease costs its id and about 24 bytes
-/// (docs/operations.md), so the upper bound caps one key at about 150 MB with 128-byte ids.
+/// Bounds of `ratelimit.max-leases`. A lease costs at most its id and 24 bytes beyond a header of
+/// at most 6,900 bytes (docs/operations.md), so the upper bound caps one key at 152 MB with
+/// 128-byte ids.
 pub const MIN_MAX_LEASES: i64 = 1;
 pub const MAX_MAX_LEASES: i64 = 1_000_000;
 

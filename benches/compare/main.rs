@@ -26,6 +26,9 @@
 //! `BENCH_QUICK=1` makes a smoke run of about a minute; `BENCH_REPS` and `BENCH_RUN_SECS` override
 //! the repetitions (5 by default, 3 in quick mode) and the target length of one redis-benchmark
 //! run (0.25 s by default). More short rounds resist the host's drift better than a few long ones.
+//! `BENCH_ONLY=leases` (a comma-separated list of `memory`, `throughput`, `resp`, `scaling`, `log`,
+//! `leases`, `replica`) runs only those phases and writes `results-only.md` and `results-only.json`
+//! instead, so a partial run never passes for a whole one (`scaling` reads `throughput`'s figures).
 //! redis-server is pinned to CPU 0 and redis-benchmark to CPU 1 when `taskset` and two CPUs are
 //! there; `BENCH_PIN=0` turns that off.
 //!
@@ -92,6 +95,8 @@ struct Config {
     /// Pin redis-server to CPU 0 and redis-benchmark to CPU 1, so they do not take turns on one
     /// core (`BENCH_PIN=0` turns it off; needs `taskset` and two CPUs).
     pin: bool,
+    /// The phases to run (`BENCH_ONLY`); `None`: all of them.
+    only: Option<Vec<String>>,
 }
 
 impl Config {
@@ -111,6 +116,7 @@ impl Config {
                 log_limits: vec![10, 100, 1_000, 10_000],
                 log_calls: 2_000,
                 pin: false,
+                only: None,
             }
         } else {
             Config {
@@ -126,6 +132,7 @@ impl Config {
                 log_limits: vec![10, 100, 1_000, 10_000, 100_000],
                 log_calls: 5_000,
                 pin: false,
+                only: None,
             }
         };
         config.pin = std::env::var("BENCH_PIN").map_or(true, |v| v != "0")
@@ -140,7 +147,18 @@ impl Config {
         {
             config.run_secs = secs.max(0.05);
         }
+        config.only = std::env::var("BENCH_ONLY")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
         config
+    }
+
+    /// Whether phase `name` runs.
+    fn runs(&self, name: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|p| p == name))
     }
 }
 
@@ -236,58 +254,72 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
     );
     let mut bench = Bench::new(&server, cell_server.as_ref(), config.clone())?;
 
-    let phase = Instant::now();
-    results.memory = bench.memory_phase()?;
-    eprintln!(
-        "bench: memory done in {:.0}s",
-        phase.elapsed().as_secs_f64()
-    );
+    if config.runs("memory") {
+        let phase = Instant::now();
+        results.memory = bench.memory_phase()?;
+        eprintln!(
+            "bench: memory done in {:.0}s",
+            phase.elapsed().as_secs_f64()
+        );
+    }
 
-    let phase = Instant::now();
-    results.cases = bench.throughput_phase()?;
-    eprintln!(
-        "bench: throughput done in {:.0}s",
-        phase.elapsed().as_secs_f64()
-    );
+    if config.runs("throughput") {
+        let phase = Instant::now();
+        results.cases = bench.throughput_phase()?;
+        eprintln!(
+            "bench: throughput done in {:.0}s",
+            phase.elapsed().as_secs_f64()
+        );
+    }
 
-    let phase = Instant::now();
-    let resp = bench.resp_phase()?;
-    results.cases.extend(resp);
-    eprintln!(
-        "bench: RESP2 and RESP3 clients done in {:.0}s",
-        phase.elapsed().as_secs_f64()
-    );
+    if config.runs("resp") {
+        let phase = Instant::now();
+        let resp = bench.resp_phase()?;
+        results.cases.extend(resp);
+        eprintln!(
+            "bench: RESP2 and RESP3 clients done in {:.0}s",
+            phase.elapsed().as_secs_f64()
+        );
+    }
 
-    let phase = Instant::now();
-    results.scaling = bench.scaling_phase(&results.cases)?;
-    eprintln!(
-        "bench: keyspace scaling done in {:.0}s",
-        phase.elapsed().as_secs_f64()
-    );
+    if config.runs("scaling") {
+        let phase = Instant::now();
+        results.scaling = bench.scaling_phase(&results.cases)?;
+        eprintln!(
+            "bench: keyspace scaling done in {:.0}s",
+            phase.elapsed().as_secs_f64()
+        );
+    }
 
-    let phase = Instant::now();
-    results.log_scaling = bench.log_scaling_phase()?;
-    eprintln!(
-        "bench: sliding-log scaling done in {:.0}s",
-        phase.elapsed().as_secs_f64()
-    );
+    if config.runs("log") {
+        let phase = Instant::now();
+        results.log_scaling = bench.log_scaling_phase()?;
+        eprintln!(
+            "bench: sliding-log scaling done in {:.0}s",
+            phase.elapsed().as_secs_f64()
+        );
+    }
 
-    let phase = Instant::now();
-    results.lease_scaling = bench.lease_phase()?;
-    eprintln!(
-        "bench: concurrency leases done in {:.0}s",
-        phase.elapsed().as_secs_f64()
-    );
+    if config.runs("leases") {
+        let phase = Instant::now();
+        results.lease_scaling = bench.lease_phase()?;
+        eprintln!(
+            "bench: concurrency leases done in {:.0}s",
+            phase.elapsed().as_secs_f64()
+        );
+    }
 
     // Last: once a replica has been attached, the server keeps feeding its replication backlog.
-    let phase = Instant::now();
-    let replica = bench.replica_phase()?;
-    results.cases.extend(replica);
-    results.replica = true;
-    eprintln!(
-        "bench: without and with a replica done in {:.0}s",
-        phase.elapsed().as_secs_f64()
-    );
+    if config.runs("replica") {
+        let phase = Instant::now();
+        let replica = bench.replica_phase()?;
+        results.cases.extend(replica);
+        results.replica = true;
+        eprintln!(
+            "bench: without and with a replica done in {:.0}s",
+            phase.elapsed().as_secs_f64()
+        );
+    }
 
     results.notes = bench.notes.clone();
     let busy = results
@@ -312,21 +344,35 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
 
     let markdown = report::markdown(&results);
     let json = report::json(&results);
-    let svg = report::svg(&results);
+    let svg = if config.only.is_some() {
+        String::new()
+    } else {
+        report::svg(&results)
+    };
     fs::create_dir_all(out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
-    for (name, text) in [
-        ("results.md", markdown.as_str()),
-        ("results.json", json.as_str()),
-        ("throughput.svg", svg.as_str()),
-    ] {
+    let files = if config.only.is_some() {
+        vec![
+            ("results-only.md", markdown.as_str()),
+            ("results-only.json", json.as_str()),
+        ]
+    } else {
+        vec![
+            ("results.md", markdown.as_str()),
+            ("results.json", json.as_str()),
+            ("throughput.svg", svg.as_str()),
+        ]
+    };
+    for &(name, text) in &files {
         let path = out_dir.join(name);
         fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     println!("{markdown}");
+    let names: Vec<&str> = files.iter().map(|(name, _)| *name).collect();
     eprintln!(
-        "bench: {:.0}s in all; wrote {}/results.md, results.json, throughput.svg",
+        "bench: {:.0}s in all; wrote {}/{}",
         results.total_seconds,
-        out_dir.display()
+        out_dir.display(),
+        names.join(", ")
     );
     Ok(())
 }

@@ -699,73 +699,74 @@ fn leases_through_a_policy_and_copy_and_errors() {
     assert!(!server.log().contains("panicked"));
 }
 
+/// The memory bound of a lease set (src/algorithms/concurrency/leases.rs, docs/guarantees.md):
+/// the module allocates at most `LEASE_HEADER_BYTES` plus `len(id) + 24` per lease for a key whose
+/// ids are of one length (244 bytes, and 52 per id length).
+const LEASE_HEADER_BYTES: i64 = 244 + 52;
+
 #[test]
-fn a_lease_costs_about_its_id_and_24_bytes() {
-    const LEASES: u64 = 50_000;
+fn a_lease_costs_at_most_its_id_and_24_bytes() {
     let server = Server::start();
     let mut con = server.client();
     let t = future_base_ms();
-    let id = |i: u64| format!("{i:016}");
-    let fill = |con: &mut Connection, key: &str, from: u64, to: u64| {
-        for chunk in (from..to).collect::<Vec<u64>>().chunks(5_000) {
-            let cmds: Vec<Cmd> = chunk
-                .iter()
-                .map(|&i| {
-                    acquire(
-                        key,
-                        1_000_000_000_000,
-                        86_400_000,
-                        id(i).as_bytes(),
-                        1,
-                        Some(t),
-                    )
-                })
-                .collect();
-            assert!(send(con, &cmds).iter().all(|reply| reply6(reply)[0] == 1));
-        }
-    };
+    let mut rng = Rng::new(seed_from_env("LEASES_SEED", now_ms));
     let usage = |con: &mut Connection, key: &str| -> i64 {
         int_reply(&send_one(con, redis::cmd("MEMORY").arg("USAGE").arg(key)))
     };
-    fill(&mut con, "one", 0, 1);
-    fill(&mut con, "many", 0, LEASES);
-    let per_lease = (usage(&mut con, "many") - usage(&mut con, "one")) as f64 / (LEASES - 1) as f64;
-    eprintln!("MEMORY USAGE: {per_lease:.1} bytes per lease of a 16-byte id");
-    assert!(per_lease <= 16.0 + 24.0, "{per_lease} bytes per lease");
-    // Releasing them all gives the key back.
-    for chunk in (0..LEASES).collect::<Vec<u64>>().chunks(5_000) {
-        let cmds: Vec<Cmd> = chunk
-            .iter()
-            .map(|&i| release("many", id(i).as_bytes(), Some(t)))
-            .collect();
-        assert!(send(&mut con, &cmds)
-            .iter()
-            .all(|reply| int_reply(reply) == 1));
-    }
-    assert!(!exists(&mut con, "many"));
-    // At the longest id too: 128 + 24.
-    let long = |i: u64| format!("{i:0128}");
-    let cmds: Vec<Cmd> = (0..5_000)
-        .map(|i| {
+    for (len, leases) in [(16usize, 50_000u64), (128, 20_000)] {
+        let id = |i: u64| format!("{i:0len$}");
+        let (one, many) = (format!("one-{len:03}"), format!("all-{len:03}"));
+        let send_all = |con: &mut Connection, cmds: Vec<Cmd>| {
+            for chunk in cmds.chunks(5_000) {
+                assert!(send(con, chunk).iter().all(|reply| match reply {
+                    Value::Int(n) => *n == 1,
+                    reply => reply6(reply)[0] == 1,
+                }));
+            }
+        };
+        let lease = |key: &str, i: u64| {
             acquire(
-                "long",
+                key,
                 1_000_000_000_000,
                 86_400_000,
-                long(i).as_bytes(),
+                id(i).as_bytes(),
                 1,
                 Some(t),
             )
-        })
-        .collect();
-    send(&mut con, &cmds);
-    let per_lease = (usage(&mut con, "long") - usage(&mut con, "one")) as f64 / 4_999.0;
-    eprintln!("MEMORY USAGE: {per_lease:.1} bytes per lease of a 128-byte id");
-    // Not within 128 + 24: the record array grows by an eighth at a time, and with 138-byte
-    // records that slack alone reaches 17 bytes a lease (measured: 159.5). The bound that holds
-    // is 24 bytes plus the record array's growth slack.
-    let slack = (128.0 + 10.0) / 8.0;
-    assert!(
-        per_lease <= 128.0 + 24.0 + slack,
-        "{per_lease} bytes per lease"
-    );
+        };
+        send_all(&mut con, vec![lease(&one, 0)]);
+        send_all(&mut con, (0..leases).map(|i| lease(&many, i)).collect());
+        // The keys' names are of one length, so the difference of their MEMORY USAGE is the
+        // difference of the module's allocations; one lease alone takes more than len + 24 (its
+        // record, its table, its leaf), so `heap(many) ≤ H + n·(len + 24)` gives this:
+        let within = |con: &mut Connection, n: u64, what: &str| {
+            let added = usage(con, &many) - usage(con, &one);
+            let bound = LEASE_HEADER_BYTES + (n as i64 - 1) * (len as i64 + 24);
+            eprintln!(
+                "MEMORY USAGE: {:.1} bytes per lease of a {len}-byte id ({n} leases, {what})",
+                added as f64 / (n - 1) as f64
+            );
+            assert!(
+                added <= bound,
+                "{added} bytes for {n} more leases: over {bound}"
+            );
+        };
+        within(&mut con, leases, "acquired");
+        // Half of them released at random: the bound holds as the set thins out.
+        let mut order: Vec<u64> = (0..leases).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.index(i + 1));
+        }
+        let (gone, kept) = order.split_at(leases as usize / 2);
+        let releases = |ids: &[u64]| -> Vec<Cmd> {
+            ids.iter()
+                .map(|&i| release(&many, id(i).as_bytes(), Some(t)))
+                .collect()
+        };
+        send_all(&mut con, releases(gone));
+        within(&mut con, kept.len() as u64, "after releasing a random half");
+        // Releasing them all gives the key back.
+        send_all(&mut con, releases(kept));
+        assert!(!exists(&mut con, &many));
+    }
 }

@@ -1,26 +1,74 @@
 //! The lease set of one concurrency key: requests in flight by id, each holding a cost until its
-//! expiry, kept so that every operation is O(log n) in the leases held and a lease costs little
-//! more than its id.
+//! expiry, kept so that every operation is O(log n) in the leases held and a lease costs at most
+//! 24 bytes more than its id.
 //!
 //! Three parts index the same leases:
-//! - **records**, one array per id length: fixed-size records `[expiry − base: 5 bytes]
-//!   [cost: 5 bytes][id]` (little-endian), dense: a removed record's place is taken by the
-//!   array's last one. A lease's *handle* is its id length's array (7 bits) and its place there
-//!   (20 bits). Expiries are stored as offsets from `base_ms`, 40 bits (34 years) wide; the base
+//! - **records**, one *class* per id length: fixed-size records `[expiry − base: 5 bytes]
+//!   [cost: 5 bytes][id]` (little-endian) in pages of 32, every page full but the last, which is
+//!   allocated to its records exactly; dense: a removed record's place is taken by the class's
+//!   last one. A lease's *handle* is its class (7 bits) and its place there (20 bits: page << 5 |
+//!   record). Expiries are stored as offsets from `base_ms`, 40 bits (34 years) wide; the base
 //!   sits in the middle of that span and moves (every record rewritten) only when a lease falls
-//!   outside it.
+//!   outside it. A class no lease uses any more keeps its slot (handles name classes by index)
+//!   until a new length takes it, or it is the last slot and goes.
 //! - **by id**: an open-addressing table of handles (linear probing, backward-shift deletion, no
 //!   tombstones), each slot a handle and 5 bits of the id's hash (so a probe seldom reads a record
-//!   it does not want), kept between 16/25 and 4/5 full. The hash is SipHash with keys drawn at
-//!   random once per process, so ids chosen to collide cannot be precomputed.
+//!   it does not want), kept between 1/2 and 4/5 full (rebuilt 16/25 full). The hash is SipHash
+//!   with keys drawn at random once per process, so ids chosen to collide cannot be precomputed.
 //! - **by expiry**: a B+ tree of handles ordered by `(expiry, id)`, each child of an inner node
 //!   carrying its subtree's count, total cost and greatest handle: the earliest and the last
 //!   lease, the cost that has expired by a time, and the time by which a given cost has expired,
-//!   each in O(log n). A leaf's array grows and shrinks 8 handles at a time, so a leaf half full
-//!   costs half as much.
+//!   each in O(log n). Leaves hold 64 to 128 handles and inner nodes 16 to 32 children (a node
+//!   below half is merged with or evened out with a neighbour), except the last node of each level,
+//!   where leases of one duration are appended: a full node splits off the new one alone there.
 //!
-//! Tables and arrays grow and shrink by fractions (as a `Vec` does): a call that crosses a
-//! threshold copies once what it holds, so the bounds are amortized.
+//! # Memory
+//!
+//! After every operation, with `n` leases, `d` classes (at most the most id lengths held at once
+//! since the set was last empty, so at most 128) and [`Leases::heap_bytes`] what is allocated:
+//!
+//! `heap_bytes ≤ 244 + 52·d + Σ (len(id) + 24)`, so at most `6,900 + Σ (len(id) + 24)`.
+//!
+//! Every allocation is sized to a rule, and each part's share is:
+//! - **records**: `len(id) + 10` bytes a lease (pages are never partly empty but the last,
+//!   allocated to its records), and room for one record more in the last page of a class of `m`
+//!   leases once `m ≥ 8·(len(id) + 10)`: at most `m/8` bytes, 0.125 a lease.
+//! - **the lists of pages**: 16 bytes a page, a list at most a quarter beyond its pages: with
+//!   `p` pages for a class of `m` leases, `16·(p + ⌊p/4⌋) ≤ 20 + 20·(p − 1) ≤ 20 + 0.625·m`
+//!   (the `p − 1` full pages hold 32 leases each). The class itself, in a list allocated
+//!   exactly: 32 bytes. Per class 52 bytes, per lease 0.625.
+//! - **the table**: 4 bytes a slot, at most `max(8, 2n)` slots (rebuilt with `25n/16`, at least
+//!   8, when more than 4/5 full; with `25n/16` when less than half full and that is smaller):
+//!   `4·max(8, 2n) ≤ 24 + 8n` for `n ≥ 1`. Per lease 8, and 24 in the header.
+//! - **the tree**: a leaf's array holds fewer than 8 handles beyond its `k`: at most `4k + 28`;
+//!   every node but the root is a 48-byte child record in its parent's array, allocated exactly.
+//!   A leaf that is not the last holds `k ≥ 64`, so with its record it takes at most
+//!   `4k + 76 ≤ 5.1875·k`. An inner node that is not the last of its level has 16 children at
+//!   least, all of them not the last either, so at least `16^h·64` handles below it at height
+//!   `h`: its record adds at most `48/1024 + 48/16,384 + … < 0.05` a handle over all heights. The
+//!   last nodes of the levels are what their handles do not pay for: the last leaf at most 76
+//!   bytes (its spare handles and its record), the last inner node of a level its 48-byte record;
+//!   below [`MAX_LEASES`] (`2^20 − 2`) leases there are at most 16,384 leaves, 1,024, 64 and 4
+//!   inner nodes on the levels above them, so at most 3 levels below the root: `76 + 3·48 = 220`.
+//!   Per lease `5.1875 + 0.05 = 5.2375`, and 220 in the header (the root's record is in the set,
+//!   not on the heap).
+//!
+//! Summed: `Σ (len(id) + 10) + (0.125 + 0.625 + 8 + 5.2375)·n + 52·d + 24 + 220`, and
+//! `13.9875 ≤ 14`. The sizes the arithmetic counts with (a child record 48 bytes, a class 32, a
+//! page's pointer 16) are asserted when the crate compiles; [`Leases::check_invariants`] checks
+//! every rule above and the bound itself, and the tests check the bound after every step of random
+//! and adversarial sequences.
+//!
+//! # Time
+//!
+//! Every operation is O(log n), and what it copies is bounded: the last page of a class is
+//! reallocated (at most 32 records, 4,416 bytes at the longest ids) on each insertion and removal
+//! of a class of fewer than `8·(len(id) + 10)` leases, and of a larger one only when its spare room
+//! is used up or doubled (a lease acquired and released in turn reallocates nothing); a leaf's
+//! array 4 handles at a time (at most 512 bytes; it shrinks once 8 are spare); an inner node's
+//! array only when a node below it splits or merges; a list of pages by an eighth at a time. The
+//! table is rebuilt, each time 16/25 full, once a quarter of `n` has been added or a fifth removed
+//! at least: amortized O(1) rehashed slots per call.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -34,6 +82,19 @@ pub const MAX_ID_LEN: usize = 128;
 pub const MAX_LEASES: usize = (1 << SLOT_BITS) - 2;
 /// The largest cost one lease holds (40 bits; the commands allow up to 10^12).
 pub const MAX_COST: u64 = FIELD_MAX;
+
+/// What one lease takes beyond its id, at most, in the memory bound: the set's heap
+/// ([`Leases::heap_bytes`]) is at most [`HEADER_BYTES`] + [`CLASS_BYTES`] per class + the sum of
+/// `len(id) + LEASE_BYTES` over the leases, after every operation (the module documentation
+/// proves it). A class is an id length the set holds, or one it held that no new length has
+/// taken over yet: at most the most id lengths held at once since the set was last empty.
+pub const LEASE_BYTES: usize = 24;
+/// The fixed part of the memory bound (see [`LEASE_BYTES`]).
+pub const HEADER_BYTES: usize = 244;
+/// The part of the memory bound that each class adds (see [`LEASE_BYTES`]).
+pub const CLASS_BYTES: usize = 52;
+/// The memory bound's header whatever the id lengths: a set holds at most [`MAX_ID_LEN`] classes.
+pub const MAX_HEADER_BYTES: usize = HEADER_BYTES + CLASS_BYTES * MAX_ID_LEN;
 
 /// A lease: the cost it holds, until `expiry_ms` (it holds nothing from then on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,12 +119,26 @@ const HANDLE_MASK: u32 = (1 << HANDLE_BITS) - 1;
 /// A free table slot (fingerprint 31 and the handle of place 2^20 − 1, which is never used).
 const EMPTY: u32 = u32::MAX;
 
-const LEAF_MAX: usize = 64;
-const LEAF_MIN: usize = 16;
+/// The most handles of a leaf; every leaf but the last holds at least half as many.
+const LEAF_MAX: usize = 128;
+const LEAF_MIN: usize = LEAF_MAX / 2;
+/// The most children of an inner node; every inner node but the root and the last of its level
+/// has at least half as many.
 const INNER_MAX: usize = 32;
-const INNER_MIN: usize = 8;
-/// Leaf arrays grow and shrink by this many handles.
-const LEAF_STEP: usize = 8;
+const INNER_MIN: usize = INNER_MAX / 2;
+/// Leaf arrays grow by this many handles, and shrink once twice as many are spare (so a leaf
+/// that gains and loses a handle in turn does not reallocate each time).
+const LEAF_STEP: usize = 4;
+/// Records per page: a place is `page << PAGE_BITS | record`.
+const PAGE_BITS: u32 = 5;
+const PAGE_RECORDS: usize = 1 << PAGE_BITS;
+const PAGE_MASK: usize = PAGE_RECORDS - 1;
+
+// The sizes the memory bound's arithmetic counts with (the module documentation).
+const _: () = assert!(std::mem::size_of::<Child>() <= CHILD_BYTES);
+const _: () = assert!(std::mem::size_of::<Class>() <= 32);
+const _: () = assert!(std::mem::size_of::<Box<[u8]>>() == 16);
+const CHILD_BYTES: usize = 48;
 
 fn read40(bytes: &[u8]) -> u64 {
     let mut word = [0u8; 8];
@@ -75,48 +150,101 @@ fn write40(bytes: &mut [u8], value: u64) {
     bytes[..5].copy_from_slice(&value.to_le_bytes()[..5]);
 }
 
-/// The records of the ids of one length.
-#[derive(Clone)]
+/// The records of the ids of one length, in pages of [`PAGE_RECORDS`]: every page full but the
+/// last, which holds 1 to [`PAGE_RECORDS`] records and is allocated to them exactly, or with room
+/// for one more in a large class ([`Class::may_keep_spare`]). Place `p` is record `p & PAGE_MASK`
+/// of page `p >> PAGE_BITS`: the places are dense, `0..len`.
+#[derive(Clone, Default)]
 struct Class {
-    id_len: usize,
-    records: Vec<u8>,
+    pages: Vec<Box<[u8]>>,
+    /// Records held.
+    len: u32,
+    /// The ids' length (0: a class no lease uses any more, whose slot a new length may take).
+    id_len: u8,
 }
 
 impl Class {
     fn size(&self) -> usize {
-        HEAD + self.id_len
+        HEAD + usize::from(self.id_len)
     }
 
     fn len(&self) -> usize {
-        self.records.len() / self.size()
+        self.len as usize
     }
 
     fn record(&self, place: usize) -> &[u8] {
-        let size = self.size();
-        &self.records[place * size..(place + 1) * size]
+        let (size, at) = (self.size(), place & PAGE_MASK);
+        &self.pages[place >> PAGE_BITS][at * size..(at + 1) * size]
     }
 
     fn record_mut(&mut self, place: usize) -> &mut [u8] {
-        let size = self.size();
-        &mut self.records[place * size..(place + 1) * size]
+        let (size, at) = (self.size(), place & PAGE_MASK);
+        &mut self.pages[place >> PAGE_BITS][at * size..(at + 1) * size]
     }
 
-    /// Room for one more record: the array grows by an eighth (at least one record), so it
-    /// never holds more than an eighth beyond its records for long.
-    fn reserve_one(&mut self) {
-        let size = self.size();
-        if self.records.capacity() - self.records.len() < size {
-            self.records
-                .reserve_exact((self.records.len() / 8).max(size) / size * size);
-        }
+    /// Records in the last page (the class holds some).
+    fn in_last_page(&self) -> usize {
+        (self.len() - 1) % PAGE_RECORDS + 1
     }
 
-    /// Gives memory back once a quarter of the array is unused.
-    fn shrink(&mut self) {
-        let (len, capacity) = (self.records.len(), self.records.capacity());
-        if capacity - len > len / 4 + self.size() {
-            self.records.shrink_to(len + len / 16);
+    /// Whether the last page may keep room for one record more, with `len` records held: when
+    /// that room is at most an eighth of a byte per record.
+    fn may_keep_spare(&self, len: usize) -> bool {
+        len >= 8 * self.size()
+    }
+
+    /// Adds `record` at place `len`: in the last page's spare room, else the last page grows by
+    /// this record alone (a copy of at most a page), else a new page, the list of pages growing by
+    /// an eighth.
+    fn push(&mut self, record: &[u8]) {
+        let size = self.size();
+        if self.len() % PAGE_RECORDS == 0 {
+            if self.pages.len() == self.pages.capacity() {
+                self.pages.reserve_exact((self.pages.len() / 8).max(1));
+            }
+            self.pages.push(Box::from(record));
+        } else {
+            let at = self.in_last_page() * size;
+            let last = self.pages.last_mut().expect("a partial page");
+            if last.len() < at + size {
+                let mut page = std::mem::take(last).into_vec();
+                page.reserve_exact(size);
+                page.resize(at + size, 0);
+                *last = page.into_boxed_slice();
+            }
+            last[at..at + size].copy_from_slice(record);
         }
+        self.len += 1;
+    }
+
+    /// Removes the record at place `len − 1`. The last page keeps room for one record at most (and
+    /// only as [`Class::may_keep_spare`] says); a page emptied goes, and the list of pages gives
+    /// memory back once a quarter of it is unused.
+    fn pop(&mut self) {
+        let size = self.size();
+        let held = self.in_last_page();
+        if held == 1 {
+            self.pages.pop();
+            let (len, capacity) = (self.pages.len(), self.pages.capacity());
+            if capacity - len > len / 4 {
+                self.pages.shrink_to(len + len / 8);
+            }
+        } else {
+            let keep = held - 1 + usize::from(self.may_keep_spare(self.len() - 1));
+            let last = self.pages.last_mut().expect("a record to pop");
+            if last.len() > keep * size {
+                let mut page = std::mem::take(last).into_vec();
+                page.truncate(keep * size);
+                *last = page.into_boxed_slice();
+            }
+        }
+        self.len -= 1;
+    }
+
+    /// Bytes on the heap: the pages and the list of them.
+    fn heap_bytes(&self) -> usize {
+        self.pages.capacity() * std::mem::size_of::<Box<[u8]>>()
+            + self.pages.iter().map(|page| page.len()).sum::<usize>()
     }
 }
 
@@ -242,10 +370,18 @@ impl Child {
     }
 }
 
-/// A leaf's array holds its handles and at most `2 · LEAF_STEP` more.
+/// A leaf's array holds its handles and fewer than `2 · LEAF_STEP` more.
 fn fit(handles: &mut Vec<u32>) {
     if handles.capacity() >= handles.len() + 2 * LEAF_STEP {
         handles.shrink_to(handles.len().next_multiple_of(LEAF_STEP));
+    }
+}
+
+/// An inner node's array holds its children exactly (it changes only when a leaf splits or
+/// merges).
+fn fit_exactly(children: &mut Vec<Child>) {
+    if children.capacity() > children.len() {
+        children.shrink_to_fit();
     }
 }
 
@@ -313,6 +449,7 @@ fn insert(
                 .min(n - 1);
             let split = insert(&mut children[i], h, cost, records, rightmost && i + 1 == n);
             if let Some(sibling) = split {
+                children.reserve_exact(1);
                 children.insert(i + 1, sibling);
             }
             child.last = children.last().expect("children").last;
@@ -325,7 +462,7 @@ fn insert(
                 children.len() / 2
             };
             let right = children.split_off(at);
-            children.shrink_to_fit();
+            fit_exactly(children);
             let (count, cost) = inner_totals(&right);
             child.count -= count;
             child.cost -= cost;
@@ -390,13 +527,17 @@ fn rebalance(children: &mut Vec<Child>, i: usize, records: Records) {
                 a.append(b);
                 fit(a);
             }
-            (Node::Inner(a), Node::Inner(b)) => a.append(b),
+            (Node::Inner(a), Node::Inner(b)) => {
+                a.reserve_exact(b.len());
+                a.append(b);
+            }
             _ => unreachable!("siblings are of one kind"),
         }
         left.count += right.count;
         left.cost += right.cost;
         left.last = right.last;
         children.remove(l + 1);
+        fit_exactly(children);
         return;
     }
     let want = total / 2;
@@ -426,10 +567,14 @@ fn rebalance(children: &mut Vec<Child>, i: usize, records: Records) {
             };
             let totals = inner_totals(&moved);
             if into_left {
+                a.reserve_exact(moved.len());
                 a.extend(moved);
             } else {
+                b.reserve_exact(moved.len());
                 b.splice(0..0, moved);
             }
+            fit_exactly(a);
+            fit_exactly(b);
             totals
         }
         _ => unreachable!("siblings are of one kind"),
@@ -704,32 +849,36 @@ impl Leases {
             self.tree_insert(h, lease.cost);
             return Ok(Some(old));
         }
-        let class = match self.classes.iter().position(|c| c.id_len == id.len()) {
-            Some(class) => class,
-            None => {
-                self.classes.push(Class {
-                    id_len: id.len(),
-                    records: Vec::new(),
-                });
-                self.classes.len() - 1
-            }
-        };
-        let records = &mut self.classes[class];
-        if records.len() >= MAX_LEASES {
-            return Err(Refused);
-        }
-        records.reserve_one();
+        let class = self.class_for(id.len());
         let mut record = [0u8; HEAD + MAX_ID_LEN];
         write40(&mut record, offset);
         write40(&mut record[5..], lease.cost);
         record[HEAD..HEAD + id.len()].copy_from_slice(id);
+        let records = &mut self.classes[class];
         let h = handle(class, records.len());
-        records
-            .records
-            .extend_from_slice(&record[..HEAD + id.len()]);
+        records.push(&record[..HEAD + id.len()]);
         self.table_insert(h, hash);
         self.tree_insert(h, lease.cost);
         Ok(None)
+    }
+
+    /// The class of the ids of `id_len` bytes: the one holding them, else a slot no lease uses
+    /// any more, else a new one (the list of classes held to its length).
+    fn class_for(&mut self, id_len: usize) -> usize {
+        let id_len = id_len as u8;
+        if let Some(class) = self.classes.iter().position(|c| c.id_len == id_len) {
+            return class;
+        }
+        let class = match self.classes.iter().position(|c| c.id_len == 0) {
+            Some(free) => free,
+            None => {
+                self.classes.reserve_exact(1);
+                self.classes.push(Class::default());
+                self.classes.len() - 1
+            }
+        };
+        self.classes[class].id_len = id_len;
+        class
     }
 
     fn tree_insert(&mut self, h: u32, cost: u64) {
@@ -767,8 +916,8 @@ impl Leases {
         let base = low.saturating_sub((FIELD_MAX - spread) / 2);
         let old = self.base_ms;
         for class in &mut self.classes {
-            let size = class.size();
-            for record in class.records.chunks_exact_mut(size) {
+            for place in 0..class.len() {
+                let record = class.record_mut(place);
                 let expiry = old + read40(record);
                 write40(record, expiry - base);
             }
@@ -853,10 +1002,11 @@ impl Leases {
         let (class, place) = (class_of(h), place_of(h));
         let last = self.classes[class].len() - 1;
         if place != last {
-            let size = self.classes[class].size();
-            self.classes[class]
-                .records
-                .copy_within(last * size..(last + 1) * size, place * size);
+            let records = &mut self.classes[class];
+            let size = records.size();
+            let mut moving = [0u8; HEAD + MAX_ID_LEN];
+            moving[..size].copy_from_slice(records.record(last));
+            records.record_mut(place).copy_from_slice(&moving[..size]);
             let moved = handle(class, last);
             let records = Records {
                 classes: &self.classes,
@@ -868,12 +1018,20 @@ impl Leases {
             }
         }
         let records = &mut self.classes[class];
-        records.records.truncate(last * records.size());
-        records.shrink();
+        records.pop();
+        if records.len() == 0 {
+            // No handle names the class now: its slot is free for another length.
+            records.id_len = 0;
+            while self.classes.last().is_some_and(|c| c.id_len == 0) {
+                self.classes.pop();
+            }
+            self.classes.shrink_to_fit();
+        }
         let len = self.len();
         if len == 0 {
             *self = Leases::default();
-        } else if len * 25 < self.table.len() * 8 {
+        } else if self.table.len() > 2 * len && table_size(len) < self.table.len() {
+            // Never below half full (unless at the smallest size).
             self.rehash(table_size(len));
         }
         lease
@@ -937,11 +1095,7 @@ impl Leases {
     /// Bytes held on the heap, for `MEMORY USAGE`.
     pub fn heap_bytes(&self) -> usize {
         self.classes.capacity() * std::mem::size_of::<Class>()
-            + self
-                .classes
-                .iter()
-                .map(|c| c.records.capacity())
-                .sum::<usize>()
+            + self.classes.iter().map(Class::heap_bytes).sum::<usize>()
             + self.table.capacity() * std::mem::size_of::<u32>()
             + node_bytes(&self.tree)
     }
@@ -949,13 +1103,26 @@ impl Leases {
     /// Checks every structural invariant (tests).
     #[cfg(test)]
     pub fn check_invariants(&self) {
-        fn walk(child: &Child, records: Records, out: &mut Vec<u32>, root: bool) -> (u32, u64) {
+        /// `root`: the tree's root; `last`: the last node of its level (the root included).
+        fn walk(
+            child: &Child,
+            records: Records,
+            out: &mut Vec<u32>,
+            root: bool,
+            last: bool,
+        ) -> (u32, u64) {
             let (count, cost) = match &child.node {
                 Node::Leaf(handles) => {
                     assert!(handles.len() <= LEAF_MAX);
-                    assert!(handles.capacity() < handles.len() + 2 * LEAF_STEP + LEAF_STEP);
+                    assert!(handles.capacity() < handles.len() + 2 * LEAF_STEP);
                     if !root {
                         assert!(!handles.is_empty());
+                    }
+                    if !last {
+                        assert!(
+                            handles.len() >= LEAF_MIN,
+                            "a leaf at half its size at least"
+                        );
                     }
                     out.extend_from_slice(handles);
                     leaf_totals(handles, records)
@@ -963,9 +1130,17 @@ impl Leases {
                 Node::Inner(children) => {
                     assert!(children.len() <= INNER_MAX);
                     assert!(children.len() >= if root { 2 } else { 1 });
+                    if !last {
+                        assert!(
+                            children.len() >= INNER_MIN,
+                            "a node at half its size at least"
+                        );
+                    }
+                    assert_eq!(children.capacity(), children.len());
                     let mut totals = (0, 0);
-                    for c in children {
-                        let (count, cost) = walk(c, records, out, false);
+                    for (i, c) in children.iter().enumerate() {
+                        let (count, cost) =
+                            walk(c, records, out, false, last && i + 1 == children.len());
                         assert_eq!((count, cost), (c.count, c.cost));
                         totals = (totals.0 + count, totals.1 + cost);
                     }
@@ -979,21 +1154,65 @@ impl Leases {
         }
         let records = self.records();
         let mut order = Vec::new();
-        let totals = walk(&self.tree, records, &mut order, true);
+        let totals = walk(&self.tree, records, &mut order, true, true);
         assert_eq!(totals, (self.tree.count, self.tree.cost));
         assert!(order.windows(2).all(|w| records.less(w[0], w[1])));
+        // The classes: the pages full but the last, allocated exactly; no class slot unused at
+        // the end of the list, which is allocated exactly.
+        assert_eq!(self.classes.capacity(), self.classes.len());
+        assert!(self.classes.last().is_none_or(|c| c.id_len != 0));
+        for (i, class) in self.classes.iter().enumerate() {
+            let size = class.size();
+            assert_eq!(class.pages.len(), class.len().div_ceil(PAGE_RECORDS));
+            assert!(class.pages.capacity() - class.pages.len() <= class.pages.len() / 4);
+            for (p, page) in class.pages.iter().enumerate() {
+                let held = (class.len() - p * PAGE_RECORDS).min(PAGE_RECORDS);
+                let spare = page.len() / size - held;
+                assert_eq!(page.len() % size, 0);
+                assert!(
+                    spare == 0
+                        || (spare == 1
+                            && p + 1 == class.pages.len()
+                            && held < PAGE_RECORDS
+                            && class.may_keep_spare(class.len())),
+                    "page {p} of class {i}: {held} records, room for {spare} more"
+                );
+            }
+            if class.id_len == 0 {
+                assert_eq!(class.len(), 0);
+            } else {
+                assert!(class.len() > 0, "a class in use holds a record");
+                assert!(self.classes[..i].iter().all(|c| c.id_len != class.id_len));
+            }
+        }
         let stored: usize = self.classes.iter().map(Class::len).sum();
         assert_eq!(stored, order.len());
         let used = self.table.iter().filter(|&&s| s != EMPTY).count();
         assert_eq!(used, order.len());
+        assert_eq!(self.table.capacity(), self.table.len());
         if !order.is_empty() {
             assert!(used * 5 <= self.table.len() * 4);
+            assert!(self.table.len() <= (2 * used).max(table_size(used)));
         }
         for &h in &order {
             let id = records.id(h);
             let slot = self.find(id, hash(id)).expect("every id is found");
             assert_eq!(self.table[slot] & HANDLE_MASK, h);
         }
+        let ids: usize = order.iter().map(|&h| records.id(h).len()).sum();
+        assert!(
+            self.heap_bytes() <= self.memory_bound(ids),
+            "{} bytes for {} leases of {ids} bytes of ids in {} classes",
+            self.heap_bytes(),
+            order.len(),
+            self.classes.len()
+        );
+    }
+
+    /// The bound [`Leases::heap_bytes`] holds to, with `ids` the bytes of the ids held (tests).
+    #[cfg(test)]
+    fn memory_bound(&self, ids: usize) -> usize {
+        HEADER_BYTES + CLASS_BYTES * self.classes.len() + ids + LEASE_BYTES * self.len()
     }
 }
 
@@ -1230,6 +1449,274 @@ mod tests {
             most > 10_000 && fewest_after < most / 3,
             "{most} {fewest_after}"
         );
+    }
+
+    /// A set beside what the memory bound counts: the ids' bytes, how many leases hold each id
+    /// length, and the most id lengths held at once since the set was last empty (a bound on its
+    /// classes).
+    #[derive(Default)]
+    struct Bounded {
+        leases: Leases,
+        ids: usize,
+        by_length: BTreeMap<usize, usize>,
+        classes: usize,
+    }
+
+    impl Bounded {
+        fn insert(&mut self, id: &[u8], lease: Lease) -> Option<Lease> {
+            let old = self
+                .leases
+                .insert(id, lease)
+                .expect("an id the set accepts");
+            if old.is_none() {
+                self.ids += id.len();
+                *self.by_length.entry(id.len()).or_default() += 1;
+                self.classes = self.classes.max(self.by_length.len());
+            }
+            self.holds_the_bound();
+            old
+        }
+
+        fn remove(&mut self, id: &[u8]) -> Option<Lease> {
+            let old = self.leases.remove(id);
+            if old.is_some() {
+                self.forget(id.len());
+            }
+            self.holds_the_bound();
+            old
+        }
+
+        fn drop_expired(&mut self, t_ms: u64) -> usize {
+            let gone: Vec<usize> = self
+                .leases
+                .iter()
+                .take_while(|(_, l)| l.expiry_ms <= t_ms)
+                .map(|(id, _)| id.len())
+                .collect();
+            assert_eq!(self.leases.drop_expired(t_ms), gone.len());
+            for len in gone {
+                self.forget(len);
+            }
+            self.holds_the_bound();
+            self.leases.len()
+        }
+
+        fn forget(&mut self, len: usize) {
+            self.ids -= len;
+            let held = self.by_length.get_mut(&len).expect("a length held");
+            *held -= 1;
+            if *held == 0 {
+                self.by_length.remove(&len);
+            }
+            if self.by_length.is_empty() {
+                self.classes = 0;
+            }
+        }
+
+        /// The bound, as the documentation states it: by the classes, and whatever they are.
+        fn holds_the_bound(&self) {
+            let (heap, leases) = (self.leases.heap_bytes(), self.leases.len());
+            let held = self.ids + LEASE_BYTES * leases;
+            assert!(
+                heap <= HEADER_BYTES + CLASS_BYTES * self.classes + held,
+                "{heap} bytes for {leases} leases of {} bytes of ids in {} classes",
+                self.ids,
+                self.classes
+            );
+            assert!(heap <= MAX_HEADER_BYTES + held);
+        }
+    }
+
+    /// An id of `len` bytes numbered `n` (distinct for distinct `n` at one length).
+    fn id_of(n: u64, len: usize) -> Vec<u8> {
+        let mut id = vec![b'.'; len];
+        let digits = n.to_le_bytes();
+        let k = len.min(8);
+        id[..k].copy_from_slice(&digits[..k]);
+        id
+    }
+
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
+    /// 100,000 leases of 128-byte ids, then 95% of them released at random: every step within
+    /// the bound, as the set thins out leaves, pages and the table.
+    #[test]
+    fn memory_bound_holds_when_most_leases_go_at_random() {
+        let mut set = Bounded::default();
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
+        let n = 100_000u64;
+        for i in 0..n {
+            set.insert(&id_of(i, 128), lease(1, 1_000_000 + next() % 100_000));
+        }
+        set.leases.check_invariants();
+        let mut order: Vec<u64> = (0..n).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        for (k, &i) in order.iter().take(95_000).enumerate() {
+            assert!(set.remove(&id_of(i, 128)).is_some());
+            if k % 10_000 == 0 {
+                set.leases.check_invariants();
+            }
+        }
+        set.leases.check_invariants();
+        assert_eq!(set.leases.len(), 5_000);
+    }
+
+    /// Every other lease released (every leaf loses half its handles), at a length of 16 and of
+    /// 128, leases in order of expiry as the usual ones are.
+    #[test]
+    fn memory_bound_holds_when_every_other_lease_goes() {
+        for len in [16, 128] {
+            let mut set = Bounded::default();
+            let n = 50_000u64;
+            for i in 0..n {
+                set.insert(&id_of(i, len), lease(1 + i % 3, 1_000_000 + i));
+            }
+            for i in (0..n).step_by(2) {
+                assert!(set.remove(&id_of(i, len)).is_some());
+            }
+            set.leases.check_invariants();
+            // And back again, then dropped by expiry from the earliest on.
+            for i in (0..n).step_by(2) {
+                set.insert(&id_of(i, len), lease(1, 1_000_000 + i));
+            }
+            let mut t = 1_000_000;
+            while set.drop_expired(t) > 0 {
+                t += 997;
+            }
+            set.leases.check_invariants();
+            assert_eq!(set.leases.heap_bytes(), 0);
+        }
+    }
+
+    /// A class's last page with room for one record more, holding the bytes of the earliest
+    /// lease, released; then a lease far enough to move the base past that expiry: every lease
+    /// held keeps its expiry, and the spare bytes are not read.
+    #[test]
+    fn moving_the_base_rewrites_the_records_held_only() {
+        let mut set = Bounded::default();
+        let mut model = BTreeMap::new();
+        let start = 2_000_000u64;
+        for i in 0..300u64 {
+            set.insert(&id_of(i, 2), lease(1, start - i));
+            model.insert(id_of(i, 2), lease(1, start - i));
+        }
+        // 300 records: 9 full pages and 12; releasing the last (the earliest lease) leaves 11 and
+        // room for a 12th.
+        set.remove(&id_of(299, 2));
+        model.remove(&id_of(299, 2));
+        set.leases.check_invariants();
+        let class = &set.leases.classes[0];
+        assert_eq!(class.pages.last().map(|p| p.len()), Some(12 * class.size()));
+        // The base moves to the earliest expiry held, after the released one.
+        let far = (start - 298) + FIELD_MAX;
+        set.insert(b"far", lease(1, far));
+        model.insert(b"far".to_vec(), lease(1, far));
+        assert_eq!(set.leases.base_ms, start - 298);
+        same_as(&set.leases, &model);
+    }
+
+    /// Lengths alternating, and every length from 1 to 128 at once, a few leases each: the
+    /// classes' share of the bound.
+    #[test]
+    fn memory_bound_holds_with_many_id_lengths() {
+        let mut set = Bounded::default();
+        for i in 0..20_000u64 {
+            let len = if i % 2 == 0 { 16 } else { 128 };
+            set.insert(&id_of(i, len), lease(1, 1_000_000 + i));
+        }
+        for i in 0..20_000u64 {
+            if i % 3 != 0 {
+                set.remove(&id_of(i, if i % 2 == 0 { 16 } else { 128 }));
+            }
+        }
+        set.leases.check_invariants();
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+        for round in 0..3u64 {
+            for len in 1..=MAX_ID_LEN {
+                for k in 0..(1 + round * 17) {
+                    set.insert(&id_of(k, len), lease(1, 2_000_000 + next() % 1000));
+                }
+            }
+            set.leases.check_invariants();
+            // Lengths emptied in the middle of the list, and taken again by others.
+            for len in (1..=MAX_ID_LEN).step_by(3) {
+                for k in 0..(1 + round * 17) {
+                    set.remove(&id_of(k, len));
+                }
+            }
+            set.leases.check_invariants();
+        }
+        assert!(set.classes <= MAX_ID_LEN);
+    }
+
+    /// The usual flow: leases of one duration acquired at the end, expiring from the front,
+    /// some renewed, some released early; from one lease to thousands and back.
+    #[test]
+    fn memory_bound_holds_as_leases_come_and_go() {
+        let mut set = Bounded::default();
+        let mut next = xorshift(0xD1B5_4A32_D192_ED03);
+        let mut now = 1_000_000u64;
+        for round in 0..200_000u64 {
+            let r = next();
+            let live = 1 + (round / 1000) % 50 * 100;
+            let len = 1 + (r % 40) as usize;
+            let n = r >> 40;
+            match (r >> 8) % 8 {
+                0..=4 => {
+                    set.insert(&id_of(n % live, len), lease(1, now + 5_000));
+                }
+                5 => {
+                    set.remove(&id_of(n % live, len));
+                }
+                _ => {
+                    now += 1 + (r >> 20) % 30;
+                    set.drop_expired(now);
+                }
+            }
+            if round % 20_000 == 0 {
+                set.leases.check_invariants();
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(256))]
+
+        /// The memory bound after every step of random inserts, renewals, removals and drops, ids
+        /// of every length from 1 to 128, few or many of them.
+        #[test]
+        fn memory_stays_within_the_bound(
+            lengths in proptest::collection::vec(1usize..=MAX_ID_LEN, 1..6),
+            ops in proptest::collection::vec((0u8..10, 0u64..400, 0usize..6, 0u64..3000), 1..800),
+        ) {
+            let mut set = Bounded::default();
+            let mut now = 1u64 << 40;
+            for (kind, n, which, spread) in ops {
+                let id = id_of(n, lengths[which % lengths.len()]);
+                match kind {
+                    0..=5 => {
+                        set.insert(&id, lease(1 + spread % 5, now + spread));
+                    }
+                    6 | 7 => {
+                        set.remove(&id);
+                    }
+                    _ => {
+                        now += spread % 200;
+                        set.drop_expired(now);
+                    }
+                }
+                set.leases.check_invariants();
+            }
+        }
     }
 
     proptest::proptest! {
