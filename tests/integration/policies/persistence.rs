@@ -210,8 +210,14 @@ fn policies_survive_aof_restarts_without_the_rdb_preamble() {
 /// `CONFIG SET appendonly yes` on a server that has policies: the AOF it writes (a rewrite
 /// first) holds them. A second server started on that AOF alone has them.
 fn policies_reach_an_aof_switched_on_at_run_time(preamble: &str) {
+    // `appendfsync always`: the write after the switch is in the file before its reply. (Under
+    // `everysec` a busy disk lets Redis postpone the write by up to 2 s, and the kill -9 below
+    // then loses it, as it may in production.)
     let mut server = Server::builder()
-        .config(&[("aof-use-rdb-preamble", preamble)])
+        .config(&[
+            ("aof-use-rdb-preamble", preamble),
+            ("appendfsync", "always"),
+        ])
         .start();
     let mut con = server.client();
     let at = future_base_ms();
