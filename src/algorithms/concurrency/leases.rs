@@ -55,7 +55,7 @@
 //!
 //! Summed: `Σ (len(id) + 10) + (0.125 + 0.625 + 8 + 5.2375)·n + 52·d + 24 + 220`, and
 //! `13.9875 ≤ 14`. The sizes the arithmetic counts with (a child record 48 bytes, a class 32, a
-//! page's pointer 16) are asserted when the crate compiles; [`Leases::check_invariants`] checks
+//! page's pointer 16) are asserted when the crate compiles; `Leases::check_invariants` (test builds) checks
 //! every rule above and the bound itself, and the tests check the bound after every step of random
 //! and adversarial sequences.
 //!
