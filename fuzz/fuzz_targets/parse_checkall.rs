@@ -29,8 +29,16 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(parsed) = result {
         assert!(parsed.numkeys >= 1);
         assert_eq!(parsed.specs.len(), parsed.numkeys);
-        // numkeys, the keys, then at least three arguments per spec.
-        assert!(args.len() > parsed.numkeys * 4);
+        // numkeys, the keys, then per spec at least its three arguments, or two for `POLICY name`.
+        let least: usize = parsed
+            .specs
+            .iter()
+            .map(|spec| match spec {
+                LimitArg::Inline(_) => 3,
+                _ => 2,
+            })
+            .sum();
+        assert!(args.len() >= 1 + parsed.numkeys + least);
         for spec in &parsed.specs {
             let LimitArg::Inline(spec) = spec else {
                 // `POLICY name`: the name is checked where it is looked up.
