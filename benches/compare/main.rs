@@ -162,6 +162,25 @@ impl Config {
     }
 }
 
+/// Runs phase `name` if `BENCH_ONLY` selects it (see [`Config::runs`]), saying how long it took.
+fn phase<T>(
+    config: &Config,
+    name: &str,
+    label: &str,
+    run: impl FnOnce() -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    if !config.runs(name) {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let result = run()?;
+    eprintln!(
+        "bench: {label} done in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Some(result))
+}
+
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
@@ -254,71 +273,40 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
     );
     let mut bench = Bench::new(&server, cell_server.as_ref(), config.clone())?;
 
-    if config.runs("memory") {
-        let phase = Instant::now();
-        results.memory = bench.memory_phase()?;
-        eprintln!(
-            "bench: memory done in {:.0}s",
-            phase.elapsed().as_secs_f64()
-        );
+    if let Some(memory) = phase(config, "memory", "memory", || bench.memory_phase())? {
+        results.memory = memory;
     }
-
-    if config.runs("throughput") {
-        let phase = Instant::now();
-        results.cases = bench.throughput_phase()?;
-        eprintln!(
-            "bench: throughput done in {:.0}s",
-            phase.elapsed().as_secs_f64()
-        );
+    if let Some(cases) = phase(config, "throughput", "throughput", || {
+        bench.throughput_phase()
+    })? {
+        results.cases = cases;
     }
-
-    if config.runs("resp") {
-        let phase = Instant::now();
-        let resp = bench.resp_phase()?;
+    if let Some(resp) = phase(config, "resp", "RESP2 and RESP3 clients", || {
+        bench.resp_phase()
+    })? {
         results.cases.extend(resp);
-        eprintln!(
-            "bench: RESP2 and RESP3 clients done in {:.0}s",
-            phase.elapsed().as_secs_f64()
-        );
     }
-
-    if config.runs("scaling") {
-        let phase = Instant::now();
-        results.scaling = bench.scaling_phase(&results.cases)?;
-        eprintln!(
-            "bench: keyspace scaling done in {:.0}s",
-            phase.elapsed().as_secs_f64()
-        );
+    if let Some(scaling) = phase(config, "scaling", "keyspace scaling", || {
+        bench.scaling_phase(&results.cases)
+    })? {
+        results.scaling = scaling;
     }
-
-    if config.runs("log") {
-        let phase = Instant::now();
-        results.log_scaling = bench.log_scaling_phase()?;
-        eprintln!(
-            "bench: sliding-log scaling done in {:.0}s",
-            phase.elapsed().as_secs_f64()
-        );
+    if let Some(log) = phase(config, "log", "sliding-log scaling", || {
+        bench.log_scaling_phase()
+    })? {
+        results.log_scaling = log;
     }
-
-    if config.runs("leases") {
-        let phase = Instant::now();
-        results.lease_scaling = bench.lease_phase()?;
-        eprintln!(
-            "bench: concurrency leases done in {:.0}s",
-            phase.elapsed().as_secs_f64()
-        );
+    if let Some(leases) = phase(config, "leases", "concurrency leases", || {
+        bench.lease_phase()
+    })? {
+        results.lease_scaling = leases;
     }
-
     // Last: once a replica has been attached, the server keeps feeding its replication backlog.
-    if config.runs("replica") {
-        let phase = Instant::now();
-        let replica = bench.replica_phase()?;
+    if let Some(replica) = phase(config, "replica", "without and with a replica", || {
+        bench.replica_phase()
+    })? {
         results.cases.extend(replica);
         results.replica = true;
-        eprintln!(
-            "bench: without and with a replica done in {:.0}s",
-            phase.elapsed().as_secs_f64()
-        );
     }
 
     results.notes = bench.notes.clone();
