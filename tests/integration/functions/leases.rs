@@ -765,15 +765,6 @@ fn every_bad_lease_argument_gets_the_modules_message() {
         "3 1s a\u{1}\u{ff}b 1",
         "token-bucket 3 1s ID a",
     ];
-    for line in acquire_vectors {
-        let args: Vec<Vec<u8>> = words(line).into_iter().map(String::into_bytes).collect();
-        assert_same_error(
-            &mut con,
-            lease_cmd(Engine::Module, "acquire", "k", &args),
-            lease_cmd(Engine::Library, "acquire", "k", &args),
-            &format!("acquire k {line}"),
-        );
-    }
     let long_id = vec![b'x'; 129];
     for args in [
         acquire_args(3, 1000, &long_id, 1, None),
@@ -802,14 +793,19 @@ fn every_bad_lease_argument_gets_the_modules_message() {
         "ID a AT 5 AT 6",
         "AT 5 ID a AT 6 ID b",
     ];
-    for line in release_vectors {
-        let args: Vec<Vec<u8>> = words(line).into_iter().map(String::into_bytes).collect();
-        assert_same_error(
-            &mut con,
-            lease_cmd(Engine::Module, "release", "k", &args),
-            lease_cmd(Engine::Library, "release", "k", &args),
-            &format!("release k {line}"),
-        );
+    for (verb, vectors) in [
+        ("acquire", &acquire_vectors[..]),
+        ("release", &release_vectors),
+    ] {
+        for line in vectors {
+            let args: Vec<Vec<u8>> = words(line).into_iter().map(String::into_bytes).collect();
+            assert_same_error(
+                &mut con,
+                lease_cmd(Engine::Module, verb, "k", &args),
+                lease_cmd(Engine::Library, verb, "k", &args),
+                &format!("{verb} k {line}"),
+            );
+        }
     }
     assert_eq!(crate::common::dbsize(&mut con), 0, "an error created a key");
 
