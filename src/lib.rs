@@ -22,6 +22,7 @@ pub(crate) mod store;
 pub use store::codec;
 
 use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context, RedisString, Status};
 
@@ -172,7 +173,8 @@ unsafe extern "C" fn on_loading(
 /// AOF the rewrite continues (see `commands::policy::reemit`). Not from here: the fork may run
 /// inside a command (`BGREWRITEAOF`, `CONFIG SET appendonly yes`), and what a module replicates
 /// during a command is propagated with that command, in one MULTI. A timer runs the writes at
-/// the next turn of the event loop, outside any command, still into the new AOF file.
+/// the next turn of the event loop, outside any command, still into the new AOF file; one timer
+/// at a time, as it writes every definition there is when it runs.
 unsafe extern "C" fn on_fork(
     ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -184,20 +186,46 @@ unsafe extern "C" fn on_fork(
     }
     let _ = std::panic::catch_unwind(|| {
         if !policy::table().is_empty()
-            && api::has!(RedisModule_CreateTimer)
             && server::aof_rewrite_without_preamble(ctx)
+            && !REEMIT_PENDING.swap(true, Ordering::Relaxed)
+            && !arm_reemit(ctx, 0)
         {
-            // SAFETY: the event's context; a callback that lives as long as the module; no data.
-            unsafe {
-                api::rm!(RedisModule_CreateTimer)(ctx, 0, Some(reemit), std::ptr::null_mut())
-            };
+            REEMIT_PENDING.store(false, Ordering::Relaxed);
         }
     });
 }
 
+/// Whether a [`reemit`] timer is armed.
+static REEMIT_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// How often [`reemit`] looks again while writes are paused.
+const REEMIT_RETRY_MS: i64 = 100;
+
+/// Arms the [`reemit`] timer; false where the server has no timers.
+fn arm_reemit(ctx: *mut raw::RedisModuleCtx, delay_ms: i64) -> bool {
+    if !api::has!(RedisModule_CreateTimer) {
+        return false;
+    }
+    // SAFETY: a context Redis passed us; a callback that lives as long as the module; no data.
+    unsafe { api::rm!(RedisModule_CreateTimer)(ctx, delay_ms, Some(reemit), std::ptr::null_mut()) };
+    true
+}
+
 /// The timer [`on_fork`] sets: the policies written into the replication stream and the AOF.
+/// Never while writes are paused (`CLIENT PAUSE WRITE`, `FAILOVER`, a cluster manual failover;
+/// a rewrite scheduled behind a BGSAVE can start inside one): Redis aborts on anything
+/// propagated then, so the timer looks again every [`REEMIT_RETRY_MS`] until the pause ends.
+/// The definitions then go into the AOF after the pause's other writes, which are none.
 unsafe extern "C" fn reemit(ctx: *mut raw::RedisModuleCtx, _data: *mut std::ffi::c_void) {
-    let _ = std::panic::catch_unwind(|| commands::policy::reemit(ctx));
+    let _ = std::panic::catch_unwind(|| {
+        if server::writes_paused() && arm_reemit(ctx, REEMIT_RETRY_MS) {
+            return;
+        }
+        REEMIT_PENDING.store(false, Ordering::Relaxed);
+        if !server::writes_paused() {
+            commands::policy::reemit(ctx);
+        }
+    });
 }
 
 /// `INFO ratelimit`: calls, allowed, rejected (and of them, blocked) and live keys per algorithm.

@@ -95,6 +95,15 @@ fn release(ctx: *mut raw::RedisModuleCtx) -> String {
     release
 }
 
+/// Whether the server has paused writes (`CLIENT PAUSE ... WRITE` or `ALL`, `FAILOVER`, a cluster
+/// manual failover), when nothing may be propagated: `RedisModule_AvoidReplicaTraffic` answers
+/// exactly the condition Redis asserts on before it propagates (on 7.0 any client pause, from
+/// 7.2 and on Valkey the paused `REPLICA` action). Where the call is missing, no pause is known.
+pub(crate) fn writes_paused() -> bool {
+    // SAFETY: takes no argument and only reads the server's pause state.
+    has!(RedisModule_AvoidReplicaTraffic) && unsafe { rm!(RedisModule_AvoidReplicaTraffic)() } != 0
+}
+
 /// Whether the fork just made (a `FORK_CHILD` event's parent side) is an AOF rewrite whose AOF
 /// holds commands only (`aof-use-rdb-preamble no`): such a rewrite saves the keys but not the
 /// module's data. When it cannot tell, it answers yes (writing the policies again is harmless).

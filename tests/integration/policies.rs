@@ -11,6 +11,8 @@
 //!   CHECKALLs of shadow and enforce policies against the model.
 //! - errors.rs: definitions as GET and LIST answer them, bad names, unknown policies (nothing
 //!   created), `ratelimit.max-policies`, the options SET and calls refuse.
+//! - paused.rs: a rewrite without the RDB preamble that starts while writes are paused (CLIENT
+//!   PAUSE, a rewrite scheduled behind a BGSAVE, FAILOVER): the server lives, the AOF keeps them.
 //! - persistence.rs: DEBUG RELOAD, RDB and AOF restarts (with and without the RDB preamble, AOF
 //!   switched on at run time), a damaged policy record in an RDB.
 //! - replication.rs: full sync, failover, a read-only replica, FLUSHALL, and what is not
@@ -27,6 +29,7 @@ mod cluster;
 mod equivalence;
 mod errors;
 mod info;
+mod paused;
 mod persistence;
 mod replication;
 mod shadow;

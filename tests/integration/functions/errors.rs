@@ -5,7 +5,9 @@
 use redis::Value;
 
 use super::engines::{assert_same_error, both_engines, fcall, native, words};
-use crate::common::{dbsize, error_text, int, send, send_one, show_cmd, show_value, try_reply6};
+use crate::common::{
+    dbsize, error_text, int, now_ms, send, send_one, show_cmd, show_value, try_reply6,
+};
 
 /// Policies are the module's: the library refuses a call that names one, in every form.
 #[test]
@@ -318,7 +320,9 @@ fn every_bad_argument_gets_the_modules_message() {
         let error = error_text(&send_one(&mut con, &cmd)).unwrap_or_default();
         assert!(error.starts_with(prefix), "{}: {error}", show_cmd(&cmd));
     }
-    // The same limits are fine where the product stays below 2^53.
+    // The same limits are fine where the product stays below 2^53. Both calls at one time: the
+    // replies' reset_after_ms differ by the milliseconds between the two calls otherwise.
+    let at = now_ms().to_string();
     for (i, line) in [
         "token-bucket 10 9007ms BURST 1000000000000",
         "gcra 1000000000000 9007ms",
@@ -328,7 +332,8 @@ fn every_bad_argument_gets_the_modules_message() {
     .enumerate()
     {
         let (fkey, nkey) = (format!("ok{i}"), format!("ok{i}n"));
-        let args = words(line);
+        let mut args = words(line);
+        args.extend(["AT".to_string(), at.clone()]);
         let replies = send(
             &mut con,
             &[

@@ -355,7 +355,7 @@ fn an_rdb_with_a_damaged_policy_record_is_refused_at_load() {
 // What a rewrite without the preamble writes
 
 /// The text of the AOF's current incremental file (the manifest's last `type i` file).
-fn current_incr(server: &Server) -> String {
+pub(super) fn current_incr(server: &Server) -> String {
     let dir = server.dir().join("appendonlydir");
     let manifest = fs::read_to_string(dir.join("appendonly.aof.manifest")).expect("the manifest");
     let file = manifest
