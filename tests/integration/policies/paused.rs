@@ -147,11 +147,9 @@ fn a_rewrite_that_starts_during_a_failover_keeps_the_server_and_the_definitions(
         || master.info_field("persistence", "aof_rewrite_scheduled") == "0",
     );
     // The failover times out (the replica never answers) and lets writes through again.
-    wait_until(
-        "the failover to give up",
-        Duration::from_secs(30),
-        || master.info_field("replication", "master_failover_state") == "no-failover",
-    );
+    wait_until("the failover to give up", Duration::from_secs(30), || {
+        master.info_field("replication", "master_failover_state") == "no-failover"
+    });
     replica.resume();
     assert_eq!(master.info_field("replication", "role"), "master");
     config_set(&mut con, "rdb-key-save-delay", "0").unwrap();
