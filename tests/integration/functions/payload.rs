@@ -40,7 +40,10 @@ fn the_committed_payload_is_what_its_parts_assemble_to() {
 fn the_payload_says_it_is_generated_and_loads_as_ratelimit() {
     let (code, payload, stderr) = assemble(&["--stdout"]);
     assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(payload, LIBRARY, "the payload the tests load is the assembled one");
+    assert_eq!(
+        payload, LIBRARY,
+        "the payload the tests load is the assembled one"
+    );
     let mut lines = payload.lines();
     // FUNCTION LOAD takes the shebang, and nothing else, on the first line.
     assert_eq!(lines.next(), Some("#!lua name=ratelimit"));
@@ -51,14 +54,22 @@ fn the_payload_says_it_is_generated_and_loads_as_ratelimit() {
     );
     // Every `--@error` line of the parts became a local of the module's text, with the
     // functions' names for the module's commands.
-    assert!(!payload.contains("--@"), "a directive left unexpanded");
+    if let Some(line) = payload.lines().find(|l| l.starts_with("--@")) {
+        panic!("a directive left unexpanded: {line}");
+    }
     let errors = payload
         .split("-- ---- src/20-errors.lua")
         .nth(1)
         .and_then(|rest| rest.split("-- ---- src/").next())
         .expect("the errors part");
-    assert!(errors.contains("local E_LIMIT = 'ERR limit must be"), "{errors}");
+    assert!(
+        errors.contains("local E_LIMIT = 'ERR limit must be"),
+        "{errors}"
+    );
     for line in errors.lines().filter(|l| !l.trim_start().starts_with("--")) {
-        assert!(!line.contains("RATELIMIT."), "a command's name in an error: {line}");
+        assert!(
+            !line.contains("RATELIMIT."),
+            "a command's name in an error: {line}"
+        );
     }
 }
