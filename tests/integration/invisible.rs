@@ -291,11 +291,17 @@ fn writes_still_count_and_replicate() {
     let (master, replica) = master_and_replica();
     let mut con = master.client();
     let before = dirty(&mut con);
-    run_ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h");
-    run_ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h"); // rejected
+    // At one time ahead: on the server's clock `a` would expire at the end of the hour, maybe
+    // before the replica is read.
+    let t = future_base_ms();
+    run_ok(&mut con, &at(t, "RATELIMIT.CHECK k token-bucket 1 1h"));
+    run_ok(&mut con, &at(t, "RATELIMIT.CHECK k token-bucket 1 1h")); // rejected
     run_ok(
         &mut con,
-        "RATELIMIT.CHECKALL 2 a a fixed-window 2 1h fixed-window 2 1h",
+        &at(
+            t,
+            "RATELIMIT.CHECKALL 2 a a fixed-window 2 1h fixed-window 2 1h",
+        ),
     );
     assert!(dirty(&mut con) > before);
     common::wait_replica_sync(&master, &replica);
