@@ -248,7 +248,9 @@ fn other_types_get_wrongtype_and_other_algorithms_an_error() {
     ] {
         assert!(run_error(&mut con, line).starts_with("WRONGTYPE"), "{line}");
     }
-    six(&mut con, "RATELIMIT.CHECK k token-bucket 3 1s");
+    // Per hour: k must outlive the calls below (per second it is full again, and gone, 334 ms
+    // after its call).
+    six(&mut con, "RATELIMIT.CHECK k token-bucket 3 1h");
     let message = run_error(&mut con, "RATELIMIT.CHECK k fixed-window 3 1s");
     assert!(message.contains("token-bucket"), "{message}");
     // RESET of a mix with another type removes nothing.
@@ -592,17 +594,26 @@ fn info_describes_a_key_whose_state_is_already_fresh() {
             .cloned()
             .unwrap_or_else(|| panic!("no {name} in {info:?}"))
     };
-    six(&mut con, "RATELIMIT.CHECK pk fixed-window 1 100ms");
-    let dump: Vec<u8> = redis::cmd("DUMP").arg("pk").query(&mut con).unwrap();
+    // 200 ms ahead of the server's clock, so the key cannot expire before PERSIST reaches it
+    // (on the clock itself a call in the last ms of a 100 ms window left it 1 ms), and in the
+    // past well before the sleep below ends.
+    let ahead = now_ms() + 200;
+    six(
+        &mut con,
+        &format!("RATELIMIT.CHECK pk fixed-window 1 100ms AT {ahead}"),
+    );
     let persisted: i64 = redis::cmd("PERSIST").arg("pk").query(&mut con).unwrap();
     assert_eq!(persisted, 1);
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("pk").query(&mut con).unwrap();
     let _: () = redis::cmd("RESTORE")
         .arg("rk")
         .arg(0)
         .arg(&dump)
         .query(&mut con)
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The next consuming call at a base ahead (its own 100 ms window), so its expiry is exact.
+    let base = future_base_ms();
     for key in ["pk", "rk"] {
         let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
         assert_eq!(pttl, -1, "{key}");
@@ -619,15 +630,16 @@ fn info_describes_a_key_whose_state_is_already_fresh() {
         // As a fresh key now.
         assert_eq!(field(&info, "remaining"), Value::Int(1), "{key}");
         assert_eq!(field(&info, "reset_after_ms"), Value::Int(0), "{key}");
-        // A consuming call stores a new state with an expiry.
+        // A consuming call stores a new state with an expiry: the end of its window. (On the
+        // server's clock the key could expire before it was read, PTTL 0 or -2.)
         assert_eq!(
             six(
                 &mut con,
-                &format!("RATELIMIT.CHECK {key} fixed-window 1 100ms")
-            )[0],
-            1
+                &format!("RATELIMIT.CHECK {key} fixed-window 1 100ms AT {base}")
+            ),
+            [1, 1, 0, 0, 100, 0],
+            "{key}"
         );
-        let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
-        assert!((1..=100).contains(&pttl), "{key}: PTTL {pttl}");
+        assert_eq!(pexpiretime(&mut con, key), base as i64 + 100, "{key}");
     }
 }

@@ -11,7 +11,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{digest, info_int, limiter_info, master_and_replica, run, run_ok, Server};
+use common::{
+    digest, future_base_ms, info_int, limiter_info, master_and_replica, run, run_ok, Server,
+};
 use redis::{Connection, Value};
 use redis_ratelimit::algorithms::Algorithm;
 
@@ -103,20 +105,37 @@ fn signals(server: &Server, key: &str, line: &str) -> bool {
     aborted
 }
 
+/// `line` at `t`: `AT t` after a CHECK, PEEK, CHECKALL or REFUND, any other line as it is.
+/// Every call of a test at one time: on the server's clock an hour's fixed window can end between
+/// the call that fills a key and the one that must be rejected.
+fn at(t: u64, line: &str) -> String {
+    let takes_at = ["CHECK", "PEEK", "CHECKALL", "REFUND"]
+        .iter()
+        .any(|name| line.starts_with(&format!("RATELIMIT.{name} ")));
+    if takes_at {
+        format!("{line} AT {t}")
+    } else {
+        line.to_string()
+    }
+}
+
 /// Sets up a key holding each algorithm's limiter (the key is the algorithm's name) with no room
-/// left (limit 1, one consumed).
-fn exhausted(con: &mut Connection) {
+/// left (limit 1, one consumed) at `t`.
+fn exhausted(con: &mut Connection, t: u64) {
     for algorithm in Algorithm::ALL.map(Algorithm::name) {
         let reply = run_ok(
             con,
-            &format!("RATELIMIT.CHECK {algorithm} {algorithm} 1 1h"),
+            &at(t, &format!("RATELIMIT.CHECK {algorithm} {algorithm} 1 1h")),
         );
         assert_eq!(allowed(&reply), 1);
     }
     // And one blocked for an hour by its second call.
     for algorithm in Algorithm::ALL.map(Algorithm::name) {
         for expected in [1, 0] {
-            let line = format!("RATELIMIT.CHECK blocked:{algorithm} {algorithm} 1 1h BLOCK 1h");
+            let line = at(
+                t,
+                &format!("RATELIMIT.CHECK blocked:{algorithm} {algorithm} 1 1h BLOCK 1h"),
+            );
             assert_eq!(allowed(&run_ok(con, &line)), expected, "{line}");
         }
         let info = limiter_info(con, &format!("blocked:{algorithm}")).expect("stored");
@@ -129,7 +148,8 @@ fn exhausted(con: &mut Connection) {
 fn calls_that_change_nothing_signal_nothing() {
     let server = Server::start();
     let mut con = server.client();
-    exhausted(&mut con);
+    let t = future_base_ms();
+    exhausted(&mut con, t);
     let before = dirty(&mut con);
     for algorithm in Algorithm::ALL.map(Algorithm::name) {
         let key = algorithm;
@@ -173,6 +193,7 @@ fn calls_that_change_nothing_signal_nothing() {
             format!("RATELIMIT.CHECKALL 2 blocked:{key} free {algorithm} 1 1h BLOCK 1h token-bucket 5 1h"),
             format!("RATELIMIT.CHECKALL 2 free blocked:{key} token-bucket 5 1h {algorithm} 1 1h BLOCK 1h"),
         ] {
+            let line = at(t, &line);
             if let Some(blocked) = line.split(' ').find(|word| word.starts_with("blocked:")) {
                 assert!(!signals(&server, blocked, &line), "{line} signalled {blocked}");
                 assert!(!signals(&server, "free", &line), "{line} signalled free");
@@ -187,8 +208,9 @@ fn calls_that_change_nothing_signal_nothing() {
         "RATELIMIT.CHECK str token-bucket 1 1h",
         "RATELIMIT.CHECKALL 2 free str token-bucket 5 1h token-bucket 5 1h",
     ] {
-        assert!(!signals(&server, "str", line), "{line} signalled str");
-        assert!(!signals(&server, "free", line), "{line} signalled free");
+        let line = at(t, line);
+        assert!(!signals(&server, "str", &line), "{line} signalled str");
+        assert!(!signals(&server, "free", &line), "{line} signalled free");
     }
     // Calls on a key that does not exist and that they do not create.
     for line in [
@@ -200,7 +222,8 @@ fn calls_that_change_nothing_signal_nothing() {
         "RATELIMIT.INFO missing",
         "RATELIMIT.REFUND missing token-bucket 1 1h COST 1",
     ] {
-        assert!(!signals(&server, "missing", line), "{line} signalled");
+        let line = at(t, line);
+        assert!(!signals(&server, "missing", &line), "{line} signalled");
     }
     assert_eq!(run_ok(&mut con, "EXISTS missing free"), Value::Int(0));
     assert_eq!(dirty(&mut con), before, "a no-op call counted as a change");
@@ -210,27 +233,40 @@ fn calls_that_change_nothing_signal_nothing() {
 fn calls_that_change_a_key_signal_it() {
     let server = Server::start();
     let mut con = server.client();
+    let t = future_base_ms();
     for algorithm in Algorithm::ALL.map(Algorithm::name) {
         let key = algorithm;
-        let check = format!("RATELIMIT.CHECK {key} {algorithm} 10 1h");
+        let check = at(t, &format!("RATELIMIT.CHECK {key} {algorithm} 10 1h"));
         // Created, then updated.
         assert!(signals(&server, key, &check), "{check} (create)");
         assert!(signals(&server, key, &check), "{check} (update)");
-        let all = format!("RATELIMIT.CHECKALL 2 {key} other {algorithm} 10 1h fixed-window 5 1h");
+        let all = at(
+            t,
+            &format!("RATELIMIT.CHECKALL 2 {key} other {algorithm} 10 1h fixed-window 5 1h"),
+        );
         assert!(signals(&server, key, &all), "{all}");
         assert!(signals(&server, "other", &all), "{all}");
         // Each key once, whichever of its occurrences.
-        let twice = format!("RATELIMIT.CHECKALL 2 {key} {key} {algorithm} 10 1h {algorithm} 10 1h");
+        let twice = at(
+            t,
+            &format!("RATELIMIT.CHECKALL 2 {key} {key} {algorithm} 10 1h {algorithm} 10 1h"),
+        );
         assert!(signals(&server, key, &twice), "{twice}");
         // A rejection that starts a block writes it, inline and in a CHECKALL.
-        let fill = format!("RATELIMIT.CHECK b:{key} {algorithm} 1 1h");
+        let fill = at(t, &format!("RATELIMIT.CHECK b:{key} {algorithm} 1 1h"));
         assert!(signals(&server, &format!("b:{key}"), &fill), "{fill}");
-        let block = format!("RATELIMIT.CHECK b:{key} {algorithm} 1 1h BLOCK 1m");
+        let block = at(
+            t,
+            &format!("RATELIMIT.CHECK b:{key} {algorithm} 1 1h BLOCK 1m"),
+        );
         assert!(signals(&server, &format!("b:{key}"), &block), "{block}");
-        let fill = format!("RATELIMIT.CHECK c:{key} {algorithm} 1 1h");
+        let fill = at(t, &format!("RATELIMIT.CHECK c:{key} {algorithm} 1 1h"));
         assert!(signals(&server, &format!("c:{key}"), &fill), "{fill}");
-        let all = format!(
-            "RATELIMIT.CHECKALL 2 d:{key} c:{key} fixed-window 5 1h {algorithm} 1 1h BLOCK 1m"
+        let all = at(
+            t,
+            &format!(
+                "RATELIMIT.CHECKALL 2 d:{key} c:{key} fixed-window 5 1h {algorithm} 1 1h BLOCK 1m"
+            ),
         );
         assert!(signals(&server, &format!("c:{key}"), &all), "{all}");
         assert!(
@@ -238,7 +274,10 @@ fn calls_that_change_a_key_signal_it() {
             "{all}, blocked"
         );
         assert_eq!(run_ok(&mut con, &format!("EXISTS d:{key}")), Value::Int(0));
-        let refund = format!("RATELIMIT.REFUND {key} {algorithm} 10 1h COST 1");
+        let refund = at(
+            t,
+            &format!("RATELIMIT.REFUND {key} {algorithm} 10 1h COST 1"),
+        );
         assert!(signals(&server, key, &refund), "{refund}");
         let reset = format!("RATELIMIT.RESET {key} {key} missing");
         assert!(signals(&server, key, &reset), "{reset}");
@@ -252,11 +291,17 @@ fn writes_still_count_and_replicate() {
     let (master, replica) = master_and_replica();
     let mut con = master.client();
     let before = dirty(&mut con);
-    run_ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h");
-    run_ok(&mut con, "RATELIMIT.CHECK k token-bucket 1 1h"); // rejected
+    // At one time ahead: on the server's clock `a` would expire at the end of the hour, maybe
+    // before the replica is read.
+    let t = future_base_ms();
+    run_ok(&mut con, &at(t, "RATELIMIT.CHECK k token-bucket 1 1h"));
+    run_ok(&mut con, &at(t, "RATELIMIT.CHECK k token-bucket 1 1h")); // rejected
     run_ok(
         &mut con,
-        "RATELIMIT.CHECKALL 2 a a fixed-window 2 1h fixed-window 2 1h",
+        &at(
+            t,
+            "RATELIMIT.CHECKALL 2 a a fixed-window 2 1h fixed-window 2 1h",
+        ),
     );
     assert!(dirty(&mut con) > before);
     common::wait_replica_sync(&master, &replica);

@@ -8,8 +8,8 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use common::{
-    check, config_get, config_set, dbsize, expect_error, module_path, peek, run_ok, Server,
-    ServerBuilder,
+    check, config_get, config_set, dbsize, expect_error, future_base_ms, module_path, peek, run_ok,
+    Server, ServerBuilder,
 };
 use redis::{Connection, RedisResult, Value};
 
@@ -46,6 +46,10 @@ fn assert_refuses_to_start(builder: ServerBuilder, reasons: &[&str]) {
 fn max_log_limit_default_and_effect() {
     let server = Server::start();
     let mut con = server.client();
+    // One time ahead for every call: on the server's clock `tb` (100001 a second) would expire
+    // 1 ms after its call, and the key count below would depend on whether the active expire
+    // cycle had run.
+    let at = future_base_ms().to_string();
     // Name/value pairs, in the order of the server's config table.
     let all: std::collections::BTreeMap<String, String> = redis::cmd("CONFIG")
         .arg("GET")
@@ -65,11 +69,20 @@ fn max_log_limit_default_and_effect() {
     );
 
     assert_eq!(
-        check(&mut con, "log:a", &["sliding-log", "100000", "1s"]).unwrap()[0],
+        check(
+            &mut con,
+            "log:a",
+            &["sliding-log", "100000", "1s", "AT", &at]
+        )
+        .unwrap()[0],
         1
     );
     let message = expect_error(
-        check(&mut con, "log:b", &["sliding-log", "100001", "1s"]),
+        check(
+            &mut con,
+            "log:b",
+            &["sliding-log", "100001", "1s", "AT", &at],
+        ),
         "ERR",
         "limit above the default",
     );
@@ -79,14 +92,18 @@ fn max_log_limit_default_and_effect() {
     );
     // The bound applies to the sliding log only.
     assert_eq!(
-        check(&mut con, "tb", &["token-bucket", "100001", "1s"]).unwrap()[0],
+        check(&mut con, "tb", &["token-bucket", "100001", "1s", "AT", &at]).unwrap()[0],
         1
     );
 
     config_set(&mut con, "ratelimit.max-log-limit", "50000").unwrap();
     assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), "50000");
     let message = expect_error(
-        peek(&mut con, "log:c", &["sliding-log", "50001", "1s"]),
+        peek(
+            &mut con,
+            "log:c",
+            &["sliding-log", "50001", "1s", "AT", &at],
+        ),
         "ERR",
         "limit above the new bound",
     );
@@ -95,13 +112,22 @@ fn max_log_limit_default_and_effect() {
         "{message}"
     );
     assert_eq!(
-        check(&mut con, "log:c", &["sliding-log", "50000", "1s"]).unwrap()[0],
+        check(
+            &mut con,
+            "log:c",
+            &["sliding-log", "50000", "1s", "AT", &at]
+        )
+        .unwrap()[0],
         1
     );
     // Lowering the bound leaves stored keys alone; calls naming a larger limit are refused.
     assert_eq!(dbsize(&mut con), 3);
     expect_error(
-        check(&mut con, "log:a", &["sliding-log", "100000", "1s"]),
+        check(
+            &mut con,
+            "log:a",
+            &["sliding-log", "100000", "1s", "AT", &at],
+        ),
         "ERR",
         "stored key, limit above the new bound",
     );
@@ -112,7 +138,12 @@ fn max_log_limit_default_and_effect() {
         assert_eq!(config_get(&mut con, "ratelimit.max-log-limit"), value);
     }
     assert_eq!(
-        check(&mut con, "log:d", &["sliding-log", "10000000", "1s"]).unwrap()[0],
+        check(
+            &mut con,
+            "log:d",
+            &["sliding-log", "10000000", "1s", "AT", &at]
+        )
+        .unwrap()[0],
         1
     );
 }

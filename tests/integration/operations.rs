@@ -9,7 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    check, config_set, expect_error, parse_info, peek, run_ok, wait_replica_sync, Server,
+    check, config_set, expect_error, future_base_ms, parse_info, peek, run_ok, wait_replica_sync,
+    Server,
 };
 use redis::{Connection, RedisResult, Value};
 use redis_ratelimit::algorithms::Algorithm;
@@ -103,9 +104,12 @@ fn info_section_has_every_field() {
 fn info_counts_decisions_per_algorithm() {
     let server = Server::start();
     let mut con = server.client();
+    // Every call at one time: on the server's clock an hour's fixed window could end between
+    // the calls and admit a third.
+    let t = future_base_ms().to_string();
     for (i, algorithm) in Algorithm::ALL.map(Algorithm::name).iter().enumerate() {
         // Limit 2 per hour: i+2 calls, 2 allowed, i rejected (so each algorithm differs).
-        let spec = [*algorithm, "2", "1h"];
+        let spec = [*algorithm, "2", "1h", "AT", &t];
         for _ in 0..i + 2 {
             check(&mut con, algorithm, &spec).unwrap();
         }
@@ -120,7 +124,7 @@ fn info_counts_decisions_per_algorithm() {
     check(
         &mut con,
         "token-bucket:zero",
-        &["token-bucket", "2", "1h", "COST", "0"],
+        &["token-bucket", "2", "1h", "COST", "0", "AT", &t],
     )
     .unwrap();
 
@@ -144,9 +148,12 @@ fn info_live_keys_follow_every_way_a_key_comes_and_goes() {
     let server = Server::start();
     let mut con = server.client();
     let hour = ["1", "1h"];
+    // Created at a time ahead: on the server's clock the fixed windows' keys would all expire
+    // at the end of the hour, which can fall within the test and change the counts.
+    let t = future_base_ms().to_string();
     let create = |con: &mut Connection, key: &str, algorithm: &str| {
         assert_eq!(
-            check(con, key, &[algorithm, hour[0], hour[1]]).unwrap()[0],
+            check(con, key, &[algorithm, hour[0], hour[1], "AT", &t]).unwrap()[0],
             1,
             "{key}"
         );
@@ -242,11 +249,14 @@ fn info_live_keys_follow_every_way_a_key_comes_and_goes() {
 fn info_counts_checkall_once_per_limit() {
     let server = Server::start();
     let mut con = server.client();
+    // Both at one time: an hour's fixed window could end between them on the server's clock.
+    let t = future_base_ms();
     let mut checkall = |keys: [&str; 2]| -> Vec<Vec<i64>> {
         redis::cmd("RATELIMIT.CHECKALL")
             .arg(2)
             .arg(&keys)
-            .arg(&["token-bucket", "2", "1h", "fixed-window", "1", "1h"])
+            .arg(&["token-bucket", "2", "1h", "fixed-window", "1", "1h", "AT"])
+            .arg(t)
             .query(&mut con)
             .unwrap()
     };
@@ -280,12 +290,15 @@ fn create_nothing(con: &mut Connection) {
 fn info_live_keys_after_restart_and_on_a_replica() {
     let mut master = Server::start();
     let mut con = master.client();
+    // Keys written at a time ahead: on the server's clock the fixed windows' would expire at the
+    // end of the hour, which a full sync and a restart can reach.
+    let t = future_base_ms().to_string();
     for (i, algorithm) in Algorithm::ALL.map(Algorithm::name).iter().enumerate() {
         for n in 0..=i {
             check(
                 &mut con,
                 &format!("{algorithm}:{n}"),
-                &[algorithm, "5", "1h"],
+                &[algorithm, "5", "1h", "AT", &t],
             )
             .unwrap();
         }
@@ -303,8 +316,18 @@ fn info_live_keys_after_restart_and_on_a_replica() {
         0,
         "decisions are the master's"
     );
-    check(&mut con, "token-bucket:new", &["token-bucket", "5", "1h"]).unwrap();
-    check(&mut con, "sliding-log:new", &["sliding-log", "5", "1h"]).unwrap();
+    check(
+        &mut con,
+        "token-bucket:new",
+        &["token-bucket", "5", "1h", "AT", &t],
+    )
+    .unwrap();
+    check(
+        &mut con,
+        "sliding-log:new",
+        &["sliding-log", "5", "1h", "AT", &t],
+    )
+    .unwrap();
     run_ok(&mut con, "RATELIMIT.RESET fixed-window:0");
     wait_replica_sync(&master, &replica);
     let expected = [2, 2, 2, 4, 6, 6];
@@ -352,12 +375,20 @@ fn rejection_raises_a_module_keyspace_event() {
     subscribe(&mut sub, &["__keyspace@0__:*", "__keyevent@0__:*"]);
 
     // Allowed calls, PEEK and COST 0 raise nothing; the SET marks where the rejection follows.
+    // Every call at one time: on the server's clock an hour's fixed window could end between the
+    // call that fills a key and the one that must be rejected.
+    let t = future_base_ms().to_string();
     for algorithm in Algorithm::ALL.map(Algorithm::name) {
         let key = format!("api:{algorithm}");
-        let spec = [algorithm, "1", "1h"];
+        let spec = [algorithm, "1", "1h", "AT", &t];
         assert_eq!(check(&mut con, &key, &spec).unwrap()[0], 1);
         assert_eq!(peek(&mut con, &key, &spec).unwrap()[0], 0);
-        check(&mut con, &key, &[algorithm, "1", "1h", "COST", "0"]).unwrap();
+        check(
+            &mut con,
+            &key,
+            &[algorithm, "1", "1h", "COST", "0", "AT", &t],
+        )
+        .unwrap();
         run_ok(&mut con, &format!("SET marker {algorithm}"));
         assert_eq!(check(&mut con, &key, &spec).unwrap()[0], 0);
 
@@ -381,7 +412,16 @@ fn rejection_raises_a_module_keyspace_event() {
             .arg(2)
             .arg("multi:fresh")
             .arg("api:token-bucket")
-            .arg(&["token-bucket", "1", "1h", "token-bucket", "1", "1h"])
+            .arg(&[
+                "token-bucket",
+                "1",
+                "1h",
+                "token-bucket",
+                "1",
+                "1h",
+                "AT",
+                &t,
+            ])
             .query(&mut con)
             .unwrap();
         assert_eq!(

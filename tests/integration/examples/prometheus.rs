@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use super::harness::{App, Example};
-use crate::common::{skip, Server};
+use crate::common::{future_base_ms, skip, Server};
 
 /// `GET /metrics` from the exporter: the exposition text.
 fn scrape(app: &App) -> String {
@@ -80,11 +80,30 @@ fn the_exporter_shows_every_counter_of_info_ratelimit_per_algorithm_and_per_poli
         "BLOCK",
         "1h",
     ]);
+    // Every call at one time ahead. On the server's clock `user:42` (one a second) expires a
+    // second after its call, and the live-key counter with it, maybe between the scrape and the
+    // INFO below; and an hour's window could end between the calls.
+    let t = future_base_ms().to_string();
+    let t = t.as_str();
     for _ in 0..3 {
-        call(&["RATELIMIT.CHECK", "api:alice", "POLICY", "api.search"]);
-        call(&["RATELIMIT.CHECK", "login:alice", "POLICY", "login_v2"]);
-        call(&["RATELIMIT.CHECK", "abuser", "POLICY", "abuse"]);
-        call(&["RATELIMIT.CHECK", "user:42", "gcra", "1", "1s"]);
+        call(&[
+            "RATELIMIT.CHECK",
+            "api:alice",
+            "POLICY",
+            "api.search",
+            "AT",
+            t,
+        ]);
+        call(&[
+            "RATELIMIT.CHECK",
+            "login:alice",
+            "POLICY",
+            "login_v2",
+            "AT",
+            t,
+        ]);
+        call(&["RATELIMIT.CHECK", "abuser", "POLICY", "abuse", "AT", t]);
+        call(&["RATELIMIT.CHECK", "user:42", "gcra", "1", "1s", "AT", t]);
     }
     call(&[
         "RATELIMIT.CHECK",
@@ -94,6 +113,8 @@ fn the_exporter_shows_every_counter_of_info_ratelimit_per_algorithm_and_per_poli
         "1h",
         "COST",
         "2",
+        "AT",
+        t,
     ]);
     // Refused by its second limit (api:alice is full): nothing stored on the first.
     call(&[
@@ -106,6 +127,8 @@ fn the_exporter_shows_every_counter_of_info_ratelimit_per_algorithm_and_per_poli
         "1s",
         "POLICY",
         "api.search",
+        "AT",
+        t,
     ]);
 
     let exporter = App::start(Example::Prometheus, &server.url(), &[]);

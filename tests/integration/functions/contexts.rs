@@ -6,13 +6,17 @@ use std::time::Duration;
 use redis::Value;
 
 use super::engines::{fcall, keyspace, library_only, words};
-use crate::common::{config_set, error_text, exists, send_one, show_cmd, try_reply6, Server};
+use crate::common::{
+    config_set, error_text, exists, future_base_ms, send_one, show_cmd, try_reply6, Server,
+};
 
 #[test]
 fn multi_acl_and_maxmemory() {
     let (server, mut con) =
         library_only(Server::builder().config(&[("maxmemory-policy", "noeviction")]));
-    let args = words("fixed-window 3 1h");
+    // At one time ahead: on the server's clock the hour's window could end between the
+    // transaction that fills `multi` and the PEEK under OOM that must find it full.
+    let args = words(&format!("fixed-window 3 1h AT {}", future_base_ms()));
 
     // MULTI/EXEC: four checks against a limit of three.
     let mut pipe = redis::pipe();
