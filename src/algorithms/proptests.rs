@@ -539,8 +539,13 @@ proptest! {
                 prop_assert!(admitted || !now, "cost {cost} admitted after a smaller one was not");
                 admitted = now;
             }
+            // What a COST 0 PEEK calls `remaining`: the grant, wherever MAX does not cap it.
+            let mut state = call.before.clone();
+            let asked = Request { cost: 0, ..*call.request };
+            let (peeked, _) = check(state.as_mut(), &asked, false).expect("same algorithm");
             for max in [1, 2, 3, call.request.cost.max(1), limit, limit + 1, MAX_AMOUNT] {
                 let granted = largest_grant(max, admits).expect("same algorithm");
+                prop_assert_eq!(granted, max.min(peeked.decision.remaining), "max {}", max);
                 prop_assert!(granted <= max);
                 prop_assert!(granted == 0 || admits(granted).expect("same algorithm"));
                 prop_assert!(

@@ -308,3 +308,24 @@ fn take_refuses_bad_arguments_with_checks_errors_and_its_own() {
     );
     assert_eq!(common::dbsize(&mut con), 1, "nothing created");
 }
+
+#[test]
+fn the_worked_examples_of_the_algorithms_page_hold() {
+    let server = Server::start();
+    let mut con = server.client();
+    // A base a whole number of days ahead: every period of the table divides a day.
+    let base = common::future_base_ms();
+    let rows = common::worked_examples("Partial grants");
+    assert!(rows.len() >= 9, "{} rows", rows.len());
+    for row in rows {
+        let max = row.call.strip_prefix("TAKE MAX ").expect("a TAKE row");
+        let mut cmd = redis::cmd("RATELIMIT.TAKE");
+        cmd.arg(format!("doc:{}", row.limit))
+            .arg(row.limit.split(' ').collect::<Vec<_>>())
+            .arg("MAX")
+            .arg(max)
+            .arg("AT")
+            .arg(base + row.at);
+        assert_eq!(decision(&mut con, &cmd), row.reply, "{}: {} AT {}", row.limit, row.call, row.at);
+    }
+}
