@@ -78,10 +78,13 @@ memcheck: build ## Every command under valgrind memcheck (~1 min); fails on memo
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash tests/memcheck.sh
 
-.PHONY: functions functions-bench functions-instructions
+.PHONY: functions functions-payload functions-bench functions-instructions
 
-functions: ## Load the Redis Functions library (no module needed) into a running server (PORT=6379)
+functions: functions-payload ## Assemble the Redis Functions library, then load it (no module needed) into a running server (PORT=6379)
 	redis-cli -p $(PORT) -x FUNCTION LOAD REPLACE < lua-reference/functions/ratelimit.lua
+
+functions-payload: ## Assemble lua-reference/functions/ratelimit.lua from its parts (lua-reference/functions/src/) and the module's error texts
+	python3 lua-reference/functions/assemble.py
 
 functions-bench: ## Functions library vs Lua scripts (and the module, if loaded) on a running server (PORT=6379)
 	bash lua-reference/functions/bench.sh $(PORT)
@@ -90,13 +93,18 @@ functions-instructions: ## Instructions per call of the Functions library vs the
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash lua-reference/functions/instructions.sh
 
-lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment, tests too) and rustdoc, with warnings as errors
+lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment, tests too), rustdoc and the Lua (luacheck), with warnings as errors
 	cargo fmt --check
 	cargo clippy --all-targets -- -W clippy::undocumented_unsafe_blocks -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items
 	# The fuzz targets use the crate's internals: they must build whenever the crate changes.
 	cargo fmt --manifest-path fuzz/Cargo.toml --check
 	cargo clippy --manifest-path fuzz/Cargo.toml --bins -- -D warnings
+	# The Functions library: the committed payload is what its parts assemble to, and the Lua of
+	# lua-reference/ (that payload and the reference scripts) passes luacheck (.luacheckrc).
+	python3 lua-reference/functions/assemble.py --check
+	@command -v luacheck >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y lua-check; }
+	luacheck --no-color lua-reference/
 
 fmt: ## Format the code
 	cargo fmt

@@ -187,7 +187,8 @@ end
 
 -- Decide at t under the new parameters. ahead + c*P may pass 2^53, so the
 -- request fits when ahead <= full - c*P (c <= C keeps c*P <= full).
-local allowed, retry_after, remaining, reset_after = 0, 0, 0, 0
+local allowed, retry_after, remaining = 0, 0, 0
+local reset_after
 if ahead then
   if cost > C then
     retry_after = -1 -- more than the tolerance can ever admit

@@ -32,6 +32,9 @@
 //!   function through a cluster client on keys of every master, CHECKALL on hash-tagged keys,
 //!   `CROSSSLOT` for keys in different slots, every reply the module's.
 //!
+//! - The payload (payload.rs): the committed lua-reference/functions/ratelimit.lua is what its
+//!   parts (lua-reference/functions/src/) and the module's error texts assemble to.
+//!
 //! The engines and calls to them are in engines.rs, limits spelled as clients spell them in
 //! limits.rs. `FUNCTIONS_SEED=<n>` (decimal or 0x-hex) replays another seed, `FUNCTIONS_CALLS=<n>`
 //! sets the calls per algorithm of the equivalence run (default 4000).
@@ -46,6 +49,7 @@ mod errors;
 mod leases;
 mod limits;
 mod memory;
+mod payload;
 mod refund;
 mod replication;
 

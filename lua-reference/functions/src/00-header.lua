@@ -1,0 +1,54 @@
+#!lua name=ratelimit
+--
+-- ratelimit: the redis-ratelimit module's commands as a Redis Functions library, for servers
+-- that cannot load modules (managed Redis and Valkey). Same arguments, same replies, same
+-- exact integer arithmetic (see docs/algorithms.md and docs/functions.md).
+--
+--   FCALL    ratelimit_check    1 key algorithm limit period [BURST c] [BLOCK d] [COST n] [AT ms]
+--   FCALL_RO ratelimit_peek     1 key algorithm limit period [BURST c] [BLOCK d] [COST n] [AT ms]
+--   FCALL    ratelimit_checkall N key1 .. keyN algorithm limit period [BURST c] [BLOCK d] [...]
+--                                 [COST n] [AT ms]
+--   FCALL    ratelimit_refund   1 key algorithm limit period [BURST c] [BLOCK d] COST n [AT ms]
+--   FCALL    ratelimit_reset    N key1 .. keyN
+--   FCALL_RO ratelimit_info     1 key
+--   FCALL    ratelimit_acquire  1 key limit lease-duration ID lease-id [COST n] [AT ms]
+--   FCALL    ratelimit_release  1 key ID lease-id [AT ms]
+--
+-- Load it with `redis-cli -x FUNCTION LOAD REPLACE < ratelimit.lua` (`make functions`); the
+-- full documentation is docs/functions.md, the proof tests/integration/functions.rs (module and
+-- library answer alike on the same calls).
+--
+-- Differences from the module, all forced by Lua or by Functions:
+--   * Lua numbers are doubles, exact below 2^53. Every quantity is kept below 2^53, and the
+--     products the module computes in 128 bits are refused when they would not be:
+--     BURST (default: limit) * period_ms must be below 2^53 for the buckets and gcra, and
+--     limit * period_ms for the sliding window (an ERR says so). Fixed window and sliding log
+--     take the module's full bounds.
+--   * The sliding log's limit is at most 100000 (the module's default ratelimit.max-log-limit;
+--     a library has no configuration), and so is a key's count of live leases (the module's
+--     default ratelimit.max-leases).
+--   * A lease's expiry (the call's time, or the key's last write if later, plus lease-duration)
+--     must be below 2^53 ms: a sorted set's score is a double.
+--   * Replies are RESP2-shaped under RESP3 too (arrays, not maps; `allowed` is 1 or 0): a
+--     function cannot see its caller's protocol.
+--   * Error texts are the module's, with its command names replaced by these functions' names.
+--   * No INFO section (nor its `_blocked` counters), no `ratelimit.rejected` or
+--     `ratelimit.blocked` events; ratelimit_reset is refused under maxmemory OOM like every
+--     function that may write (only ratelimit_release has allow-oom, as the module's RELEASE).
+--
+-- The parts, in the order they are assembled (each one's locals are the next ones' upvalues):
+--   10-base            the standard library as upvalues, bounds, names of algorithms and options
+--   20-errors          error replies: the module's texts (src/error.rs), the library's own
+--   30-arithmetic      exact integer arithmetic on doubles below 2^53, decimal times, the clock
+--   40-arguments       the module's grammar: limit specs, options, CHECKALL's specs
+--   50-log-format      the sliding log's stored form: its binary header, its records, a view
+--   55-state           the stored values: every layout, parsed into a state table; load()
+--   60-64              the fixed-size algorithms, one part each: token-bucket, leaky-bucket,
+--                      fixed-window, sliding-window, gcra
+--   65-sliding-log     the sliding log's decision and its writes
+--   70-blocks          BLOCK: a blocked key's answers and value
+--   75-one-limit       one limit on one key: decide, then store (CHECK, PEEK)
+--   76-refund          REFUND: giving back to a fixed-size state, to a log
+--   80-leases          concurrency limits: ratelimit_acquire and ratelimit_release
+--   90-functions       the functions' bodies: CHECK, REFUND, CHECKALL, RESET, INFO
+--   99-registration    redis.register_function, one per function
