@@ -433,7 +433,11 @@ mod largest_grant_tests {
                     asked.push(cost);
                     Ok(cost <= threshold)
                 });
-                assert_eq!(granted, Ok(threshold.min(max)), "threshold {threshold}, max {max}");
+                assert_eq!(
+                    granted,
+                    Ok(threshold.min(max)),
+                    "threshold {threshold}, max {max}"
+                );
                 assert!(asked.first().is_none_or(|first| *first == max));
                 assert!(asked.iter().all(|cost| (1..=max).contains(cost)));
             }
@@ -452,7 +456,10 @@ mod largest_grant_tests {
 
     #[test]
     fn passes_the_predicates_error_on() {
-        assert_eq!(largest_grant(10, |_| Err::<bool, _>("wrong type")), Err("wrong type"));
+        assert_eq!(
+            largest_grant(10, |_| Err::<bool, _>("wrong type")),
+            Err("wrong type")
+        );
         assert_eq!(
             largest_grant(10, |cost| if cost < 5 { Err("late") } else { Ok(false) }),
             Err("late")

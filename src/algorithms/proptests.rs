@@ -18,8 +18,8 @@ use proptest::test_runner::TestCaseError;
 
 use super::testing::peek;
 use super::{
-    check, largest_grant, refund, Algorithm, AlgorithmMismatch, Limiter, Outcome, Params, Refunded, Request,
-    State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    check, largest_grant, refund, Algorithm, AlgorithmMismatch, Limiter, Outcome, Params, Refunded,
+    Request, State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 
 /// Cases per property. A case is up to `MAX_STEPS` calls, each with a few probes.

@@ -73,8 +73,14 @@ fn run(call: &Call) -> c_int {
         let mut key = Key::open(call.ctx, call.raw_arg(1), false);
         let mut payload = StackBuf::default();
         largest_grant(max, |cost| {
-            evaluate(&mut key, &request(cost), false, resolved.block_ms, &mut payload)
-                .map(|(outcome, _, _)| outcome.decision.allowed)
+            evaluate(
+                &mut key,
+                &request(cost),
+                false,
+                resolved.block_ms,
+                &mut payload,
+            )
+            .map(|(outcome, _, _)| outcome.decision.allowed)
         })
     };
     let granted = match granted {

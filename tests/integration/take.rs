@@ -8,8 +8,7 @@ use crate::common;
 
 use common::rng::{seed_from_env, Rng};
 use common::{
-    assert_replica_matches, decision, master_and_replica, run_error, send, snapshot, Limit,
-    Server,
+    assert_replica_matches, decision, master_and_replica, run_error, send, snapshot, Limit, Server,
 };
 use redis::{Cmd, Connection, Value};
 
@@ -207,8 +206,14 @@ fn a_refusal_writes_nothing_unless_it_starts_a_block() {
     let refused = decision(&mut con, &take_cmd(&blocking, "k", 1, at + 2));
     assert_eq!(refused, [0, 2, 0, 10_000, 10_000, 0]);
     // Blocked: the tokens that have since refilled are refused until the block ends.
-    assert_eq!(decision(&mut con, &take_cmd(&blocking, "k", 1, at + 5_000))[0], 0);
-    assert_eq!(decision(&mut con, &take_cmd(&blocking, "k", 9, at + 10_002))[0], 2);
+    assert_eq!(
+        decision(&mut con, &take_cmd(&blocking, "k", 1, at + 5_000))[0],
+        0
+    );
+    assert_eq!(
+        decision(&mut con, &take_cmd(&blocking, "k", 9, at + 10_002))[0],
+        2
+    );
     assert_replica_matches(&master, &replica, &["k".to_string()]);
 }
 
@@ -247,8 +252,16 @@ fn a_shadow_policy_grants_max_and_stores_what_enforcement_would() {
             .unwrap(),
     );
     let line = |name: &str| info[&format!("ratelimit_policy_{name}")].clone();
-    assert!(line("shadowed").contains("shadow_rejected=2"), "{}", line("shadowed"));
-    assert!(line("enforced").contains("rejected=1"), "{}", line("enforced"));
+    assert!(
+        line("shadowed").contains("shadow_rejected=2"),
+        "{}",
+        line("shadowed")
+    );
+    assert!(
+        line("enforced").contains("rejected=1"),
+        "{}",
+        line("enforced")
+    );
 }
 
 #[test]
@@ -273,7 +286,10 @@ fn take_refuses_bad_arguments_with_checks_errors_and_its_own() {
             "ERR MAX must be an integer from 1 to 1000000000000",
         ),
         ("k fixed-window 5 1s MAX", "ERR MAX needs a value"),
-        ("k fixed-window 5 1s MAX 1 max 2", "ERR MAX given more than once"),
+        (
+            "k fixed-window 5 1s MAX 1 max 2",
+            "ERR MAX given more than once",
+        ),
         (
             "k fixed-window 5 1s COST 1",
             "ERR unknown option 'COST': expected BURST, BLOCK, MAX or AT",
@@ -295,13 +311,20 @@ fn take_refuses_bad_arguments_with_checks_errors_and_its_own() {
             "ERR BURST applies only to token-bucket, leaky-bucket and gcra",
         ),
         ("k POLICY nope MAX 1", "ERR no such policy 'nope'"),
-        ("k", "ERR wrong number of arguments for 'ratelimit.take' command"),
+        (
+            "k",
+            "ERR wrong number of arguments for 'ratelimit.take' command",
+        ),
     ] {
         let words: Vec<&str> = line.split(' ').collect();
         let text = format!("RATELIMIT.TAKE {}", words.join(" "));
         assert_eq!(run_error(&mut con, &text), error, "{line}");
     }
-    let _: () = redis::cmd("SET").arg("plain").arg("x").query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("plain")
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
     assert_eq!(
         run_error(&mut con, "RATELIMIT.TAKE plain fixed-window 5 1s MAX 1"),
         "WRONGTYPE Operation against a key holding the wrong kind of value"
@@ -326,6 +349,13 @@ fn the_worked_examples_of_the_algorithms_page_hold() {
             .arg(max)
             .arg("AT")
             .arg(base + row.at);
-        assert_eq!(decision(&mut con, &cmd), row.reply, "{}: {} AT {}", row.limit, row.call, row.at);
+        assert_eq!(
+            decision(&mut con, &cmd),
+            row.reply,
+            "{}: {} AT {}",
+            row.limit,
+            row.call,
+            row.at
+        );
     }
 }
