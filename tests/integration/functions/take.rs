@@ -33,10 +33,8 @@ fn take_answers_and_stores_as_the_modules() {
             limit.to_string(),
             format!("{period_ms}ms"),
         ];
-        if algorithm.ends_with("bucket") || algorithm == "gcra" {
-            if rng.chance(50) {
-                spec.extend(["BURST".to_string(), rng.range(1, 12).to_string()]);
-            }
+        if (algorithm.ends_with("bucket") || algorithm == "gcra") && rng.chance(50) {
+            spec.extend(["BURST".to_string(), rng.range(1, 12).to_string()]);
         }
         if rng.chance(25) {
             spec.extend(["BLOCK".to_string(), "1500ms".to_string()]);
