@@ -29,6 +29,10 @@ pub const CONCURRENCY_CALL: &str = "ERR concurrency limits are held by leases: u
 pub const BLOCK_ON_CONCURRENCY: &str =
     "ERR BLOCK applies only to rate limits: a concurrency limit has nothing to block";
 pub const REFUND_COST: &str = "ERR RATELIMIT.REFUND needs COST: how much to give back";
+pub const UNKNOWN_TAKE_OPTION: &str = "expected BURST, BLOCK, MAX or AT";
+pub const UNKNOWN_POLICY_TAKE_OPTION: &str = "expected MAX or AT";
+pub const TAKE_MAX: &str = "ERR MAX must be an integer from 1 to 1000000000000";
+pub const TAKE_MAX_MISSING: &str = "ERR RATELIMIT.TAKE needs MAX: the most units to take";
 pub const BLOCK: &str = "ERR BLOCK must be a duration from 1 ms to 3650 days, in ms or with a \
      unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)";
 pub const POLICY_NAME: &str =
@@ -49,6 +53,10 @@ pub enum Options {
     Acquire,
     /// `RATELIMIT.RELEASE`: `ID`, `AT`.
     Release,
+    /// `RATELIMIT.TAKE` with a limit spec: `BURST`, `BLOCK`, `MAX`, `AT`.
+    Take,
+    /// `RATELIMIT.TAKE` with `POLICY name`: `MAX`, `AT`.
+    PolicyTake,
 }
 
 /// A malformed argument vector. A variant that names an argument holds its position in the
@@ -81,6 +89,10 @@ pub enum ArgError {
     OptionWithPolicy(&'static str),
     /// A `RATELIMIT.REFUND` without `COST`.
     RefundCost,
+    /// A `RATELIMIT.TAKE` whose `MAX` is outside 1 to 10^12.
+    TakeMax,
+    /// A `RATELIMIT.TAKE` without `MAX`.
+    TakeMaxMissing,
     /// A policy name outside the rule of [`crate::policy::valid_name`].
     PolicyName,
     /// A CHECKALL of `keys` keys with `specs` limit specs.
@@ -151,6 +163,8 @@ impl ArgError {
                     Options::PolicySet => UNKNOWN_POLICY_OPTION,
                     Options::Acquire => UNKNOWN_ACQUIRE_OPTION,
                     Options::Release => UNKNOWN_RELEASE_OPTION,
+                    Options::Take => UNKNOWN_TAKE_OPTION,
+                    Options::PolicyTake => UNKNOWN_POLICY_TAKE_OPTION,
                 };
                 return unknown("option", expected, args, at, after_period);
             }
@@ -180,6 +194,8 @@ impl ArgError {
             }
             ArgError::Block => BLOCK,
             ArgError::RefundCost => REFUND_COST,
+            ArgError::TakeMax => TAKE_MAX,
+            ArgError::TakeMaxMissing => TAKE_MAX_MISSING,
             ArgError::PolicyName => POLICY_NAME,
             ArgError::LeaseDuration => LEASE_DURATION,
             ArgError::LeaseCost => LEASE_COST,

@@ -77,6 +77,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     commands::resetstat::counted(c"cmdstat_ratelimit.check");
     commands::resetstat::counted(c"cmdstat_ratelimit.checkall");
     commands::resetstat::counted(c"cmdstat_ratelimit.acquire");
+    commands::resetstat::counted(c"cmdstat_ratelimit.take");
     if let Err(why) = commands::registry::register_container(ctx.ctx, &commands::policy::CONTAINER)
     {
         ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));

@@ -52,6 +52,7 @@
 --   70-blocks          BLOCK: a blocked key's answers and value
 --   75-one-limit       one limit on one key: decide, then store (CHECK, PEEK)
 --   76-refund          REFUND: giving back to a fixed-size state, to a log
+--   77-take            TAKE: the largest grant up to MAX, then the CHECK of it
 --   80-leases          concurrency limits: ratelimit_acquire and ratelimit_release
 --   90-functions       the functions' bodies: CHECK, REFUND, CHECKALL, RESET, INFO
 --   99-registration    redis.register_function, one per function
@@ -126,6 +127,10 @@ local E_ACQUIRE_OPTION = 'expected ID, COST or AT'
 local E_RELEASE_OPTION = 'expected ID or AT'
 local E_CONCURRENCY_CALL = 'ERR concurrency limits are held by leases: use ratelimit_acquire and '
   .. 'ratelimit_release'
+-- Partial grants.
+local E_TAKE_MAX = 'ERR MAX must be an integer from 1 to 1000000000000'
+local E_TAKE_MAX_MISSING = 'ERR ratelimit_take needs MAX: the most units to take'
+local E_TAKE_OPTION = 'expected BURST, BLOCK, MAX or AT'
 
 -- The library's own. Lua's bounds (the module computes these products in 128 bits):
 local E_EXACT_BUCKET = 'ERR BURST (or limit, without BURST) times the period in ms must be '
@@ -1478,6 +1483,66 @@ local function log_give_back(key, st, cost, now)
   return log_view(key, parse_state(strsub(value, 1, 128))), t
 end
 
+-- ---- src/77-take.lua ------------------------------------------------------------------------
+-- TAKE: CHECK's arguments with MAX n (required, 1 to 10^12) where CHECK takes COST. Grants
+-- g = min(n, remaining) of a COST 0 PEEK (0 on a blocked key): the largest cost a CHECK admits,
+-- as docs/algorithms.md ("Partial grants") shows; then it is that CHECK (of one unit when g is 0,
+-- which is refused). The reply is the CHECK's with g in place of allowed.
+
+-- CHECK's parser's words for TAKE's: MAX read as COST; COST itself is no option of TAKE.
+local function take_words(args)
+  local words, max_given = {}, false
+  for k = 1, #args do words[k] = args[k] end
+  for j = 4, #args, 2 do
+    local word = upper(args[j])
+    if word == 'MAX' then
+      words[j], max_given = 'COST', true
+    elseif word == 'COST' then
+      local period = j == 4 and args[3] or nil
+      return nil, unknown('option', E_TAKE_OPTION, args[j], period)
+    end
+  end
+  return words, max_given
+end
+
+-- CHECK's parser's errors as TAKE's: its COST is TAKE's MAX.
+local function take_error(msg)
+  if msg == E_COST then return E_TAKE_MAX end
+  if msg == 'ERR COST needs a value' then return 'ERR MAX needs a value' end
+  if msg == 'ERR COST given more than once' then return 'ERR MAX given more than once' end
+  local at = find(msg, E_OPTION, 1, true)
+  if at then return strsub(msg, 1, at - 1) .. E_TAKE_OPTION .. strsub(msg, at + #E_OPTION) end
+  return msg
+end
+
+local function take(keys, args)
+  local name = 'ratelimit_take'
+  if #keys ~= 1 then return redis.error_reply(one_key(name)) end
+  local words, max_given = take_words(args)
+  if not words then return redis.error_reply(max_given) end
+  local spec, n, at, _, block = parse_check(words, 1)
+  if not spec then
+    if n.arity then return redis.error_reply(arity(name)) end
+    return redis.error_reply(take_error(n.msg))
+  end
+  if not max_given then return redis.error_reply(E_TAKE_MAX_MISSING) end
+  if n == 0 then return redis.error_reply(E_TAKE_MAX) end
+  local key = keys[1]
+  local st, err = load(key)
+  if err then return redis.error_reply(err) end
+  local t = at or server_now()
+  local peek
+  peek, err = evaluate(key, st, spec, 0, t, false, block)
+  if not peek then return redis.error_reply(err) end
+  local granted = 0
+  if peek[1] == 1 then granted = min(n, peek[3]) end
+  local reply
+  reply, err = evaluate(key, st, spec, max(granted, 1), t, true, block)
+  if not reply then return redis.error_reply(err) end
+  reply[1] = granted
+  return reply
+end
+
 -- ---- src/80-leases.lua ----------------------------------------------------------------------
 -- Concurrency limits (leases), as the module's src/algorithms/concurrency.rs: at most `limit`
 -- cost held at once, each lease (id, cost, expiry) held until it is released or expires. At
@@ -2078,4 +2143,13 @@ redis.register_function {
   flags = { 'allow-oom' },
   description = 'RATELIMIT.RELEASE: 1 key ID lease-id [AT ms]; gives a lease back, 1 if it was '
     .. 'live',
+}
+redis.register_function {
+  function_name = 'ratelimit_take',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return take(keys, args)
+  end,
+  description = 'RATELIMIT.TAKE: 1 key algorithm limit period [BURST c] [BLOCK d] MAX n [AT ms]; '
+    .. 'grants and consumes the largest cost up to n that ratelimit_check would admit',
 }

@@ -394,6 +394,79 @@ pub fn check(
     Ok(result)
 }
 
+/// The largest grant `g <= max` that `admits` accepts (`RATELIMIT.TAKE`), 0 when it accepts none.
+/// `admits(g)` answers whether a call of cost `g` is admitted now (a PEEK): admission is monotone
+/// in the cost for every algorithm (a cost that passes leaves room for any smaller one), so a
+/// binary search finds it in at most 41 questions for `max` up to 10^12; the first asks for
+/// `max` itself, the common case of a grant in full. The error is `admits`'s, passed on.
+pub fn largest_grant<E>(
+    max: u64,
+    mut admits: impl FnMut(u64) -> Result<bool, E>,
+) -> Result<u64, E> {
+    if max == 0 || admits(max)? {
+        return Ok(max);
+    }
+    // Invariant: `granted` is admitted (0 always is), `refused` is not.
+    let (mut granted, mut refused) = (0, max);
+    while refused - granted > 1 {
+        let middle = granted + (refused - granted) / 2;
+        if admits(middle)? {
+            granted = middle;
+        } else {
+            refused = middle;
+        }
+    }
+    Ok(granted)
+}
+
+#[cfg(test)]
+mod largest_grant_tests {
+    use super::largest_grant;
+
+    /// Every threshold from 0 to 70 under every `max` up to 70, and the largest values.
+    #[test]
+    fn finds_the_threshold_and_asks_max_first() {
+        for threshold in 0..=70u64 {
+            for max in 0..=70u64 {
+                let mut asked = Vec::new();
+                let granted = largest_grant(max, |cost| -> Result<bool, ()> {
+                    asked.push(cost);
+                    Ok(cost <= threshold)
+                });
+                assert_eq!(
+                    granted,
+                    Ok(threshold.min(max)),
+                    "threshold {threshold}, max {max}"
+                );
+                assert!(asked.first().is_none_or(|first| *first == max));
+                assert!(asked.iter().all(|cost| (1..=max).contains(cost)));
+            }
+        }
+        let max = 1_000_000_000_000;
+        for threshold in [0, 1, max / 3, max - 1, max] {
+            let mut questions = 0;
+            let granted = largest_grant(max, |cost| -> Result<bool, ()> {
+                questions += 1;
+                Ok(cost <= threshold)
+            });
+            assert_eq!(granted, Ok(threshold));
+            assert!(questions <= 41, "{questions} questions");
+        }
+    }
+
+    #[test]
+    fn passes_the_predicates_error_on() {
+        assert_eq!(
+            largest_grant(10, |_| Err::<bool, _>("wrong type")),
+            Err("wrong type")
+        );
+        assert_eq!(
+            largest_grant(10, |cost| if cost < 5 { Err("late") } else { Ok(false) }),
+            Err("late")
+        );
+    }
+}
+
 /// A fixed-size algorithm: its state is `Copy` and the whole call is computed on copies.
 pub(crate) trait FixedSize {
     type State: Copy + PartialEq;

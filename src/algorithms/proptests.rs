@@ -18,8 +18,8 @@ use proptest::test_runner::TestCaseError;
 
 use super::testing::peek;
 use super::{
-    check, refund, Algorithm, AlgorithmMismatch, Limiter, Outcome, Params, Refunded, Request,
-    State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    check, largest_grant, refund, Algorithm, AlgorithmMismatch, Limiter, Outcome, Params, Refunded,
+    Request, State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 
 /// Cases per property. A case is up to `MAX_STEPS` calls, each with a few probes.
@@ -519,6 +519,42 @@ proptest! {
     #[test]
     fn peek_answers_exactly_what_the_following_check_does(s in changing(ALL)) {
         walk(&s, peek_matches_check)?;
+    }
+
+    /// Proves RATELIMIT.TAKE's search on any reachable state: admission is monotone in the cost
+    /// (a PEEK that admits a cost admits every smaller one), and `largest_grant(n)` is the
+    /// largest cost up to `n` a PEEK admits (it admits the grant and refuses one unit more).
+    #[test]
+    fn largest_grant_is_the_largest_cost_a_peek_admits(s in changing(ALL)) {
+        walk(&s, |call| {
+            let admits = |cost: u64| -> Result<bool, AlgorithmMismatch> {
+                let mut state = call.before.clone();
+                let request = Request { cost, ..*call.request };
+                check(state.as_mut(), &request, false).map(|(outcome, _)| outcome.decision.allowed)
+            };
+            let limit = call.outcome.decision.limit;
+            let mut admitted = true;
+            for cost in 1..=limit.saturating_add(1).min(70) {
+                let now = admits(cost).expect("same algorithm");
+                prop_assert!(admitted || !now, "cost {cost} admitted after a smaller one was not");
+                admitted = now;
+            }
+            // What a COST 0 PEEK calls `remaining`: the grant, wherever MAX does not cap it.
+            let mut state = call.before.clone();
+            let asked = Request { cost: 0, ..*call.request };
+            let (peeked, _) = check(state.as_mut(), &asked, false).expect("same algorithm");
+            for max in [1, 2, 3, call.request.cost.max(1), limit, limit + 1, MAX_AMOUNT] {
+                let granted = largest_grant(max, admits).expect("same algorithm");
+                prop_assert_eq!(granted, max.min(peeked.decision.remaining), "max {}", max);
+                prop_assert!(granted <= max);
+                prop_assert!(granted == 0 || admits(granted).expect("same algorithm"));
+                prop_assert!(
+                    granted == max || !admits(granted + 1).expect("same algorithm"),
+                    "max {max}: {granted} granted, one more admitted too"
+                );
+            }
+            Ok(())
+        })?;
     }
 
     /// Proves that a rejected call and a COST 0 call never change the stored state, and that a

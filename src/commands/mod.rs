@@ -18,6 +18,7 @@ pub(crate) mod refund;
 pub(crate) mod registry;
 pub(crate) mod reset;
 pub(crate) mod resetstat;
+pub(crate) mod take;
 
 use std::ffi::{c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -53,7 +54,7 @@ macro_rules! handler {
 pub(crate) use handler;
 
 /// Every command of the module, in registration order.
-pub(crate) const COMMANDS: [&registry::Command; 10] = [
+pub(crate) const COMMANDS: [&registry::Command; 11] = [
     &check::CHECK,
     &checkall::COMMAND,
     &check::PEEK,
@@ -64,6 +65,7 @@ pub(crate) const COMMANDS: [&registry::Command; 10] = [
     &apply::SHORT,
     &lease::ACQUIRE,
     &lease::RELEASE,
+    &take::COMMAND,
 ];
 
 /// A command's context and arguments, as Redis passed them. Made only by [`guard`], whose caller

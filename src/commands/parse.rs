@@ -283,6 +283,55 @@ pub fn parse_refund<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArg
     Ok(parsed)
 }
 
+/// `RATELIMIT.TAKE` arguments after the key: CHECK's (see [`parse_call`]), with `MAX n`, required,
+/// from 1 to 10^12, where CHECK takes `COST` (which TAKE refuses). `cost` holds `MAX`.
+pub fn parse_take<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<'a>, ArgError> {
+    let through_policy = args.first().is_some_and(|word| is_policy(word));
+    let first_option = if through_policy { 2 } else { 3 };
+    let expected = if through_policy {
+        Expected::PolicyTake
+    } else {
+        Expected::Take
+    };
+    // CHECK's parser reads the words with MAX as COST; a COST as given is no option of TAKE.
+    let mut words = args.to_vec();
+    let mut max_given = false;
+    for at in (first_option..words.len()).step_by(2) {
+        match words[at] {
+            word if word.eq_ignore_ascii_case(b"MAX") => {
+                words[at] = b"COST";
+                max_given = true;
+            }
+            word if option(word) == Some(OptionName::Cost) => {
+                return Err(ArgError::UnknownOption {
+                    at,
+                    after_period: at == 3,
+                    expected,
+                })
+            }
+            _ => {}
+        }
+    }
+    let parsed = parse_call(&words, max_log_limit).map_err(|error| match error {
+        ArgError::Cost => ArgError::TakeMax,
+        ArgError::MissingValue("COST") => ArgError::MissingValue("MAX"),
+        ArgError::Duplicate("COST") => ArgError::Duplicate("MAX"),
+        ArgError::UnknownOption {
+            at, after_period, ..
+        } => ArgError::UnknownOption {
+            at,
+            after_period,
+            expected,
+        },
+        other => other,
+    })?;
+    match parsed.cost {
+        _ if !max_given => Err(ArgError::TakeMaxMissing),
+        0 => Err(ArgError::TakeMax),
+        _ => Ok(parsed),
+    }
+}
+
 /// `RATELIMIT.POLICY SET` arguments after `SET`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyDefinition<'a> {

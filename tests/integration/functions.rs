@@ -32,6 +32,9 @@
 //!   function through a cluster client on keys of every master, CHECKALL on hash-tagged keys,
 //!   `CROSSSLOT` for keys in different slots, every reply the module's.
 //!
+//! - TAKE (take.rs): random sequences of TAKE and CHECK of every algorithm, BLOCK among them, get
+//!   the same replies, expiries and INFO from `ratelimit_take` as from `RATELIMIT.TAKE`; its bad
+//!   arguments the same errors.
 //! - The payload (payload.rs): the committed lua-reference/functions/ratelimit.lua is what its
 //!   parts (lua-reference/functions/src/) and the module's error texts assemble to.
 //!
@@ -52,6 +55,7 @@ mod memory;
 mod payload;
 mod refund;
 mod replication;
+mod take;
 
 /// Lua doubles are exact below 2^53: the library (like the reference scripts) refuses bucket
 /// `C·P` and sliding-window `L·P` at or above it. Bounds the generated limits.

@@ -32,4 +32,5 @@ mod persistence;
 mod policies;
 mod refund;
 mod snippets;
+mod take;
 mod time;

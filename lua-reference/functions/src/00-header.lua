@@ -49,6 +49,7 @@
 --   70-blocks          BLOCK: a blocked key's answers and value
 --   75-one-limit       one limit on one key: decide, then store (CHECK, PEEK)
 --   76-refund          REFUND: giving back to a fixed-size state, to a log
+--   77-take            TAKE: the largest grant up to MAX, then the CHECK of it
 --   80-leases          concurrency limits: ratelimit_acquire and ratelimit_release
 --   90-functions       the functions' bodies: CHECK, REFUND, CHECKALL, RESET, INFO
 --   99-registration    redis.register_function, one per function

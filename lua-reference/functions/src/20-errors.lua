@@ -24,6 +24,10 @@
 --@error E_ACQUIRE_OPTION = UNKNOWN_ACQUIRE_OPTION
 --@error E_RELEASE_OPTION = UNKNOWN_RELEASE_OPTION
 --@error E_CONCURRENCY_CALL = CONCURRENCY_CALL
+-- Partial grants.
+--@error E_TAKE_MAX = TAKE_MAX
+--@error E_TAKE_MAX_MISSING = TAKE_MAX_MISSING
+--@error E_TAKE_OPTION = UNKNOWN_TAKE_OPTION
 
 -- The library's own. Lua's bounds (the module computes these products in 128 bits):
 local E_EXACT_BUCKET = 'ERR BURST (or limit, without BURST) times the period in ms must be '

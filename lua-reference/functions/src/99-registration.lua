@@ -75,3 +75,12 @@ redis.register_function {
   description = 'RATELIMIT.RELEASE: 1 key ID lease-id [AT ms]; gives a lease back, 1 if it was '
     .. 'live',
 }
+redis.register_function {
+  function_name = 'ratelimit_take',
+  callback = function(keys, args)
+    if not bound then bind() end
+    return take(keys, args)
+  end,
+  description = 'RATELIMIT.TAKE: 1 key algorithm limit period [BURST c] [BLOCK d] MAX n [AT ms]; '
+    .. 'grants and consumes the largest cost up to n that ratelimit_check would admit',
+}

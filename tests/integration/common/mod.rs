@@ -160,7 +160,7 @@ pub fn worked_examples(section: &str) -> Vec<WorkedRow> {
     let mut limit = String::new();
     for line in text.lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let is_call = ["CHECK", "PEEK", "REFUND"]
+        let is_call = ["CHECK", "PEEK", "REFUND", "TAKE"]
             .iter()
             .any(|name| cells.get(3).is_some_and(|cell| cell.starts_with(name)));
         if cells.len() != 7 || !is_call {

@@ -129,13 +129,14 @@ pub fn as_library_error(module: &str) -> String {
     let mut text = module
         .replace("RATELIMIT.RESET it", "ratelimit_reset it")
         .replace("RATELIMIT.REFUND needs", "ratelimit_refund needs")
+        .replace("RATELIMIT.TAKE needs", "ratelimit_take needs")
         .replace(
             "use RATELIMIT.ACQUIRE and RATELIMIT.RELEASE",
             "use ratelimit_acquire and ratelimit_release",
         )
         .replace("(RATELIMIT.RELEASE)", "(ratelimit_release)");
     for command in [
-        "check", "peek", "checkall", "refund", "reset", "info", "acquire", "release",
+        "check", "peek", "checkall", "refund", "reset", "info", "acquire", "release", "take",
     ] {
         text = text.replace(
             &format!("'ratelimit.{command}'"),

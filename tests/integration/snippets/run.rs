@@ -310,9 +310,9 @@ impl Clock {
     }
 }
 
-/// Does this command (its words) take `AT` on this server: the module's CHECK, PEEK, CHECKALL,
+/// Does this command (its words) take `AT` on this server: the module's CHECK, PEEK, CHECKALL, TAKE,
 /// REFUND, ACQUIRE and RELEASE, and the library's check, peek, checkall, refund, acquire and
-/// release, unless it names `AT` already?
+/// release (and take), unless it names `AT` already?
 pub fn takes_at(words: &[&str], env: &Env) -> bool {
     let Some(name) = words.first() else {
         return false;
@@ -330,6 +330,7 @@ pub fn takes_at(words: &[&str], env: &Env) -> bool {
                 | "RATELIMIT.REFUND"
                 | "RATELIMIT.ACQUIRE"
                 | "RATELIMIT.RELEASE"
+                | "RATELIMIT.TAKE"
         );
     let library = env.library
         && matches!(name.as_str(), "FCALL" | "FCALL_RO")
@@ -342,6 +343,7 @@ pub fn takes_at(words: &[&str], env: &Env) -> bool {
                     | "ratelimit_refund"
                     | "ratelimit_acquire"
                     | "ratelimit_release"
+                    | "ratelimit_take"
             )
         });
     module || library
