@@ -71,14 +71,25 @@ class RateLimit:
     def limit(
         self, limit: LimitSpec, *, key: Optional[KeyFunc] = None, name: Optional[str] = None, cost: Union[int, Callable[[Any], int]] = 1
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """A view's own limit (checked after the app-wide one), on `key` (default the
-        extension's) under `name` (default the extension's)."""
+        """A view's own limit (checked after the app-wide one) on `key(request)`; by default the
+        extension's key prefixed with `name` (else the view's function name) and a colon, so
+        that it never shares a key with the app-wide limit; `name` defaults to the extension's."""
         check_spec(limit)
 
+        def own_key(req: Any) -> Optional[str]:
+            # The app-wide key under the view's own name: another limit, another key.
+            shared = self.key(req)
+            return None if shared is None else f"{name or view_name}:{shared}"
+
+        view_name = "view"
+
         def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+            nonlocal view_name
+            view_name = view.__name__
+
             @functools.wraps(view)
             def limited(*args: Any, **kwargs: Any) -> Any:
-                refused = self._decide(limit, key or self.key, name or self.name, cost)
+                refused = self._decide(limit, key or own_key, name or self.name, cost)
                 if refused is not None:
                     return refused
                 return view(*args, **kwargs)

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `make test-python`: builds the sdist and the wheel (python -m build), installs the wheel into a
+# fresh virtualenv, and runs tests/ against it (what users install, not this source tree), with
+# real redis-servers: with the module (RATELIMIT_MODULE, default target/release's) and without.
+# Everything lands in target/python/. Where the package registry cannot be reached, it says so
+# in one line, appends it to $RATELIMIT_SKIP_LOG (counted by tests/summary.sh), and exits 0.
+# Extra arguments go to pytest (`make test-python PYTEST_ARGS="-k stall"`).
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$root/target/python
+mkdir -p "$out"
+export RATELIMIT_MODULE=${RATELIMIT_MODULE:-$root/target/release/libredis_ratelimit.so}
+pip_quiet=(--quiet --disable-pip-version-check)
+
+skip() {
+    echo "clients/python: skipped: $1"
+    if [ -n "${RATELIMIT_SKIP_LOG:-}" ]; then
+        echo "clients/python (pytest): $1" >> "$RATELIMIT_SKIP_LOG"
+    fi
+    exit 0
+}
+
+# pip failed: the registry is unreachable (skip), or the failure is ours (fail).
+pip_failed() {
+    if ! timeout 20 "$out/tools/bin/python" -m pip index versions pip >/dev/null 2>&1; then
+        skip "the package registry is unreachable (pip install $1)"
+    fi
+    cat "$out/pip.log"
+    echo "clients/python: pip install $1 failed" >&2
+    exit 1
+}
+
+tools=$out/tools
+if ! "$tools/bin/python" -c "import build, hatchling" 2>/dev/null; then
+    python3 -m venv --clear "$tools" || skip "python3 -m venv failed (Debian: apt-get install python3-venv)"
+    "$tools/bin/pip" install "${pip_quiet[@]}" build hatchling >"$out/pip.log" 2>&1 || pip_failed "build hatchling"
+fi
+
+rm -rf "$out/dist"
+if ! nice "$tools/bin/python" -m build --no-isolation --outdir "$out/dist" "$here" >"$out/build.log" 2>&1; then
+    cat "$out/build.log"
+    echo "clients/python: python -m build failed" >&2
+    exit 1
+fi
+wheel=$(ls "$out"/dist/*.whl)
+ls "$out"/dist/*.tar.gz >/dev/null || { echo "clients/python: no sdist built" >&2; exit 1; }
+
+venv=$out/venv
+python3 -m venv --clear "$venv" || skip "python3 -m venv failed"
+"$venv/bin/pip" install "${pip_quiet[@]}" "$wheel[fastapi,flask]" pytest httpx uvicorn >"$out/pip.log" 2>&1 \
+    || pip_failed "the wheel with pytest, httpx and uvicorn"
+
+cd "$here"
+export RATELIMIT_WHEEL_VENV=$venv
+exec nice "$venv/bin/python" -m pytest tests -rs -p no:cacheprovider ${PYTEST_ARGS:-}
