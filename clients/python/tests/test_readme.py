@@ -165,14 +165,15 @@ def test_the_fastapi_dependencies_combine_through_check_all(module_server, tmp_p
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             started = time.monotonic()
-            answers = await asyncio.gather(*(client.get("/search", headers={"X-API-Key": key}) for _ in range(30)))
+            # One after the other: one connection (30 at once would open 30 under the 0.5 s timeout).
+            answers = [await client.get("/search", headers={"X-API-Key": key}) for _ in range(12)]
             return answers, time.monotonic() - started
 
     answers, elapsed = asyncio.run(main())
     admitted = [a for a in answers if a.status_code == 200]
     refused = [a for a in answers if a.status_code == 429]
-    assert len(admitted) + len(refused) == 30 and len(admitted) >= 5
-    if elapsed < 4:  # 5 a second: 30 at once within 4 s cannot all pass
+    assert len(admitted) + len(refused) == 12 and len(admitted) >= 5
+    if elapsed < 1:  # 5 a second: 12 within 1 s cannot all pass
         assert refused
     for a in admitted:
         assert a.headers["ratelimit-policy"] == '"per-second";q=5;w=1, "per-hour";q=1000;w=3600'

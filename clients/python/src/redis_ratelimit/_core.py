@@ -363,10 +363,10 @@ class Core:
             except redis.ResponseError as error:
                 if not _unknown_command(error):
                     raise
-                self._use("library")
+                self.engine = "library"
         if self.engine == "library" or self.mode == "library":
-            self._use("library")
             yield from self.ensure_library()
+            self._use("library")
         else:
             self._use("module")
         return self.engine
@@ -387,19 +387,19 @@ class Core:
             except redis.ResponseError as error:
                 if self.mode == "module" or not _unknown_command(error):
                     raise
-                self._use("library")
+                self.engine = "library"
             else:
                 if self.engine is None:
                     self._use("module")
                 return reply, "module"
-        if self.mode == "library" or self.engine is None:
-            self._use("library")
         if args is None:
             raise redis.ResponseError(
                 "no such policy: the Functions library has no policies (give the Policy a "
                 "fallback=Limit(...))"
             )
+        # Loaded (and said so) before the engine is announced: the log reads in order.
         yield from self.ensure_library()
+        self._use("library")
         command = ("FCALL_RO" if readonly else "FCALL", function, len(keys))
         command += tuple(self.prefix + key for key in keys) + tuple(args)
         try:
@@ -427,7 +427,7 @@ class Core:
         except redis.ResponseError as error:
             if self.mode == "module" or not _unknown_command(error):
                 raise
-            self._use("library")
+            self.engine = "library"  # announced once the library is ready
             return None
         if self.engine is None:
             self._use("module")

@@ -69,30 +69,26 @@ class RateLimit:
         if not work:
             return None
         try:
-            status, headers, overall = await _decide(work)
+            status, headers, overall, refused = await _decide(work)
         except RateLimitUnavailable:
             raise HTTPException(503, detail={"error": "rate limiter unavailable"}) from None
         request.state.ratelimit = overall
         if status == 429:
-            refused = next((lim for lim, d in overall_names(work, overall) if not d.allowed), work[0][0])
             raise HTTPException(429, detail=refusal_body(refused.name, overall), headers=headers)
         response.headers.update(headers)
         return overall if isinstance(overall, Decision) else None
 
 
-def overall_names(work: List[Tuple["RateLimit", str, int]], overall: Any) -> List[Tuple["RateLimit", Decision]]:
-    limits = overall.limits if hasattr(overall, "limits") else [overall]
-    return [(w[0], d) for w, d in zip(work, limits)]
-
-
-async def _decide(work: List[Tuple[RateLimit, str, int]]) -> Tuple[int, dict, Any]:
+async def _decide(work: List[Tuple[RateLimit, str, int]]) -> Tuple[int, dict, Any, "RateLimit"]:
+    """(status, headers, the overall decision, the first limit that refused or the first)."""
     limiter = work[0][0].limiter
     same_limiter = all(w[0].limiter is limiter for w in work)
     same_cost = len({w[2] for w in work}) == 1
     if len(work) > 1 and same_limiter and same_cost and len({hash_tag(w[1]) for w in work}) == 1:
         multi = await limiter.check_all([(key, lim.limit) for lim, key, _ in work], cost=work[0][2])
         status, headers = http_answer([(w[0].name, d) for w, d in zip(work, multi.limits)], multi)
-        return status, headers, multi
+        refused = next((w[0] for w, d in zip(work, multi.limits) if not d.allowed), work[0][0])
+        return status, headers, multi, refused
     decided: List[Tuple[RateLimit, str, int, Decision]] = []
     for lim, key, cost in work:
         d = await lim.limiter.check(key, lim.limit, cost)
@@ -102,12 +98,9 @@ async def _decide(work: List[Tuple[RateLimit, str, int]]) -> Tuple[int, dict, An
                 if e.source != "error" and c > 0:
                     await earlier.limiter.refund(k, earlier.limit, c)
             break
-    refused = next((d for *_, d in decided if not d.allowed), None)
-    overall = refused or decided[-1][3]
-    status, headers = http_answer([(lim.name, d) for lim, _, _, d in decided], overall)
-    if len(decided) == 1:
-        return status, headers, decided[0][3]
-    return status, headers, overall
+    last = decided[-1]
+    status, headers = http_answer([(lim.name, d) for lim, _, _, d in decided], last[3])
+    return status, headers, last[3], last[0]
 
 
 def _route_limits(request: Request) -> List[RateLimit]:
