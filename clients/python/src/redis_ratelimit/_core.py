@@ -68,13 +68,20 @@ class Transaction:
 
 
 @dataclass(frozen=True)
+class ListLibrary:
+    """`FUNCTION LIST LIBRARYNAME name WITHCODE` (a cluster client asks every primary)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class LoadLibrary:
     """`FUNCTION LOAD REPLACE code` (on every primary of a cluster)."""
 
     code: str
 
 
-Op = Union[Call, Transaction, LoadLibrary]
+Op = Union[Call, Transaction, ListLibrary, LoadLibrary]
 Plan = Generator[Op, Any, Any]
 
 
@@ -320,7 +327,7 @@ class Core:
         a library with every function but other code is used as it is (said once)."""
         if self._library_ready:
             return
-        reply = yield Call(("FUNCTION", "LIST", "LIBRARYNAME", LIBRARY_NAME, "WITHCODE"))
+        reply = yield ListLibrary(LIBRARY_NAME)
         wanted = set(library_functions(self.code))
         load = None
         differs = False
@@ -360,7 +367,7 @@ class Core:
             try:
                 yield Call(("RATELIMIT.POLICY", "LIST"))
                 self._use("module")
-            except redis.ResponseError as error:
+            except redis.RedisError as error:  # a cluster client: RedisError
                 if not _unknown_command(error):
                     raise
                 self.engine = "library"
@@ -384,7 +391,7 @@ class Core:
         if self.mode != "library" and self.engine != "library" and module is not None:
             try:
                 reply = yield Call(module)
-            except redis.ResponseError as error:
+            except redis.RedisError as error:  # a cluster client: RedisError
                 if self.mode == "module" or not _unknown_command(error):
                     raise
                 self.engine = "library"
@@ -424,7 +431,7 @@ class Core:
             return cached[1]
         try:
             reply = yield Call(("RATELIMIT.POLICY", "GET", policy.name))
-        except redis.ResponseError as error:
+        except redis.RedisError as error:  # a cluster client: RedisError
             if self.mode == "module" or not _unknown_command(error):
                 raise
             self.engine = "library"  # announced once the library is ready
@@ -642,8 +649,10 @@ class Core:
         raise RateLimitUnavailable(f"Redis unavailable ({why})") from error
 
 
-def _unknown_command(error: redis.ResponseError) -> bool:
-    return "unknown command" in str(error).lower()
+def _unknown_command(error: Exception) -> bool:
+    """The server has no such command (a cluster client says so before sending it)."""
+    text = str(error).lower()
+    return "unknown command" in text or "command doesn't exist in redis commands" in text
 
 
 def _key(key: object) -> str:

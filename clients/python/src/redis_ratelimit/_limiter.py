@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Iterator, List, Optional, Sequence, Tuple
 import redis
 import redis.asyncio
 
-from ._core import Call, Core, LoadLibrary, Plan, Transaction, spec_period
+from ._core import Call, Core, ListLibrary, LoadLibrary, Plan, Transaction, spec_period
 from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimited, RateLimitUnavailable
 
 log = logging.getLogger("redis_ratelimit")
@@ -165,6 +165,8 @@ class RateLimiter(_Common):
             for call in op.calls:
                 pipe.execute_command(*call)
             return pipe.execute()
+        if isinstance(op, ListLibrary):
+            return self.client.function_list(library=op.name, withcode=True)
         if isinstance(op, LoadLibrary):
             return self.client.function_load(op.code, replace=True)
         raise TypeError(op)
@@ -255,6 +257,8 @@ class AsyncRateLimiter(_Common):
             for call in op.calls:
                 pipe.execute_command(*call)
             return await pipe.execute()
+        if isinstance(op, ListLibrary):
+            return await self.client.function_list(library=op.name, withcode=True)
         if isinstance(op, LoadLibrary):
             return await self.client.function_load(op.code, replace=True)
         raise TypeError(op)
