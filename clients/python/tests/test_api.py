@@ -111,11 +111,16 @@ def test_the_breaker_opens_probes_and_closes():
 
 # -- middleware ---------------------------------------------------------------------------
 
-def drive(app, requests):
+def drive(app, requests, *limiters):
+    """The requests' answers; then the limiters closed, in the same event loop."""
     async def main():
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-            return [await client.request(method, path, headers=headers) for method, path, headers in requests]
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+                return [await client.request(method, path, headers=headers) for method, path, headers in requests]
+        finally:
+            for limiter in limiters:
+                await limiter.aclose()
 
     return asyncio.run(main())
 
@@ -134,7 +139,7 @@ def test_asgi_middleware_refunds_5xx_and_fails_closed(module_server, key):
 
     app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit("fixed-window", 3, "1h"),
                        key=lambda request: key, name="api", refund_on=lambda status: status >= 500)
-    answers = drive(app, [("GET", "/ok", {}), ("GET", "/fail", {}), ("GET", "/ok", {})])
+    answers = drive(app, [("GET", "/ok", {}), ("GET", "/fail", {}), ("GET", "/ok", {})], limiter)
     assert [a.status_code for a in answers] == [200, 500, 200]
     # The failure took nothing: 2 left after the first, still 2 after the refund, then 1.
     assert [a.headers.get("ratelimit", "").split(";")[1] for a in (answers[0], answers[2])] == ["r=2", "r=1"]
@@ -142,7 +147,7 @@ def test_asgi_middleware_refunds_5xx_and_fails_closed(module_server, key):
     app2 = FastAPI()
     app2.get("/")(lambda: "ok")
     app2.add_middleware(RateLimitMiddleware, limiter=closed, limit=Limit("gcra", 1, "1s"), key=lambda r: "k")
-    [answer] = drive(app2, [("GET", "/", {})])
+    [answer] = drive(app2, [("GET", "/", {})], closed)
     assert answer.status_code == 503 and answer.json() == {"error": "rate limiter unavailable"}
 
 
@@ -156,7 +161,7 @@ def test_fastapi_dependencies_without_a_shared_tag_refund_what_passed(module_ser
     async def index():
         return "ok"
 
-    first, second = drive(app, [("GET", "/", {}), ("GET", "/", {})])
+    first, second = drive(app, [("GET", "/", {}), ("GET", "/", {})], limiter)
     assert first.status_code == 200
     assert first.headers["ratelimit-policy"] == '"roomy";q=100;w=3600, "tight";q=1;w=3600'
     assert second.status_code == 429 and second.json()["detail"]["policy"] == "tight"

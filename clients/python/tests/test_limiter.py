@@ -180,3 +180,25 @@ def test_engine_library_on_a_module_server_uses_the_library(module_server, key):
     assert rl.check(key, PER_MINUTE).source == "library"
     assert module_server.client().exists("mine:" + key) == 1
     rl.close()
+
+
+def test_check_all_with_policies_finds_shadow_rejections(server, key):
+    rl = RateLimiter(server.client(2))
+    name = "ca" + str(abs(hash(key)) % 10**8)
+    shadow_name = name + "s"
+    enforced, shadow = Limit("fixed-window", 10, "1h"), Limit("fixed-window", 1, "1h")
+    keys = [f"{{{key}}}:e", f"{{{key}}}:s"]
+    if engine_of(server) == "module":
+        rl.policies.set(name, enforced)
+        rl.policies.set(shadow_name, shadow, shadow=True)
+    pairs = [(keys[0], Policy(name, fallback=enforced)), (keys[1], Policy(shadow_name, fallback=shadow))]
+    first, second = rl.check_all(pairs), rl.check_all(pairs)
+    assert first.allowed and not first.shadow_rejected
+    assert [d.period_ms for d in first.limits] == [3_600_000, 3_600_000]
+    if engine_of(server) == "module":  # the shadow limit admits what it would reject
+        assert second.allowed and second.shadow_rejected
+        assert [d.shadow_rejected for d in second.limits] == [False, True]
+        assert rl.peek(keys[0], enforced, cost=0).remaining == 8
+    else:  # no policies: the fallbacks, enforced
+        assert not second.allowed and not second.shadow_rejected
+    rl.close()
