@@ -202,3 +202,17 @@ def test_check_all_with_policies_finds_shadow_rejections(server, key):
     else:  # no policies: the fallbacks, enforced
         assert not second.allowed and not second.shadow_rejected
     rl.close()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_decoded_responses_read_the_same(server, key, protocol):
+    rl = RateLimiter(server.client(protocol, decode_responses=True))
+    assert rl.detect_engine() == engine_of(server)
+    assert rl.check(key, PER_MINUTE).remaining == 2
+    multi = rl.check_all([(f"{{{key}}}a", PER_MINUTE), (f"{{{key}}}b", PER_MINUTE)], cost=3)
+    assert multi.allowed and [d.remaining for d in multi.limits] == [0, 0]
+    if engine_of(server) == "module":
+        rl.policies.set("decoded", PER_MINUTE)
+        assert rl.policies.get("decoded")["algorithm"] == "sliding-window"
+        assert "decoded" in rl.policies.list()
+    rl.close()
