@@ -38,7 +38,7 @@ jobs = config["jobs"]
 LIMITED = {"/", "/jobs"}
 
 limiter = AsyncRateLimiter.from_url(
-    os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"), timeout=1, on_error=fail
+    os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"), timeout=2, on_error=fail
 )
 
 

@@ -54,6 +54,7 @@ class _Common:
     def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1) -> Any:
         """One request against several limits, all or nothing (`RATELIMIT.CHECKALL`; in a
         cluster the keys need one hash tag): a `MultiDecision`."""
+        pairs = list(pairs)
         return self._run(self._core.check_all(pairs, cost), decides=True, multi=len(pairs))
 
     def reset(self, *keys: str) -> Any:
