@@ -105,10 +105,7 @@ def _text(value: Any) -> Any:
 
 def _pairs(reply: Any) -> Dict[str, Any]:
     """A field/value reply (a flat list under RESP2, a map under RESP3) as a dict of str keys."""
-    if isinstance(reply, dict):
-        items = reply.items()
-    else:
-        items = zip(reply[::2], reply[1::2])
+    items = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
     return {_text(k): _text(v) for k, v in items}
 
 
@@ -119,8 +116,10 @@ def parse_decision(reply: Any, source: str, period: int = 0, shadow_rejected: bo
         values = [named[field] for field in FIELDS]
     else:
         values = list(reply[:6])
-    numbers = [int(v) for v in values]
-    return Decision(bool(numbers[0]), *numbers[1:], source, shadow_rejected, period)
+    allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (int(v) for v in values)
+    return Decision(
+        bool(allowed), limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source, shadow_rejected, period
+    )
 
 
 def parse_multi(
@@ -407,7 +406,7 @@ class Core:
         # Loaded (and said so) before the engine is announced: the log reads in order.
         yield from self.ensure_library()
         self._use("library")
-        command = ("FCALL_RO" if readonly else "FCALL", function, len(keys))
+        command: Tuple[Any, ...] = ("FCALL_RO" if readonly else "FCALL", function, len(keys))
         command += tuple(self.prefix + key for key in keys) + tuple(args)
         try:
             reply = yield Call(command)
@@ -673,6 +672,7 @@ def _word(value: Any) -> str:
 
 def spec_period(spec: LimitSpec) -> int:
     """The period known without asking the server (a Limit's, a Policy's fallback's), else 0."""
-    if isinstance(check_spec(spec), Limit):
+    spec = check_spec(spec)
+    if isinstance(spec, Limit):
         return spec.period_ms
     return spec.fallback.period_ms if spec.fallback else 0

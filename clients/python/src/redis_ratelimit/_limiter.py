@@ -106,6 +106,10 @@ class Policies:
         return self._limiter._run(self._limiter._core.policy_list(), decides=False)
 
 
+class AsyncPolicies(Policies):
+    """`AsyncRateLimiter.policies`: the same methods, awaited."""
+
+
 def _client_kwargs(kwargs: dict) -> Tuple[dict, dict]:
     limiter = {k: kwargs.pop(k) for k in list(kwargs) if k in _LIMITER_OPTIONS}
     return limiter, kwargs
@@ -225,7 +229,7 @@ class AsyncRateLimiter(_Common):
             timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
         self.timeout = timeout
         self._core = Core(**options)
-        self.policies = Policies(self)
+        self.policies = AsyncPolicies(self)
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
@@ -328,4 +332,4 @@ def _no_retry(asyncio: bool = False) -> Any:
     return Retry(NoBackoff(), 0)
 
 
-__all__: List[str] = ["RateLimiter", "AsyncRateLimiter", "Policies"]
+__all__: List[str] = ["RateLimiter", "AsyncRateLimiter", "Policies", "AsyncPolicies"]
