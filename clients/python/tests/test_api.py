@@ -201,3 +201,21 @@ def test_the_limiters_refuse_the_other_kind_of_client(module_server):
         RateLimiter(module_server.client(), timeout=1)
     assert RateLimited(decision(False)).decision.allowed is False
     assert issubclass(RateLimitUnavailable, Exception)
+
+
+def test_what_counts_as_unavailable():
+    from redis._parsers.base import BaseParser  # how redis-py turns error replies into exceptions
+
+    from redis_ratelimit._core import unavailable
+
+    parse = BaseParser.parse_error
+    for reply in ["LOADING Redis is loading the dataset in memory", "OOM command not allowed when used memory > 'maxmemory'.",
+                  "READONLY You can't write against a read only replica.", "CLUSTERDOWN The cluster is down",
+                  "MASTERDOWN Link with MASTER is down", "TRYAGAIN Multiple keys request during rehashing of slot",
+                  "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."]:
+        assert unavailable(parse(reply)), reply
+    for error in [redis.ConnectionError("refused"), redis.TimeoutError("slow"), ConnectionRefusedError(), asyncio.TimeoutError()]:
+        assert unavailable(error)
+    for reply in ["ERR unknown algorithm 'x'", "WRONGTYPE Operation against a key holding the wrong kind of value",
+                  "NOPERM this user has no permissions", "ERR no such policy 'api'"]:
+        assert not unavailable(parse(reply)), reply
