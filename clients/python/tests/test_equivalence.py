@@ -1,5 +1,6 @@
 """Every decision the package returns equals the raw reply of `RATELIMIT.*` (module) or
-`FCALL ratelimit_*` (library) on a twin key, over random sequences of all six algorithms, under
+`FCALL ratelimit_*` (library) on a twin key, over random sequences of all six algorithms (check,
+peek, refund, check_all, reset, and acquire/release on a concurrency key beside them), under
 RESP2 and RESP3, sync and async. Both sides are sent at the same explicit times: the test's
 client appends `AT <t>` to the package's commands (the package never sends AT itself)."""
 
@@ -15,7 +16,7 @@ import redis.asyncio
 from redis_ratelimit import ALGORITHMS, AsyncRateLimiter, Limit, RateLimiter
 
 FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms")
-TIMED = ("RATELIMIT.CHECK", "RATELIMIT.PEEK", "RATELIMIT.REFUND", "RATELIMIT.CHECKALL")
+TIMED = ("RATELIMIT.CHECK", "RATELIMIT.PEEK", "RATELIMIT.REFUND", "RATELIMIT.CHECKALL", "RATELIMIT.ACQUIRE", "RATELIMIT.RELEASE")
 T0 = 1_796_006_883_715
 
 
@@ -67,8 +68,11 @@ def plan(seed: int, algorithm: str):
     steps, now = [], T0
     for _ in range(25):
         now += rng.choice([0, 1, 7, 40, 150, 600])
-        op = rng.choices(["check", "peek", "refund", "check_all", "reset"], [6, 2, 2, 2, 1])[0]
-        steps.append((now, op, rng.randint(0, 4) if op != "refund" else rng.randint(0, 3), limit, other))
+        op = rng.choices(["check", "peek", "refund", "check_all", "reset", "acquire", "release"], [6, 2, 2, 2, 1, 2, 1])[0]
+        cost = rng.randint(0, 4) if op != "refund" else rng.randint(0, 3)
+        if op in ("acquire", "release"):  # a lease: (id, cost) on a concurrency limit of 3, 500 ms
+            cost = (f"id{rng.randint(1, 3)}", rng.randint(1, 2))
+        steps.append((now, op, cost, limit, other))
     return steps
 
 
@@ -76,14 +80,20 @@ def twin_raw(client, engine, op, keys, cost, limit, other):
     """The raw command on the twin keys, at Clocked.now."""
     at = ["AT", str(Clocked.now)]
     spec = limit.args()
+    if op in ("acquire", "release"):
+        lease_id, n = cost
+        args = [3, "500ms", "ID", lease_id, "COST", n] if op == "acquire" else ["ID", lease_id]
+        if engine == "module":
+            return client.execute_command(f"RATELIMIT.{op.upper()}", keys[2], *args, *at)
+        return client.fcall(f"ratelimit_{op}", 1, keys[2], *args, *at)
     if engine == "module":
         if op == "check_all":
-            return client.execute_command("RATELIMIT.CHECKALL", 2, *keys, *spec, *other.args(), "COST", cost, *at)
+            return client.execute_command("RATELIMIT.CHECKALL", 2, *keys[:2], *spec, *other.args(), "COST", cost, *at)
         if op == "reset":
             return client.execute_command("RATELIMIT.RESET", keys[0])
         return client.execute_command(f"RATELIMIT.{op.upper()}", keys[0], *spec, "COST", cost, *at)
     if op == "check_all":
-        return client.fcall("ratelimit_checkall", 2, *keys, *spec, *other.args(), "COST", cost, *at)
+        return client.fcall("ratelimit_checkall", 2, *keys[:2], *spec, *other.args(), "COST", cost, *at)
     if op == "reset":
         return client.fcall("ratelimit_reset", 1, keys[0])
     return client.fcall(f"ratelimit_{op}", 1, keys[0], *spec, "COST", cost, *at)
@@ -98,8 +108,8 @@ def expected_multi(reply):
 
 async def run_sequence(server, engine, protocol, mode, algorithm, seed):
     prefix = "fn:" if engine == "library" else ""
-    keys = [f"{{s{seed}{algorithm}{protocol}{mode}}}:a", f"{{s{seed}{algorithm}{protocol}{mode}}}:b"]
-    twins = [f"{{s{seed}{algorithm}{protocol}{mode}}}:ta", f"{{s{seed}{algorithm}{protocol}{mode}}}:tb"]
+    keys = [f"{{s{seed}{algorithm}{protocol}{mode}}}:{k}" for k in ("a", "b", "lease")]
+    twins = [f"{{s{seed}{algorithm}{protocol}{mode}}}:t{k}" for k in ("a", "b", "lease")]
     twins = [prefix + t for t in twins]  # the library's twin keys live under its prefix too
     plain = server.client(protocol)
     if mode == "sync":
@@ -111,7 +121,11 @@ async def run_sequence(server, engine, protocol, mode, algorithm, seed):
     try:
         for now, op, cost, limit, other in plan(seed, algorithm):
             Clocked.now = now
-            if op == "reset":
+            if op == "acquire":
+                got = limiter.acquire(keys[2], 3, "500ms", id=cost[0], cost=cost[1])
+            elif op == "release":
+                got = limiter.release(keys[2], cost[0])
+            elif op == "reset":
                 got = limiter.reset(keys[0])
             elif op == "check_all":
                 got = limiter.check_all([(keys[0], limit), (keys[1], other)], cost=cost)
@@ -121,8 +135,10 @@ async def run_sequence(server, engine, protocol, mode, algorithm, seed):
                 got = await got
             want = twin_raw(plain, engine, op, twins, cost, limit, other)
             where = f"{engine} RESP{protocol} {mode} {algorithm} seed {seed}: {op} cost {cost} at {now}"
-            if op == "reset":
+            if op in ("reset", "release"):
                 assert got == want, where
+            elif op == "acquire":
+                assert fields(got) == raw(want) and got.period_ms == 500, where
             elif op == "check_all":
                 overall, each = expected_multi(want)
                 assert fields(got) == overall, where
