@@ -44,15 +44,14 @@ fi
 pytest_output=${4:-}
 pytest_status=${5:-0}
 if [ -n "$pytest_output" ]; then
-    # pytest's closing line: `== 78 passed, 2 skipped, 1 failed, 1 error in 14.8s ==`.
+    # pytest's closing lines (one per run): `== 78 passed, 2 skipped, 1 failed, 1 error in 14.8s ==`.
     read -r py_passed py_failed py_skipped < <(awk '
         /^=+ .* in [0-9.]+s/ {
-            p = f = s = 0
             for (i = 1; i <= NF; i++) {
                 w = $(i + 1); sub(/,$/, "", w)
-                if (w == "passed") p = $i
+                if (w == "passed") p += $i
                 if (w == "failed" || w == "error" || w == "errors") f += $i
-                if (w == "skipped") s = $i
+                if (w == "skipped") s += $i
             }
         }
         END { print p + 0, f + 0, s + 0 }' "$pytest_output" 2>/dev/null || echo 0 0 0)
