@@ -56,7 +56,7 @@ test: build ## Every test: unit, property, integration against real servers, the
 	exit $$(( status || pystatus ))
 
 test-python: export RATELIMIT_MODULE := $(or $(RATELIMIT_MODULE),$(MODULE))
-test-python: ## The Python package (clients/python): build the wheel, install it into a fresh venv under target/python, pytest it against real servers (~1 min)
+test-python: ## The Python package (clients/python): build the wheel, install it into a fresh venv under target/python, pytest it against real servers, with redis-py 8 and 5 (~1 to 2 min)
 	@test -f "$$RATELIMIT_MODULE" || $(MAKE) build
 	bash clients/python/test.sh
 
