@@ -126,7 +126,7 @@ def drive(app, requests, *limiters):
 
 
 def test_asgi_middleware_refunds_5xx_and_fails_closed(module_server, key):
-    limiter = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=3))
+    limiter = AsyncRateLimiter.from_url(module_server.url, protocol=3)
     app = FastAPI()
 
     @app.get("/fail")
@@ -152,7 +152,7 @@ def test_asgi_middleware_refunds_5xx_and_fails_closed(module_server, key):
 
 
 def test_fastapi_dependencies_without_a_shared_tag_refund_what_passed(module_server, key):
-    limiter = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port))
+    limiter = AsyncRateLimiter.from_url(module_server.url)
     roomy = RateLimit(limiter, Limit("fixed-window", 100, "1h"), key=lambda r: key + ":a", name="roomy")
     tight = RateLimit(limiter, Limit("fixed-window", 1, "1h"), key=lambda r: key + ":b", name="tight")
     app = FastAPI()
@@ -191,10 +191,15 @@ def test_flask_refund_and_failing_closed(module_server, key):
 
 
 def test_the_limiters_refuse_the_other_kind_of_client(module_server):
+    async def async_client():  # inside a loop: Python 3.9's asyncio wants one for redis.asyncio
+        return redis.asyncio.Redis.from_url(module_server.url)
+
     with pytest.raises(TypeError):
-        RateLimiter(redis.asyncio.Redis(port=module_server.port))
+        RateLimiter(asyncio.run(async_client()))
     with pytest.raises(TypeError):
         AsyncRateLimiter(module_server.client())
+    with pytest.raises(TypeError):
+        AsyncRateLimiter(None)
     with pytest.raises(ValueError):
         RateLimiter(module_server.client(), on_error="maybe")
     with pytest.raises(TypeError):

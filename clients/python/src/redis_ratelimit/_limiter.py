@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import Any, AsyncIterator, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 import redis.asyncio
@@ -19,6 +19,8 @@ log = logging.getLogger("redis_ratelimit")
 
 #: What `from_url` waits for Redis (connect and each reply), in seconds.
 DEFAULT_TIMEOUT = 0.5
+#: `from_url`'s client, made at the first call.
+_LATER = object()
 _LIMITER_OPTIONS = ("on_error", "engine", "prefix", "breaker_failures", "breaker_cooldown", "policy_refresh")
 
 
@@ -223,7 +225,10 @@ class AsyncRateLimiter(_Common):
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
         if isinstance(client, redis.Redis):
             raise TypeError("AsyncRateLimiter takes a redis.asyncio client; use RateLimiter with redis.Redis")
-        self.client = client
+        if client is None:
+            raise TypeError("AsyncRateLimiter needs a redis.asyncio client (or AsyncRateLimiter.from_url)")
+        self._client = None if client is _LATER else client
+        self._make_client: Optional[Callable[[], Any]] = None
         if timeout is None:
             pool = getattr(client, "connection_pool", None)
             timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
@@ -237,15 +242,26 @@ class AsyncRateLimiter(_Common):
         options, client_kwargs = _client_kwargs(dict(kwargs))
         client_kwargs.setdefault("socket_timeout", timeout)
         client_kwargs.setdefault("socket_connect_timeout", timeout)
-        if cluster:
-            client = redis.asyncio.RedisCluster.from_url(url, **client_kwargs)
-        else:
+        if not cluster:
             client_kwargs.setdefault("retry", _no_retry(asyncio=True))
-            client = redis.asyncio.Redis.from_url(url, **client_kwargs)
-        return cls(client, timeout=timeout, **options)
+        kind = redis.asyncio.RedisCluster if cluster else redis.asyncio.Redis
+        limiter = cls(_LATER, timeout=timeout, **options)
+        # Made at the first call, inside the event loop that serves it: a limiter made at import
+        # time (a module-level app) binds nothing to another loop (Python 3.9's asyncio does).
+        limiter._make_client = lambda: kind.from_url(url, **client_kwargs)
+        return limiter
+
+    @property
+    def client(self) -> Any:
+        """The `redis.asyncio` client (for `from_url`, made at its first use)."""
+        if self._client is None and self._make_client is not None:
+            self._client = self._make_client()
+        return self._client
 
     async def aclose(self) -> None:
-        close = getattr(self.client, "aclose", None) or self.client.close
+        if self._client is None:
+            return
+        close = getattr(self._client, "aclose", None) or self._client.close
         await close()
 
     async def __aenter__(self) -> "AsyncRateLimiter":

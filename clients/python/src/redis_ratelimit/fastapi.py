@@ -9,8 +9,8 @@ through one `check_all` (all or nothing); otherwise one after the other, each ad
 cost refunded when a later one refuses.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI reads `__call__`'s annotations
+# (Request, Response) at run time, and cannot resolve them as strings on Python 3.9.
 from typing import Any, List, Optional, Tuple, Union
 
 from fastapi import HTTPException, Request, Response
