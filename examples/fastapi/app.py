@@ -1,5 +1,6 @@
 """The example API: `GET /` limited per X-API-Key, and `POST /jobs`, which also holds a
-concurrency lease while it works and refunds its rate cost when it fails.
+concurrency lease while it works and refunds its rate cost when it fails. The rate limiting is
+the redis-ratelimit-client package (clients/python): its ASGI middleware and its limiter.
 
 Settings: REDIS_URL (default redis://127.0.0.1:6379), RATELIMIT_POLICY (default `examples`),
 RATELIMIT_FAIL (`open` or `closed`, default the config's `fail`), RATELIMIT_CONFIG (default
@@ -14,42 +15,87 @@ import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import redis.asyncio as aioredis
-from fastapi import Body, FastAPI, Request
+import redis
+from fastapi import Body, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-
-from ratelimit import RateLimiter, RateLimitMiddleware, ceil_s
+from redis_ratelimit import AsyncRateLimiter, Limit, Policy, RateLimited, RateLimitUnavailable
+from redis_ratelimit.asgi import RateLimitMiddleware
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+log = logging.getLogger("ratelimit")
 
 config_path = Path(os.environ.get("RATELIMIT_CONFIG") or Path(__file__).with_name("ratelimit.json"))
 config = json.loads(config_path.read_text())
-library_path = config_path.parent / config["functions_library"]
 fail = os.environ.get("RATELIMIT_FAIL") or config.get("fail", "open")
 if fail not in ("open", "closed"):
     raise SystemExit(f"RATELIMIT_FAIL must be open or closed, not {fail!r}")
+algorithm, limit, period = config["limit"].split()
+# The policy on a server with the module; the same limit inline where there are no policies
+# (the Functions library), or if the policy disappears.
+inline = Limit(algorithm, int(limit), period)
+policy = Policy(os.environ.get("RATELIMIT_POLICY") or "examples", fallback=inline)
+jobs = config["jobs"]
+LIMITED = {"/", "/jobs"}
 
-client = aioredis.Redis.from_url(
-    os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"), socket_connect_timeout=1, socket_timeout=2
+limiter = AsyncRateLimiter.from_url(
+    os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"), timeout=2, on_error=fail
 )
-limiter = RateLimiter(
-    client,
-    os.environ.get("RATELIMIT_POLICY") or "examples",
-    config["limit"].split(),
-    fail_open=fail == "open",
-    library=library_path.read_text() if library_path.is_file() else None,
-    leases=config["jobs"],
-)
+
+
+async def define_policy():
+    """Defines the policy if it is missing (the module only) and says what is in use."""
+    try:
+        definition = await limiter.policies.get(policy.name)
+    except redis.ResponseError as error:
+        if "unknown command" not in str(error).lower():
+            raise
+        return  # no module: the limiter finds the library and says so
+    if definition is None:
+        await limiter.policies.set(policy.name, inline)
+        log.info("ratelimit: policy '%s' did not exist: defined it as %s", policy.name, config["limit"])
+    else:
+        spec = " ".join(f"{k}={v}" for k, v in definition.items() if k != "mode")
+        log.info("ratelimit: using the existing policy '%s' (%s), mode %s", policy.name, spec, definition["mode"])
 
 
 @asynccontextmanager
 async def lifespan(app):
-    await limiter.start()
+    failing = "open (admitted, no headers)" if fail == "open" else "closed (503)"
+    log.info("ratelimit: when Redis is unreachable, requests fail %s", failing)
+    try:
+        await define_policy()
+        await limiter.detect_engine()  # logs the engine, loads the library if needed
+    except RateLimitUnavailable as error:
+        log.warning("ratelimit: Redis is unreachable (%s): requests fail %s", error.__cause__ or error, failing)
     yield
-    await client.aclose()
+    await limiter.aclose()
 
 
-app = FastAPI(lifespan=lifespan)
+def api_key(request: Request):
+    """The limited key of a request (None: not limited, not counted)."""
+    key = request.headers.get("x-api-key")
+    if request.url.path in LIMITED and key:
+        return f'{config["key_prefix"]}:{key}'
+    return None
+
+
+def require_api_key(request: Request):
+    if not request.headers.get("x-api-key"):
+        raise HTTPException(401, detail={"error": "missing X-API-Key"})
+
+
+app = FastAPI(lifespan=lifespan, dependencies=[Depends(require_api_key)])
+# A request the route fails with a 5xx was not served: its cost goes back.
+app.add_middleware(
+    RateLimitMiddleware,
+    limiter=limiter,
+    limit=policy,
+    key=api_key,
+    name=policy.name,
+    refund_on=lambda status: status >= 500,
+)
+
+
 class JobFailed(Exception):
     pass
 
@@ -59,7 +105,19 @@ async def job_failed(request, error):
     return JSONResponse({"error": "job failed"}, status_code=500)
 
 
-app.add_middleware(RateLimitMiddleware, limiter=limiter, paths={"/", "/jobs"}, prefix=config["key_prefix"])
+@app.exception_handler(RateLimitUnavailable)
+async def unavailable(request, error):  # a lease while failing closed
+    return JSONResponse({"error": "rate limiter unavailable"}, status_code=503)
+
+
+@app.exception_handler(RateLimited)
+async def too_many_jobs(request, error):
+    d = error.decision
+    headers = {}
+    if d.retry_after_ms >= 0:  # an upper bound: leases usually end sooner
+        headers["Retry-After"] = str(-(-d.retry_after_ms // 1000))
+    body = {"error": "too many jobs in flight", "limit": d.limit}
+    return JSONResponse(body, status_code=429, headers=headers)
 
 
 @app.get("/", response_class=PlainTextResponse)
@@ -68,22 +126,17 @@ async def index():
 
 
 @app.post("/jobs")
-async def jobs(request: Request, job: dict = Body(default={})):
+async def run_job(request: Request, job: dict = Body(default={})):
     """Runs a job of `work_ms` (at most 5000) ms holding a lease on `jobs:<api key>`;
     `{"fail": true}` makes it fail with a 500."""
     work_ms = min(int(job.get("work_ms", 100)), 5000)
-    lease_key = f'{config["jobs"]["key_prefix"]}:{request.headers["x-api-key"]}'
-    async with limiter.lease(lease_key) as acquired:
-        if acquired is not None and not acquired["allowed"]:
-            headers = {}
-            if acquired["retry_after_ms"] >= 0:  # an upper bound: leases usually end sooner
-                headers["Retry-After"] = str(ceil_s(acquired["retry_after_ms"]))
-            body = {"error": "too many jobs in flight", "limit": acquired["limit"]}
-            return JSONResponse(body, status_code=429, headers=headers)
+    lease_key = f'{jobs["key_prefix"]}:{request.headers["x-api-key"]}'
+    # RateLimited (a 429, above) when the key has `limit` jobs running; the lease is released
+    # when the block ends, however it ends, before the answer is sent.
+    async with limiter.lease(lease_key, jobs["limit"], jobs["lease"]):
         started_ms = time.time() * 1000
         await asyncio.sleep(work_ms / 1000)
         finished_ms = time.time() * 1000
-        # The lease is released when this block ends, however it ends, before the answer is sent.
         if job.get("fail"):
             raise JobFailed()  # a 500, and the middleware refunds its rate cost
     return {"status": "done", "started_at_ms": started_ms, "finished_at_ms": finished_ms}

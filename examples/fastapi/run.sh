@@ -6,11 +6,16 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+# requirements.txt names the repository's package (clients/python): a change to it, or to the
+# Functions library it ships, installs it again.
+package=../../clients/python
+want=$(cat requirements.txt "$package"/pyproject.toml "$package"/hatch_build.py \
+    "$package"/src/redis_ratelimit/*.py ../../lua-reference/functions/ratelimit.lua | sha256sum | cut -d' ' -f1)
 if [ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$want" ]; then
     echo "run.sh: installing requirements.txt into $PWD/.venv" >&2
     python3 -m venv .venv
     .venv/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$package"
     echo "$want" > .venv/.requirements.sha256
 fi
 [ "${1:-}" = install ] && exit 0

@@ -17,47 +17,72 @@ const PROGRAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long installing a client may take.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The virtualenv's python with redis-py, made once (target/snippets/venv); or why not.
+/// The virtualenv's python with redis-py and this repository's package (clients/python,
+/// `redis_ratelimit`), made once (target/snippets/venv); or why not. The package is installed
+/// again once per test run (from the source tree, without the registry), so the pages run
+/// against the package as it stands.
 pub fn python() -> &'static Result<(PathBuf, String), String> {
     static PYTHON: OnceLock<Result<(PathBuf, String), String>> = OnceLock::new();
     PYTHON.get_or_init(|| {
-        let venv = cache_dir().join("venv");
-        let python = venv.join("bin/python");
-        let version = |python: &Path| {
-            let output = run(
-                Command::new(python).args(["-c", "import redis; print(redis.__version__)"]),
-                "",
-                INSTALL_TIMEOUT,
-            )
-            .ok()?;
-            (output.success == Some(true)).then(|| output.stdout.trim().to_string())
-        };
-        if let Some(v) = version(&python) {
-            return Ok((python, v));
-        }
-        let system = find_on_path("python3").ok_or("no python3 on PATH")?;
+        let (python, version) = python_with_redis_py()?;
         step(
-            Command::new(&system)
-                .args(["-m", "venv", "--clear"])
-                .arg(&venv),
-            "python3 -m venv (Debian: apt-get install python3-venv)",
+            Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-build-isolation",
+                    "--no-deps",
+                    "--force-reinstall",
+                ])
+                .arg(super::pages::repo_root().join("clients/python")),
+            "pip install clients/python (the redis_ratelimit package)",
         )?;
-        step(
-            Command::new(&python).args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--upgrade",
-                "redis",
-            ]),
-            "pip install redis (is the package registry reachable?)",
-        )?;
-        version(&python)
-            .map(|v| (python, v))
-            .ok_or_else(|| "redis-py does not import after pip install".to_string())
+        Ok((python, version))
     })
+}
+
+/// The virtualenv with redis-py and hatchling (to build clients/python), made once.
+fn python_with_redis_py() -> Result<(PathBuf, String), String> {
+    let venv = cache_dir().join("venv");
+    let python = venv.join("bin/python");
+    let version = |python: &Path| {
+        let output = run(
+            Command::new(python).args(["-c", "import redis, hatchling; print(redis.__version__)"]),
+            "",
+            INSTALL_TIMEOUT,
+        )
+        .ok()?;
+        (output.success == Some(true)).then(|| output.stdout.trim().to_string())
+    };
+    if let Some(v) = version(&python) {
+        return Ok((python, v));
+    }
+    let system = find_on_path("python3").ok_or("no python3 on PATH")?;
+    step(
+        Command::new(&system)
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+        "python3 -m venv (Debian: apt-get install python3-venv)",
+    )?;
+    step(
+        Command::new(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--upgrade",
+            "redis",
+            "hatchling",
+        ]),
+        "pip install redis hatchling (is the package registry reachable?)",
+    )?;
+    version(&python)
+        .map(|v| (python, v))
+        .ok_or_else(|| "redis-py does not import after pip install".to_string())
 }
 
 /// The npm project with node-redis, made once as a user makes one (target/snippets/node:

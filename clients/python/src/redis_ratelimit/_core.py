@@ -1,0 +1,678 @@
+"""The one core of both limiters: which commands a call sends, and what their replies mean.
+
+It does no I/O. Each operation is a generator that yields what to send (`Call`, `Transaction`,
+`LoadLibrary`) and receives the reply (or the error, thrown in), then returns a typed result;
+`RateLimiter` runs it with a redis-py client, `AsyncRateLimiter` with an asyncio one. Engine
+detection, the Functions library's loading, policies' fallbacks, shadow detection, the breaker
+and `on_error` all live here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
+
+import redis
+
+from ._types import (
+    BURST_ALGORITHMS,
+    Decision,
+    Limit,
+    LimitSpec,
+    MultiDecision,
+    Policy,
+    RateLimitUnavailable,
+    check_cost,
+    check_spec,
+    period_ms,
+)
+
+log = logging.getLogger("redis_ratelimit")
+
+FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms")
+LIBRARY_NAME = "ratelimit"
+ENGINES = ("auto", "module", "library")
+ON_ERROR = ("open", "closed")
+#: Error replies that mean the server cannot serve now (not the caller's mistake).
+_UNAVAILABLE_REPLIES = ("BUSY ", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "READONLY")
+_UNAVAILABLE_TYPES: Tuple[type, ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    asyncio.TimeoutError,
+    OSError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One command: `client.execute_command(*args)`."""
+
+    args: Tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """Commands in one MULTI/EXEC (one round trip); the reply is the list of their replies."""
+
+    calls: Tuple[Tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True)
+class ListLibrary:
+    """`FUNCTION LIST LIBRARYNAME name WITHCODE` (a cluster client asks every primary)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class LoadLibrary:
+    """`FUNCTION LOAD REPLACE code` (on every primary of a cluster)."""
+
+    code: str
+
+
+Op = Union[Call, Transaction, ListLibrary, LoadLibrary]
+Plan = Generator[Op, Any, Any]
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether `error` means Redis is down, refuses or did not answer in time (rather than an
+    error reply to a bad call)."""
+    if isinstance(error, _UNAVAILABLE_TYPES):
+        return True
+    if isinstance(error, redis.ResponseError):
+        text = str(error)
+        return text.startswith(_UNAVAILABLE_REPLIES) or getattr(error, "status_code", None) in (
+            "OOM",
+            "LOADING",
+        )
+    return False
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(reply: Any) -> Dict[str, Any]:
+    """A field/value reply (a flat list under RESP2, a map under RESP3) as a dict of str keys."""
+    items = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
+    return {_text(k): _text(v) for k, v in items}
+
+
+def parse_decision(reply: Any, source: str, period: int = 0, shadow_rejected: bool = False) -> Decision:
+    """One decision from a RESP3 map (`allowed` a bool) or six integers (RESP2, the library)."""
+    if isinstance(reply, dict):
+        named = {_text(k): v for k, v in reply.items()}
+        values = [named[field] for field in FIELDS]
+    else:
+        values = list(reply[:6])
+    allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (int(v) for v in values)
+    return Decision(
+        bool(allowed), limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source, shadow_rejected, period
+    )
+
+
+def parse_multi(
+    reply: Any, source: str, periods: Sequence[int], shadow: Sequence[bool] = ()
+) -> MultiDecision:
+    """A CHECKALL reply (RESP2: the overall decision then one per key; RESP3: the overall map
+    with its `limits`)."""
+    if isinstance(reply, dict):
+        named = {_text(k): v for k, v in reply.items()}
+        overall, each = named, list(named["limits"])
+    else:
+        overall, each = reply[0], list(reply[1:])
+    shadow = list(shadow) or [False] * len(each)
+    limits = [parse_decision(r, source, p, s) for r, p, s in zip(each, periods, shadow)]
+    top = parse_decision(overall, source)
+    return MultiDecision(
+        top.allowed,
+        top.limit,
+        top.remaining,
+        top.retry_after_ms,
+        top.reset_after_ms,
+        top.delay_ms,
+        source,
+        any(d.shadow_rejected for d in limits),
+        limits,
+    )
+
+
+def error_decision(period: int = 0) -> Decision:
+    """What `on_error="open"` answers: admitted, every number 0, `source="error"`."""
+    return Decision(True, 0, 0, 0, 0, 0, "error", False, period)
+
+
+def library_code() -> str:
+    """The package's copy of lua-reference/functions/ratelimit.lua."""
+    return resources.files(__package__).joinpath("ratelimit.lua").read_text(encoding="utf-8")
+
+
+def library_functions(code: str) -> List[str]:
+    return re.findall(r"function_name\s*=\s*'([a-z_]+)'", code)
+
+
+class Breaker:
+    """Consecutive failures open it for `cooldown_s`: calls then apply `on_error` at once,
+    without touching Redis; after the cool-down one call (the probe) goes through, the others
+    still fail at once; the probe's success closes it, its failure opens it again.
+
+    failures: how many consecutive failures open it (0: never); clock: seconds, monotonic.
+    """
+
+    def __init__(self, failures: int = 3, cooldown_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        if failures < 0 or cooldown_s < 0:
+            raise ValueError("breaker failures and cool-down must not be negative")
+        self.threshold = failures
+        self.cooldown_s = cooldown_s
+        self.clock = clock
+        self.failures = 0
+        self.open_until = 0.0
+        self.probing = False
+        self._lock = threading.Lock()
+
+    @property
+    def is_open(self) -> bool:
+        return 0 < self.threshold <= self.failures
+
+    def allow(self) -> bool:
+        """Whether a call may go to Redis now (True for the probe of a half-open breaker)."""
+        with self._lock:
+            if not self.is_open:
+                return True
+            if self.probing or self.clock() < self.open_until:
+                return False
+            self.probing = True
+            return True
+
+    def success(self) -> None:
+        with self._lock:
+            if self.is_open:
+                log.info("redis_ratelimit: Redis answers again: breaker closed")
+            self.failures = 0
+            self.probing = False
+
+    def failure(self) -> None:
+        with self._lock:
+            self.failures += 1
+            self.probing = False
+            if self.is_open:
+                self.open_until = self.clock() + self.cooldown_s
+                if self.failures == self.threshold:
+                    log.warning(
+                        "redis_ratelimit: %d consecutive failures: breaker open, on_error applies "
+                        "at once, one probe every %.3g s",
+                        self.failures,
+                        self.cooldown_s,
+                    )
+
+    def abandon(self) -> None:
+        """A call ended without an outcome (cancelled): a probe may go again."""
+        with self._lock:
+            self.probing = False
+
+
+class _Definition:
+    """A policy as the server defines it (`RATELIMIT.POLICY GET`), as far as calls need it."""
+
+    def __init__(self, fields: Dict[str, Any]):
+        self.fields = fields
+        self.algorithm = fields["algorithm"]
+        self.shadow = fields.get("mode") == "shadow"
+        self.period_ms = int(fields.get("period_ms", fields.get("lease_ms", 0)))
+
+    def inline(self) -> List[str]:
+        """The same limit as inline arguments (to PEEK what enforcement would answer)."""
+        words = [self.algorithm, str(self.fields["limit"]), f"{self.period_ms}ms"]
+        if self.algorithm in BURST_ALGORITHMS:
+            words += ["BURST", str(self.fields["burst"])]
+        if int(self.fields.get("block_ms") or 0) > 0:
+            words += ["BLOCK", f"{self.fields['block_ms']}ms"]
+        return words
+
+
+_NO_SUCH_POLICY = re.compile(r"no such policy '([^']*)'")
+
+
+class Core:
+    """The state and the plans shared by `RateLimiter` and `AsyncRateLimiter`."""
+
+    def __init__(
+        self,
+        *,
+        engine: str = "auto",
+        on_error: str = "open",
+        prefix: str = "fn:",
+        breaker_failures: int = 3,
+        breaker_cooldown: float = 1.0,
+        policy_refresh: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'open' or 'closed', not {on_error!r}")
+        if not isinstance(prefix, str):
+            raise TypeError("prefix must be a str")
+        self.mode = engine
+        self.on_error = on_error
+        self.prefix = prefix
+        self.breaker = Breaker(breaker_failures, breaker_cooldown, clock)
+        self.policy_refresh = policy_refresh
+        self.clock = clock
+        #: "module" or "library" once known.
+        self.engine: Optional[str] = "module" if engine == "module" else None
+        self._library_ready = False
+        self._policies: Dict[str, Tuple[float, Optional[_Definition]]] = {}
+        self._warned: set = set()
+        self._code: Optional[str] = None
+
+    # -- engines -------------------------------------------------------------------------
+
+    def _use(self, engine: str) -> None:
+        if self.engine == engine and ("engine", engine) in self._warned:
+            return
+        self.engine = engine
+        if ("engine", engine) in self._warned:
+            return
+        self._warned.add(("engine", engine))
+        if engine == "module":
+            log.info("redis_ratelimit: engine: the module (RATELIMIT.* commands)")
+        else:
+            why = "engine='library'" if self.mode == "library" else "the server has no module"
+            log.info(
+                "redis_ratelimit: engine: the Functions library '%s' (FCALL ratelimit_*, keys under "
+                "'%s'): %s",
+                LIBRARY_NAME,
+                self.prefix,
+                why,
+            )
+
+    @property
+    def code(self) -> str:
+        if self._code is None:
+            self._code = library_code()
+        return self._code
+
+    def _libraries(self, reply: Any) -> List[Optional[Dict[str, Any]]]:
+        """FUNCTION LIST's `ratelimit` library per node (one node, or a cluster's dict of them):
+        its fields, or None where it is missing."""
+        if isinstance(reply, dict) and reply and not any(_text(k) == "library_name" for k in reply):
+            replies = list(reply.values())  # a cluster: one reply per primary
+        else:
+            replies = [reply]
+        found: List[Optional[Dict[str, Any]]] = []
+        for libraries in replies:
+            mine = None
+            for library in libraries or []:
+                fields = _pairs(library)
+                if fields.get("library_name") == LIBRARY_NAME:
+                    mine = fields
+            found.append(mine)
+        return found
+
+    def ensure_library(self) -> Plan:
+        """Loads the package's library where it is missing or lacks a function of the package's;
+        a library with every function but other code is used as it is (said once)."""
+        if self._library_ready:
+            return
+        reply = yield ListLibrary(LIBRARY_NAME)
+        wanted = set(library_functions(self.code))
+        load = None
+        differs = False
+        for library in self._libraries(reply):
+            if library is None:
+                load = load or "loaded"
+                continue
+            names = {_pairs(f).get("name") for f in library.get("functions") or []}
+            if not wanted <= names:
+                load = "replaced an older"
+            elif library.get("library_code") != self.code:
+                differs = True
+        if load:
+            yield LoadLibrary(self.code)
+            log.info(
+                "redis_ratelimit: %s Functions library '%s' (FUNCTION LOAD)",
+                load if load != "loaded" else "loaded the",
+                LIBRARY_NAME,
+            )
+        elif differs and "differs" not in self._warned:
+            self._warned.add("differs")
+            log.warning(
+                "redis_ratelimit: the server's Functions library '%s' has every function but other "
+                "code than this package's: using it as it is (load_library() replaces it)",
+                LIBRARY_NAME,
+            )
+        self._library_ready = True
+
+    def load_library(self) -> Plan:
+        yield LoadLibrary(self.code)
+        self._library_ready = True
+        log.info("redis_ratelimit: loaded the Functions library '%s' (FUNCTION LOAD)", LIBRARY_NAME)
+
+    def detect(self) -> Plan:
+        """The engine that serves ("module" or "library"), loading the library if needed."""
+        if self.engine is None:
+            try:
+                yield Call(("RATELIMIT.POLICY", "LIST"))
+                self._use("module")
+            except redis.RedisError as error:  # a cluster client: RedisError
+                if not _unknown_command(error):
+                    raise
+                self.engine = "library"
+        if self.engine == "library" or self.mode == "library":
+            yield from self.ensure_library()
+            self._use("library")
+        else:
+            self._use("module")
+        return self.engine
+
+    def _call(
+        self,
+        module: Optional[Tuple[Any, ...]],
+        function: str,
+        keys: Sequence[str],
+        args: Optional[Sequence[Any]],
+        readonly: bool = False,
+    ) -> Plan:
+        """The module's command, or the library's `function` on the prefixed keys with `args`
+        (None: this call has no library form, e.g. a policy without a fallback); (reply, source)."""
+        if self.mode != "library" and self.engine != "library" and module is not None:
+            try:
+                reply = yield Call(module)
+            except redis.RedisError as error:  # a cluster client: RedisError
+                if self.mode == "module" or not _unknown_command(error):
+                    raise
+                self.engine = "library"
+            else:
+                if self.engine is None:
+                    self._use("module")
+                return reply, "module"
+        if args is None:
+            raise redis.ResponseError(
+                "no such policy: the Functions library has no policies (give the Policy a "
+                "fallback=Limit(...))"
+            )
+        # Loaded (and said so) before the engine is announced: the log reads in order.
+        yield from self.ensure_library()
+        self._use("library")
+        command: Tuple[Any, ...] = ("FCALL_RO" if readonly else "FCALL", function, len(keys))
+        command += tuple(self.prefix + key for key in keys) + tuple(args)
+        try:
+            reply = yield Call(command)
+        except redis.ResponseError as error:
+            if "function not found" not in str(error).lower():
+                raise
+            self._library_ready = False  # flushed meanwhile: load it again, once
+            yield from self.ensure_library()
+            reply = yield Call(command)
+        return reply, "library"
+
+    # -- policies ------------------------------------------------------------------------
+
+    def _definition(self, policy: Policy) -> Plan:
+        """The policy's definition (cached for `policy_refresh` s), None if the server has none;
+        on the library (or before the engine is known, and it is the library) None."""
+        if self.engine == "library" or self.mode == "library":
+            return None
+        cached = self._policies.get(policy.name)
+        if cached is not None and self.clock() - cached[0] < self.policy_refresh:
+            return cached[1]
+        try:
+            reply = yield Call(("RATELIMIT.POLICY", "GET", policy.name))
+        except redis.RedisError as error:  # a cluster client: RedisError
+            if self.mode == "module" or not _unknown_command(error):
+                raise
+            self.engine = "library"  # announced once the library is ready
+            return None
+        if self.engine is None:
+            self._use("module")
+        definition = None if reply is None else _Definition(_pairs(reply))
+        self._policies[policy.name] = (self.clock(), definition)
+        return definition
+
+    def _resolve(self, spec: LimitSpec) -> Plan:
+        """(module args, library args or None, period ms, shadow definition or None)."""
+        if isinstance(spec, Limit):
+            return spec.args(), spec.args(), spec.period_ms, None
+        fallback = spec.fallback.args() if spec.fallback else None
+        fallback_period = spec.fallback.period_ms if spec.fallback else 0
+        definition = yield from self._definition(spec)
+        if self.engine == "library" or self.mode == "library":
+            return None, fallback, fallback_period, None
+        if definition is None:
+            if spec.fallback is None:
+                return spec.args(), None, 0, None  # the server says "no such policy"
+            self._warn_fallback(spec)
+            return fallback, fallback, fallback_period, None
+        return spec.args(), fallback, definition.period_ms, definition if definition.shadow else None
+
+    def _warn_fallback(self, policy: Policy) -> None:
+        if ("fallback", policy.name) not in self._warned:
+            self._warned.add(("fallback", policy.name))
+            log.warning(
+                "redis_ratelimit: the server has no policy '%s': using its fallback %s",
+                policy.name,
+                " ".join(policy.fallback.args() if policy.fallback else ()),
+            )
+
+    def _forget(self, error: redis.ResponseError, specs: Sequence[LimitSpec]) -> bool:
+        """After `no such policy` (deleted since it was read): forget it; whether to retry."""
+        match = _NO_SUCH_POLICY.search(str(error))
+        if not match:
+            return False
+        for spec in specs:
+            if isinstance(spec, Policy) and spec.name == match.group(1) and spec.fallback:
+                if self._policies.get(spec.name, (0, None))[1] is not None:
+                    self._policies[spec.name] = (self.clock(), None)
+                    return True
+        return False
+
+    # -- the calls -----------------------------------------------------------------------
+
+    def decide(self, verb: str, key: str, spec: LimitSpec, cost: int) -> Plan:
+        """CHECK, PEEK or REFUND of `key` against `spec`."""
+        _key(key)
+        check_spec(spec)
+        check_cost(cost)
+        function = {"CHECK": "ratelimit_check", "PEEK": "ratelimit_peek", "REFUND": "ratelimit_refund"}[verb]
+        for attempt in (0, 1):
+            module_args, library_args, period, shadow = yield from self._resolve(spec)
+            cost_args = ["COST", str(cost)]
+            try:
+                if shadow is not None and verb == "CHECK":
+                    # What enforcement answers, in the same round trip (one MULTI).
+                    peek = ("RATELIMIT.PEEK", key, *shadow.inline(), *cost_args)
+                    check = ("RATELIMIT.CHECK", key, *module_args, *cost_args)
+                    enforced, answered = yield Transaction((peek, check))
+                    rejected = not parse_decision(enforced, "module").allowed
+                    decision = parse_decision(answered, "module", period, rejected)
+                    if rejected:
+                        log.info(
+                            "redis_ratelimit: shadow policy '%s' would have rejected %s (retry in %d ms); admitted",
+                            getattr(spec, "name", ""),
+                            key,
+                            parse_decision(enforced, "module").retry_after_ms,
+                        )
+                    return decision
+                module = None if module_args is None else (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
+                library = None if library_args is None else [*library_args, *cost_args]
+                reply, source = yield from self._call(module, function, [key], library, verb == "PEEK")
+                return parse_decision(reply, source, period)
+            except redis.ResponseError as error:
+                if attempt or not self._forget(error, [spec]):
+                    raise
+
+    def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int) -> Plan:
+        pairs = list(pairs)
+        if not pairs:
+            raise ValueError("check_all needs at least one (key, limit) pair")
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError("check_all takes a list of (key, limit) pairs")
+            _key(pair[0])
+            check_spec(pair[1])
+        check_cost(cost)
+        keys = [key for key, _ in pairs]
+        specs = [spec for _, spec in pairs]
+        for attempt in (0, 1):
+            resolved = []
+            for spec in specs:
+                resolved.append((yield from self._resolve(spec)))
+            cost_args = ["COST", str(cost)]
+            periods = [r[2] for r in resolved]
+            try:
+                module = None
+                if all(r[0] is not None for r in resolved):
+                    specs_args = [w for r in resolved for w in r[0]]
+                    module = ("RATELIMIT.CHECKALL", len(keys), *keys, *specs_args, *cost_args)
+                library = None
+                if all(r[1] is not None for r in resolved):
+                    library = [w for r in resolved for w in r[1]] + cost_args
+                shadows = [r[3] for r in resolved]
+                if module is not None and any(shadows):
+                    peeks = tuple(
+                        ("RATELIMIT.PEEK", key, *s.inline(), *cost_args)
+                        for key, s in zip(keys, shadows)
+                        if s is not None
+                    )
+                    replies = yield Transaction(peeks + (module,))
+                    verdicts = iter(not parse_decision(r, "module").allowed for r in replies[:-1])
+                    flags = [next(verdicts) if s is not None else False for s in shadows]
+                    return parse_multi(replies[-1], "module", periods, flags)
+                reply, source = yield from self._call(module, "ratelimit_checkall", keys, library)
+                return parse_multi(reply, source, periods)
+            except redis.ResponseError as error:
+                if attempt or not self._forget(error, specs):
+                    raise
+
+    def acquire(self, key: str, limit: int, lease: Any, lease_id: str, cost: int) -> Plan:
+        _key(key)
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"a concurrency limit is an int, not {type(limit).__name__}")
+        lease_ms = period_ms(lease, "lease")
+        _lease_id(lease_id)
+        check_cost(cost, 1)
+        args = [str(limit), _word(lease), "ID", lease_id, "COST", str(cost)]
+        reply, source = yield from self._call(("RATELIMIT.ACQUIRE", key, *args), "ratelimit_acquire", [key], args)
+        return parse_decision(reply, source, lease_ms)
+
+    def release(self, key: str, lease_id: str) -> Plan:
+        _key(key)
+        _lease_id(lease_id)
+        args = ["ID", lease_id]
+        reply, _ = yield from self._call(("RATELIMIT.RELEASE", key, *args), "ratelimit_release", [key], args)
+        return int(reply)
+
+    def reset(self, keys: Sequence[str]) -> Plan:
+        if not keys:
+            raise ValueError("reset needs at least one key")
+        for key in keys:
+            _key(key)
+        reply, _ = yield from self._call(("RATELIMIT.RESET", *keys), "ratelimit_reset", keys, [])
+        return int(reply)
+
+    # -- policies (the module's) ---------------------------------------------------------
+
+    def policy_set(self, name: str, limit: Limit, shadow: bool) -> Plan:
+        Policy(name)
+        if not isinstance(limit, Limit):
+            raise TypeError(f"a policy's limit is a Limit, not {type(limit).__name__}")
+        words = ("RATELIMIT.POLICY", "SET", name, *limit.args()) + (("SHADOW",) if shadow else ())
+        yield Call(words)
+        self._policies.pop(name, None)
+
+    def policy_get(self, name: str) -> Plan:
+        Policy(name)
+        reply = yield Call(("RATELIMIT.POLICY", "GET", name))
+        if reply is None:
+            return None
+        return {k: (int(v) if isinstance(v, int) else v) for k, v in _pairs(reply).items()}
+
+    def policy_delete(self, name: str) -> Plan:
+        Policy(name)
+        reply = yield Call(("RATELIMIT.POLICY", "DEL", name))
+        self._policies.pop(name, None)
+        return bool(reply)
+
+    def policy_list(self) -> Plan:
+        reply = yield Call(("RATELIMIT.POLICY", "LIST"))
+        return [_text(name) for name in reply]
+
+    # -- errors --------------------------------------------------------------------------
+
+    def guarded(self, plan: Plan, period: int = 0, decides: bool = True) -> Plan:
+        """Runs `plan` under the breaker: Redis unavailable (or the breaker open) gives
+        `error_decision` with `on_error="open"` (for calls that decide), else raises
+        `RateLimitUnavailable`; an error reply is the caller's and is raised as it is."""
+        if not self.breaker.allow():
+            return self._fail(None, period, decides)
+        done = False
+        try:
+            result = yield from plan
+            done = True
+        except Exception as error:
+            if not unavailable(error):
+                self.breaker.success()  # Redis answered
+                done = True
+                raise
+            self.breaker.failure()
+            done = True
+            return self._fail(error, period, decides)
+        finally:
+            if not done:
+                self.breaker.abandon()
+        self.breaker.success()
+        return result
+
+    def _fail(self, error: Optional[BaseException], period: int, decides: bool) -> Any:
+        why = f"{type(error).__name__}: {error}" if error is not None else "breaker open"
+        if error is not None:
+            log.warning(
+                "redis_ratelimit: Redis unavailable (%s): %s",
+                why,
+                "failing open" if self.on_error == "open" and decides else "failing closed",
+            )
+        if self.on_error == "open" and decides:
+            return error_decision(period)
+        raise RateLimitUnavailable(f"Redis unavailable ({why})") from error
+
+
+def _unknown_command(error: Exception) -> bool:
+    """The server has no such command (a cluster client says so before sending it)."""
+    text = str(error).lower()
+    return "unknown command" in text or "command doesn't exist in redis commands" in text
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a key is a non-empty str, not {key!r}")
+    return key
+
+
+def _lease_id(lease_id: object) -> str:
+    if not isinstance(lease_id, str) or not 1 <= len(lease_id.encode()) <= 128:
+        raise ValueError(f"a lease id is a str of 1 to 128 bytes, not {lease_id!r}")
+    return lease_id
+
+
+def _word(value: Any) -> str:
+    return value.strip() if isinstance(value, str) else f"{period_ms(value)}ms"
+
+
+def spec_period(spec: LimitSpec) -> int:
+    """The period known without asking the server (a Limit's, a Policy's fallback's), else 0."""
+    spec = check_spec(spec)
+    if isinstance(spec, Limit):
+        return spec.period_ms
+    return spec.fallback.period_ms if spec.fallback else 0

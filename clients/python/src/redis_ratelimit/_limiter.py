@@ -1,0 +1,351 @@
+"""`RateLimiter` (redis-py's sync client) and `AsyncRateLimiter` (`redis.asyncio`): thin runners
+of the core's plans, one method each per operation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import redis
+import redis.asyncio
+
+from ._core import Call, Core, ListLibrary, LoadLibrary, Plan, Transaction, spec_period
+from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimited, RateLimitUnavailable
+
+log = logging.getLogger("redis_ratelimit")
+
+#: What `from_url` waits for Redis (connect and each reply), in seconds.
+DEFAULT_TIMEOUT = 0.5
+#: `from_url`'s client, made at the first call.
+_LATER = object()
+_LIMITER_OPTIONS = ("on_error", "engine", "prefix", "breaker_failures", "breaker_cooldown", "policy_refresh")
+
+
+class _Common:
+    """The methods both limiters share; `_run` executes a plan (sync) or returns an awaitable."""
+
+    _core: Core
+
+    def _run(self, plan: Plan, period: int = 0, decides: bool = True) -> Any:
+        raise NotImplementedError
+
+    @property
+    def engine(self) -> Optional[str]:
+        """"module" or "library" once a call has found out (None before)."""
+        return self._core.engine
+
+    @property
+    def on_error(self) -> str:
+        return self._core.on_error
+
+    def check(self, key: str, limit: LimitSpec, cost: int = 1) -> Any:
+        """Decides one request of `cost` on `key` and consumes it if admitted: a `Decision`."""
+        return self._run(self._core.decide("CHECK", key, limit, cost), spec_period(limit))
+
+    def peek(self, key: str, limit: LimitSpec, cost: int = 1) -> Any:
+        """What `check` would answer now, changing nothing."""
+        return self._run(self._core.decide("PEEK", key, limit, cost), spec_period(limit))
+
+    def refund(self, key: str, limit: LimitSpec, cost: int) -> Any:
+        """Gives back up to `cost` that earlier checks consumed; the decision right after."""
+        return self._run(self._core.decide("REFUND", key, limit, cost), spec_period(limit))
+
+    def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1) -> Any:
+        """One request against several limits, all or nothing (`RATELIMIT.CHECKALL`; in a
+        cluster the keys need one hash tag): a `MultiDecision`."""
+        pairs = list(pairs)
+        return self._run(self._core.check_all(pairs, cost), decides=True, multi=len(pairs))
+
+    def reset(self, *keys: str) -> Any:
+        """Deletes limiters (of the engine that serves); how many existed."""
+        return self._run(self._core.reset(keys), decides=False)
+
+    def acquire(self, key: str, limit: int, lease: Period, *, id: str, cost: int = 1) -> Any:
+        """Takes (or renews) a lease of `cost` under `id` on a concurrency limit of `limit`, for
+        `lease` (`"30s"`); refused if it does not fit (look at `allowed`)."""
+        from ._types import period_ms
+
+        return self._run(self._core.acquire(key, limit, lease, id, cost), period_ms(lease, "lease"))
+
+    def release(self, key: str, id: str) -> Any:
+        """Gives `id`'s lease back: 1 if it held one, else 0."""
+        return self._run(self._core.release(key, id), decides=False)
+
+    def detect_engine(self) -> Any:
+        """Finds the engine that serves ("module" or "library"), loading the Functions library
+        if it is needed and missing, and logs it; calls do this by themselves when needed."""
+        return self._run(self._core.detect(), decides=False)
+
+    def load_library(self) -> Any:
+        """`FUNCTION LOAD REPLACE` of the package's library (on every primary of a cluster)."""
+        return self._run(self._core.load_library(), decides=False)
+
+
+class Policies:
+    """`limiter.policies`: the server's named limits (the module's `RATELIMIT.POLICY`). With
+    `AsyncRateLimiter` each method returns an awaitable."""
+
+    def __init__(self, limiter: _Common):
+        self._limiter = limiter
+
+    def set(self, name: str, limit: Limit, shadow: bool = False) -> Any:
+        """Defines (or replaces) policy `name` as `limit`, in shadow mode if `shadow`."""
+        return self._limiter._run(self._limiter._core.policy_set(name, limit, shadow), decides=False)
+
+    def get(self, name: str) -> Any:
+        """Its definition (`algorithm`, `limit`, `period_ms`, `burst`, `mode`, `block_ms`), or None."""
+        return self._limiter._run(self._limiter._core.policy_get(name), decides=False)
+
+    def delete(self, name: str) -> Any:
+        """Removes it: whether it existed."""
+        return self._limiter._run(self._limiter._core.policy_delete(name), decides=False)
+
+    def list(self) -> Any:
+        """The names, sorted."""
+        return self._limiter._run(self._limiter._core.policy_list(), decides=False)
+
+
+class AsyncPolicies(Policies):
+    """`AsyncRateLimiter.policies`: the same methods, awaited."""
+
+
+def _client_kwargs(kwargs: dict) -> Tuple[dict, dict]:
+    limiter = {k: kwargs.pop(k) for k in list(kwargs) if k in _LIMITER_OPTIONS}
+    return limiter, kwargs
+
+
+class RateLimiter(_Common):
+    """Rate limits with redis-py's sync client (`redis.Redis`, `redis.RedisCluster`), RESP2 or
+    RESP3.
+
+    on_error: "open" (Redis down, refusing or silent: an admitted `Decision(source="error")`)
+    or "closed" (`RateLimitUnavailable`); engine: "auto" (the module, else the Functions
+    library), "module" or "library"; prefix: where the library's keys live ("fn:");
+    breaker_failures, breaker_cooldown: that many consecutive failures make every call apply
+    `on_error` at once for `breaker_cooldown` s, then one call probes; policy_refresh: how long
+    a policy's definition is kept (s). A stall costs a call the client's `socket_timeout`
+    (`from_url` sets it): give your own client one.
+    """
+
+    def __init__(self, client: Any, **options: Any):
+        unknown = set(options) - set(_LIMITER_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
+        if isinstance(client, redis.asyncio.Redis):
+            raise TypeError("RateLimiter takes a sync client; use AsyncRateLimiter with redis.asyncio")
+        self.client = client
+        self._core = Core(**options)
+        self.policies = Policies(self)
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "RateLimiter":
+        """A limiter on a client of its own: `timeout` bounds the connection and every reply,
+        and a timeout is not retried (the breaker takes over). Other keyword arguments go to the
+        limiter if they are its options, else to `redis.Redis.from_url`."""
+        options, client_kwargs = _client_kwargs(dict(kwargs))
+        client_kwargs.setdefault("socket_timeout", timeout)
+        client_kwargs.setdefault("socket_connect_timeout", timeout)
+        if cluster:
+            client = redis.RedisCluster.from_url(url, **client_kwargs)
+        else:
+            client_kwargs.setdefault("retry", _no_retry())
+            client = redis.Redis.from_url(url, **client_kwargs)
+        return cls(client, **options)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "RateLimiter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _perform(self, op: Any) -> Any:
+        if isinstance(op, Call):
+            return self.client.execute_command(*op.args)
+        if isinstance(op, Transaction):
+            pipe = self.client.pipeline(transaction=True)
+            for call in op.calls:
+                pipe.execute_command(*call)
+            return pipe.execute()
+        if isinstance(op, ListLibrary):
+            return self.client.function_list(library=op.name, withcode=True)
+        if isinstance(op, LoadLibrary):
+            return self.client.function_load(op.code, replace=True)
+        raise TypeError(op)
+
+    def _run(self, plan: Plan, period: int = 0, decides: bool = True, multi: int = 0) -> Any:
+        plan = self._core.guarded(plan, period, decides)
+        if multi:
+            plan = _multi_on_error(plan, multi)
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                op = plan.throw(error) if error is not None else plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply, error = None, None
+            try:
+                reply = self._perform(op)
+            except Exception as e:  # thrown into the plan, which decides
+                error = e
+
+    @contextlib.contextmanager
+    def lease(self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None) -> Iterator[Decision]:
+        """Holds a lease for the block (a random id unless `id`): `RateLimited` if refused;
+        released when the block ends, however it ends (an unreachable Redis is logged: the lease
+        expires by itself)."""
+        lease_id = id or uuid.uuid4().hex
+        decision = self.acquire(key, limit, lease, id=lease_id, cost=cost)
+        if not decision.allowed:
+            raise RateLimited(decision)
+        try:
+            yield decision
+        finally:
+            if decision.source != "error":
+                try:
+                    self.release(key, lease_id)
+                except RateLimitUnavailable as error:
+                    log.warning("redis_ratelimit: release of %s not done (%s): it expires by itself", key, error)
+
+
+class AsyncRateLimiter(_Common):
+    """`RateLimiter` for `redis.asyncio` clients: the same methods and options, awaited, and
+    `async with limiter.lease(...)`. timeout: every call is bounded by it (seconds; default the
+    client's `socket_timeout`, None: unbounded), however the client is configured."""
+
+    def __init__(self, client: Any, *, timeout: Optional[float] = None, **options: Any):
+        unknown = set(options) - set(_LIMITER_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
+        if isinstance(client, redis.Redis):
+            raise TypeError("AsyncRateLimiter takes a redis.asyncio client; use RateLimiter with redis.Redis")
+        if client is None:
+            raise TypeError("AsyncRateLimiter needs a redis.asyncio client (or AsyncRateLimiter.from_url)")
+        self._client = None if client is _LATER else client
+        self._make_client: Optional[Callable[[], Any]] = None
+        if timeout is None:
+            pool = getattr(client, "connection_pool", None)
+            timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+        self.timeout = timeout
+        self._core = Core(**options)
+        self.policies = AsyncPolicies(self)
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
+        """As `RateLimiter.from_url`, with a `redis.asyncio` client."""
+        options, client_kwargs = _client_kwargs(dict(kwargs))
+        client_kwargs.setdefault("socket_timeout", timeout)
+        client_kwargs.setdefault("socket_connect_timeout", timeout)
+        if not cluster:
+            client_kwargs.setdefault("retry", _no_retry(asyncio=True))
+        kind = redis.asyncio.RedisCluster if cluster else redis.asyncio.Redis
+        limiter = cls(_LATER, timeout=timeout, **options)
+        # Made at the first call, inside the event loop that serves it: a limiter made at import
+        # time (a module-level app) binds nothing to another loop (Python 3.9's asyncio does).
+        limiter._make_client = lambda: kind.from_url(url, **client_kwargs)
+        return limiter
+
+    @property
+    def client(self) -> Any:
+        """The `redis.asyncio` client (for `from_url`, made at its first use)."""
+        if self._client is None and self._make_client is not None:
+            self._client = self._make_client()
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is None:
+            return
+        close = getattr(self._client, "aclose", None) or self._client.close
+        await close()
+
+    async def __aenter__(self) -> "AsyncRateLimiter":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def _perform(self, op: Any) -> Any:
+        if isinstance(op, Call):
+            return await self.client.execute_command(*op.args)
+        if isinstance(op, Transaction):
+            pipe = self.client.pipeline(transaction=True)
+            for call in op.calls:
+                pipe.execute_command(*call)
+            return await pipe.execute()
+        if isinstance(op, ListLibrary):
+            return await self.client.function_list(library=op.name, withcode=True)
+        if isinstance(op, LoadLibrary):
+            return await self.client.function_load(op.code, replace=True)
+        raise TypeError(op)
+
+    async def _run(self, plan: Plan, period: int = 0, decides: bool = True, multi: int = 0) -> Any:
+        plan = self._core.guarded(plan, period, decides)
+        if multi:
+            plan = _multi_on_error(plan, multi)
+        reply: Any = None
+        error: Optional[BaseException] = None
+        try:
+            while True:
+                try:
+                    op = plan.throw(error) if error is not None else plan.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                reply, error = None, None
+                try:
+                    if self.timeout is None:
+                        reply = await self._perform(op)
+                    else:
+                        reply = await asyncio.wait_for(self._perform(op), self.timeout)
+                except asyncio.TimeoutError as e:
+                    error = redis.TimeoutError(f"no reply within {self.timeout} s")
+                    error.__cause__ = e
+                except Exception as e:
+                    error = e
+        finally:
+            plan.close()  # cancelled mid-plan: the breaker forgets the probe
+
+    @contextlib.asynccontextmanager
+    async def lease(self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None) -> AsyncIterator[Decision]:
+        """As `RateLimiter.lease`: `async with limiter.lease(key, 2, "30s") as decision: ...`."""
+        lease_id = id or uuid.uuid4().hex
+        decision = await self.acquire(key, limit, lease, id=lease_id, cost=cost)
+        if not decision.allowed:
+            raise RateLimited(decision)
+        try:
+            yield decision
+        finally:
+            if decision.source != "error":
+                try:
+                    await self.release(key, lease_id)
+                except RateLimitUnavailable as error:
+                    log.warning("redis_ratelimit: release of %s not done (%s): it expires by itself", key, error)
+
+
+def _multi_on_error(plan: Plan, count: int) -> Plan:
+    """check_all's `on_error="open"` answer is a MultiDecision of `count` error decisions."""
+    result = yield from plan
+    if isinstance(result, Decision):  # the error decision
+        return MultiDecision(True, 0, 0, 0, 0, 0, "error", False, [result] * count)
+    return result
+
+
+def _no_retry(asyncio: bool = False) -> Any:
+    """No retry of a failed call: the breaker, not the client, decides what follows a failure."""
+    from redis.backoff import NoBackoff
+
+    if asyncio:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        return AsyncRetry(NoBackoff(), 0)
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
+__all__: List[str] = ["RateLimiter", "AsyncRateLimiter", "Policies", "AsyncPolicies"]

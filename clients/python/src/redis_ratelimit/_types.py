@@ -1,0 +1,219 @@
+"""The package's values: limits, policies, decisions and errors. No I/O."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Union
+
+#: The module's rate-limit algorithms (docs/commands.md), in its own order.
+ALGORITHMS = (
+    "token-bucket",
+    "leaky-bucket",
+    "fixed-window",
+    "sliding-window",
+    "sliding-log",
+    "gcra",
+)
+#: The algorithms that take `BURST`.
+BURST_ALGORITHMS = ("token-bucket", "leaky-bucket", "gcra")
+
+MAX_AMOUNT = 10**12
+MAX_PERIOD_MS = 3650 * 86_400_000
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_PERIOD = re.compile(r"^([0-9]+)(ms|s|m|h|d)?$", re.IGNORECASE)
+_POLICY_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+Period = Union[str, int, datetime.timedelta]
+
+
+def period_ms(value: Period, what: str = "period") -> int:
+    """A duration as the module takes it (`"1m"`, `"250ms"`, an int of ms, or a `timedelta` of
+    whole ms) in ms; `ValueError` outside 1 ms to 3650 days."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a str like '1m', an int of ms or a timedelta, not a bool")
+    if isinstance(value, datetime.timedelta):
+        ms, rest = divmod(value // datetime.timedelta(microseconds=1), 1000)
+        if rest:
+            raise ValueError(f"{what} must be whole milliseconds, not {value}")
+    elif isinstance(value, int):
+        ms = value
+    elif isinstance(value, str):
+        match = _PERIOD.match(value.strip())
+        if not match:
+            raise ValueError(
+                f"{what} must be an integer of ms or with a unit ms, s, m, h or d "
+                f"(250ms, 1s, 15m, 1h, 1d), not {value!r}"
+            )
+        ms = int(match.group(1)) * _UNITS_MS[(match.group(2) or "ms").lower()]
+    else:
+        raise TypeError(
+            f"{what} must be a str like '1m', an int of ms or a timedelta, not {type(value).__name__}"
+        )
+    if not 1 <= ms <= MAX_PERIOD_MS:
+        raise ValueError(f"{what} must be from 1 ms to 3650 days, not {value!r}")
+    return ms
+
+
+def _amount(value: object, what: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if not low <= value <= MAX_AMOUNT:
+        raise ValueError(f"{what} must be an integer from {low} to {MAX_AMOUNT}, not {value}")
+    return value
+
+
+def check_cost(cost: object, low: int = 0) -> int:
+    """A request's weight: an int from `low` (0, 1 for a lease) to 10^12."""
+    return _amount(cost, "cost", low)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A limit given inline: `Limit("sliding-window", 100, "1m")`, `Limit("token-bucket", 10, "1s",
+    burst=20, block="15m")`.
+
+    algorithm: one of the module's six (`ALGORITHMS`, case-insensitive); limit: requests per
+    period, 1 to 10^12; period: `"1m"`, `"250ms"`, an int of ms or a `timedelta` (1 ms to 3650
+    days); burst: a bucket's or gcra's capacity (default: limit), only for those three; block: a
+    penalty block for whoever exceeds the limit (the period's syntax). Checked here, when it is
+    made: a bad limit is a `ValueError` (or `TypeError`) before any call.
+    """
+
+    algorithm: str
+    limit: int
+    period: Period
+    burst: Optional[int] = None
+    block: Optional[Period] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ALGORITHMS:
+            raise ValueError(
+                f"unknown algorithm {self.algorithm!r}: expected one of {', '.join(ALGORITHMS)}"
+            )
+        object.__setattr__(self, "algorithm", self.algorithm.lower())
+        _amount(self.limit, "limit")
+        period_ms(self.period)
+        if self.burst is not None:
+            if self.algorithm not in BURST_ALGORITHMS:
+                raise ValueError(
+                    f"burst applies only to {', '.join(BURST_ALGORITHMS)}, not {self.algorithm}"
+                )
+            _amount(self.burst, "burst")
+        if self.block is not None:
+            period_ms(self.block, "block")
+
+    @property
+    def period_ms(self) -> int:
+        """The period in ms."""
+        return period_ms(self.period)
+
+    @property
+    def capacity(self) -> int:
+        """The most `remaining` can be: the burst for the buckets and gcra, else the limit."""
+        return self.burst if self.burst is not None else self.limit
+
+    def args(self) -> List[str]:
+        """The module's words for this limit: `algorithm limit period [BURST b] [BLOCK d]`."""
+        words = [self.algorithm, str(self.limit), _period_word(self.period)]
+        if self.burst is not None:
+            words += ["BURST", str(self.burst)]
+        if self.block is not None:
+            words += ["BLOCK", _period_word(self.block)]
+        return words
+
+
+def _period_word(value: Period) -> str:
+    if isinstance(value, str):
+        return value.strip()
+    return f"{period_ms(value)}ms" if isinstance(value, datetime.timedelta) else str(value)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A limit defined on the server by name (`RATELIMIT.POLICY SET`): `Policy("api")`.
+
+    fallback: the inline `Limit` used where policies do not exist (the Functions library has
+    none) and, with a warning logged once, when the server has no policy of that name. Without
+    one, those cases raise `redis.ResponseError` ("no such policy").
+    """
+
+    name: str
+    fallback: Optional[Limit] = None
+
+    def __init__(self, name: str, *, fallback: Optional[Limit] = None) -> None:
+        if not isinstance(name, str) or not _POLICY_NAME.match(name):
+            raise ValueError(
+                f"policy name must be 1 to 64 characters of A-Z, a-z, 0-9, '_', '-' and '.', not {name!r}"
+            )
+        if fallback is not None and not isinstance(fallback, Limit):
+            raise TypeError(f"fallback must be a Limit, not {type(fallback).__name__}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "fallback", fallback)
+
+    def args(self) -> List[str]:
+        return ["POLICY", self.name]
+
+
+LimitSpec = Union[Limit, Policy]
+
+
+def check_spec(spec: object) -> LimitSpec:
+    if not isinstance(spec, (Limit, Policy)):
+        raise TypeError(f"a limit must be a Limit or a Policy, not {type(spec).__name__}")
+    return spec
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the server decided for one request.
+
+    allowed: admitted (and its cost consumed); limit: the most `remaining` can be; remaining:
+    how much cost could still pass now; retry_after_ms: 0 when allowed, else when the same
+    request would pass (-1: never, its cost is above the limit); reset_after_ms: when the key is
+    as good as new; delay_ms: the leaky bucket's wait before processing; source: "module",
+    "library" or "error" (Redis unreachable and `on_error="open"`: admitted, every number 0);
+    shadow_rejected: a shadow policy admitted what enforcement would have rejected; period_ms:
+    the limit's period (a lease's duration), 0 where unknown, for headers such as
+    `RateLimit-Policy`'s `w`.
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    delay_ms: int
+    source: str
+    shadow_rejected: bool = False
+    period_ms: int = 0
+
+
+@dataclass(frozen=True)
+class MultiDecision:
+    """What `check_all` decided: the overall fields (allowed only if every limit allows; the
+    least remaining; the longest waits) and each limit's own `Decision`, in order."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    delay_ms: int
+    source: str
+    shadow_rejected: bool
+    limits: List[Decision]
+
+
+class RateLimited(Exception):
+    """A request was refused; `decision` says when to retry."""
+
+    def __init__(self, decision: Union[Decision, MultiDecision]):
+        super().__init__(f"rate limited: retry after {decision.retry_after_ms} ms")
+        self.decision = decision
+
+
+class RateLimitUnavailable(Exception):
+    """Redis is down, refuses or does not answer in time, and the limiter fails closed (or the
+    call has no decision to give: `reset`, `release`, `policies`). `__cause__` is the error."""

@@ -1,0 +1,150 @@
+"""`RateLimit`: a Flask extension rate limiting every request of an app, or chosen views, with a
+sync `RateLimiter`.
+
+    limiter = RateLimiter.from_url("redis://localhost:6379")
+    ratelimit = RateLimit(app, limiter=limiter, limit=Limit("sliding-window", 100, "1m"),
+                          key=lambda request: request.headers.get("X-API-Key"))
+
+    @app.post("/upload")
+    @ratelimit.limit(Limit("token-bucket", 5, "1s"), name="upload")
+    def upload(): ...
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+from flask import Flask, Response, g, jsonify, request
+
+from ._headers import http_answer, refusal_body
+from ._limiter import RateLimiter
+from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
+
+KeyFunc = Callable[[Any], Optional[str]]
+
+
+class RateLimit:
+    """limiter: a `RateLimiter`; limit: the app-wide `Limit` or `Policy` checked before every
+    request (None: only the views decorated with `.limit`); key: a function of Flask's
+    `request` (None: not limited); name: the policy's name in the headers; cost: an int or a
+    function of the request; refund_on: a function of the response's status (e.g.
+    `lambda status: status >= 500`): such a response gets its cost back.
+
+    Admitted: `RateLimit-Policy` and `RateLimit` on the response; refused: `429` with those,
+    `Retry-After` and `{"error": "rate limited", "policy": name, "retry_after_ms": ...}`;
+    Redis unavailable: the limiter's `on_error` ("closed": `503`). The decisions are in
+    `flask.g.ratelimit` (a list of (name, Decision)).
+    """
+
+    def __init__(
+        self,
+        app: Optional[Flask] = None,
+        *,
+        limiter: RateLimiter,
+        limit: Optional[LimitSpec] = None,
+        key: KeyFunc,
+        name: str = "default",
+        cost: Union[int, Callable[[Any], int]] = 1,
+        refund_on: Optional[Callable[[int], bool]] = None,
+    ):
+        if not isinstance(limiter, RateLimiter):
+            raise TypeError("the Flask RateLimit needs a (sync) RateLimiter")
+        if limit is not None:
+            check_spec(limit)
+        if not callable(key):
+            raise TypeError("key must be a function of the request")
+        self.limiter = limiter
+        self.default_limit = limit
+        self.key = key
+        self.name = name
+        self.cost = cost
+        self.refund_on = refund_on
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        app.extensions["redis_ratelimit"] = self
+        app.before_request(self._before_request)
+        app.after_request(self._after_request)
+
+    def limit(
+        self, limit: LimitSpec, *, key: Optional[KeyFunc] = None, name: Optional[str] = None, cost: Union[int, Callable[[Any], int]] = 1
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A view's own limit (checked after the app-wide one) on `key(request)`; by default the
+        extension's key prefixed with `name` (else the view's function name) and a colon, so
+        that it never shares a key with the app-wide limit; `name` defaults to the extension's."""
+        check_spec(limit)
+
+        def own_key(req: Any) -> Optional[str]:
+            # The app-wide key under the view's own name: another limit, another key.
+            shared = self.key(req)
+            return None if shared is None else f"{name or view_name}:{shared}"
+
+        view_name = "view"
+
+        def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+            nonlocal view_name
+            view_name = view.__name__
+
+            @functools.wraps(view)
+            def limited(*args: Any, **kwargs: Any) -> Any:
+                refused = self._decide(limit, key or own_key, name or self.name, cost)
+                if refused is not None:
+                    return refused
+                return view(*args, **kwargs)
+
+            return limited
+
+        return decorate
+
+    def _before_request(self) -> Optional[Response]:
+        g.ratelimit = []
+        g.ratelimit_refunds = []
+        if self.default_limit is None:
+            return None
+        return self._decide(self.default_limit, self.key, self.name, self.cost)
+
+    def _decide(self, limit: LimitSpec, key_func: KeyFunc, name: str, cost: Any) -> Optional[Response]:
+        key = key_func(request)
+        if key is None:
+            return None
+        weight = cost if isinstance(cost, int) else cost(request)
+        try:
+            decision = self.limiter.check(key, limit, weight)
+        except RateLimitUnavailable:
+            response = jsonify({"error": "rate limiter unavailable"})
+            response.status_code = 503
+            return response
+        if decision.source == "error":
+            return None
+        decisions: List[Tuple[str, Decision]] = g.setdefault("ratelimit", [])
+        decisions.append((name, decision))
+        g.setdefault("ratelimit_refunds", []).append((key, limit, weight, name))
+        status, headers = http_answer([(name, decision)])
+        if status == 429:
+            response = jsonify(refusal_body(name, decision))
+            response.status_code = 429
+            g.ratelimit_refused = True
+            return response
+        return None
+
+    def _after_request(self, response: Response) -> Response:
+        decisions: List[Tuple[str, Decision]] = list(g.get("ratelimit", []))
+        if not decisions:
+            return response
+        if self.refund_on is not None and self.refund_on(response.status_code) and not g.get("ratelimit_refused"):
+            for i, (key, limit, weight, name) in enumerate(g.get("ratelimit_refunds", [])):
+                try:
+                    refunded = self.limiter.refund(key, limit, weight)
+                except RateLimitUnavailable:
+                    continue
+                if refunded.source != "error":
+                    decisions[i] = (name, refunded)
+        overall = next((d for _, d in decisions if not d.allowed), decisions[-1][1])
+        for header, value in http_answer(decisions, overall)[1].items():
+            response.headers[header] = value
+        return response
+
+
+__all__ = ["RateLimit"]

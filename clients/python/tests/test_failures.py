@@ -1,0 +1,145 @@
+"""Redis down (killed) or stalled (SIGSTOP): `on_error` open gives admitted decisions of
+`source="error"`, closed raises `RateLimitUnavailable`; a stall costs one call about the
+timeout, then the breaker applies `on_error` at once, counted in calls sent to Redis. Timings
+are asserted loosely; the breaker's effect is counted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.asyncio
+
+from conftest import spawn_server
+from redis_ratelimit import AsyncRateLimiter, Limit, RateLimitUnavailable, RateLimiter
+
+LIMIT = Limit("token-bucket", 100, "1s")
+
+
+class Counting(redis.Redis):
+    sent = 0
+
+    def execute_command(self, *args, **options):
+        type(self).sent += 1
+        return super().execute_command(*args, **options)
+
+
+class AsyncCounting(redis.asyncio.Redis):
+    sent = 0
+
+    async def execute_command(self, *args, **options):
+        type(self).sent += 1
+        return await super().execute_command(*args, **options)
+
+
+@pytest.fixture
+def own_server():
+    server = spawn_server(False)
+    yield server
+    server.kill()  # SIGCONT first if stopped, always
+
+
+def no_retry():
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
+def test_killed_server_fails_open_or_closed(own_server):
+    opened = RateLimiter.from_url(own_server.url, timeout=0.5)
+    closed = RateLimiter.from_url(own_server.url, timeout=0.5, on_error="closed")
+    assert opened.check("k", LIMIT).source == "library"
+    own_server.kill()
+    d = opened.check("k", LIMIT)
+    assert d.allowed and d.source == "error" and (d.limit, d.remaining) == (0, 0)
+    assert opened.check_all([("{a}1", LIMIT), ("{a}2", LIMIT)]).source == "error"
+    with pytest.raises(RateLimitUnavailable) as raised:
+        closed.check("k", LIMIT)
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    with pytest.raises(RateLimitUnavailable):
+        opened.reset("k")  # no decision to give: raised whatever on_error says
+    with opened.lease("l", 1, "1s") as held:  # failing open: held without a lease
+        assert held.source == "error"
+
+
+def test_a_stalled_server_costs_one_timeout_then_the_breaker_answers_at_once(own_server):
+    client = Counting(port=own_server.port, socket_timeout=0.2, socket_connect_timeout=0.2, retry=no_retry())
+    rl = RateLimiter(client, breaker_failures=3, breaker_cooldown=60)
+    assert rl.check("k", LIMIT).allowed  # the engine found, the library loaded
+    own_server.stop()
+    Counting.sent = 0
+    started = time.monotonic()
+    slow = [rl.check("k", LIMIT) for _ in range(3)]
+    three = time.monotonic() - started
+    assert all(d.source == "error" and d.allowed for d in slow)
+    assert Counting.sent == 3 and rl._core.breaker.is_open
+    assert 0.3 <= three < 5, three  # about 3 x 0.2 s
+    started = time.monotonic()
+    fast = [rl.check("k", LIMIT) for _ in range(200)]
+    assert all(d.source == "error" for d in fast)
+    assert Counting.sent == 3, "the open breaker sends nothing"
+    assert time.monotonic() - started < 2  # 200 calls without waiting on Redis
+
+
+def test_the_breaker_lets_one_probe_through_per_cool_down(own_server):
+    now = [0.0]
+    client = Counting(port=own_server.port, socket_timeout=0.2, retry=no_retry())
+    rl = RateLimiter(client, breaker_failures=2, breaker_cooldown=5, on_error="closed")
+    rl._core.breaker.clock = lambda: now[0]
+    rl.check("k", LIMIT)
+    own_server.stop()
+    Counting.sent = 0
+    for _ in range(2):
+        with pytest.raises(RateLimitUnavailable):
+            rl.check("k", LIMIT)
+    assert Counting.sent == 2
+    for _ in range(10):
+        with pytest.raises(RateLimitUnavailable, match="breaker open"):
+            rl.check("k", LIMIT)
+    assert Counting.sent == 2
+    now[0] = 5.0  # the cool-down is over: one probe, still stalled
+    with pytest.raises(RateLimitUnavailable):
+        rl.check("k", LIMIT)
+    assert Counting.sent == 3
+    with pytest.raises(RateLimitUnavailable, match="breaker open"):
+        rl.check("k", LIMIT)
+    assert Counting.sent == 3
+    own_server.resume()
+    now[0] = 10.0  # the next probe finds Redis back: closed again
+    assert rl.check("k", LIMIT).source == "library"
+    assert rl.check("k", LIMIT).source == "library"
+    assert not rl._core.breaker.is_open
+
+
+def test_the_async_limiter_bounds_each_call_itself(own_server):
+    async def main():
+        # A client without any socket timeout: the limiter's own timeout bounds the call.
+        client = AsyncCounting(port=own_server.port)
+        arl = AsyncRateLimiter(client, timeout=0.2, breaker_failures=3, breaker_cooldown=60)
+        assert (await arl.check("k", LIMIT)).allowed
+        own_server.stop()
+        AsyncCounting.sent = 0
+        started = time.monotonic()
+        for _ in range(3):
+            assert (await arl.check("k", LIMIT)).source == "error"
+        assert 0.3 <= time.monotonic() - started < 5
+        results = await asyncio.gather(*(arl.check("k", LIMIT) for _ in range(100)))
+        assert all(d.source == "error" for d in results)
+        assert AsyncCounting.sent == 3
+        closed = AsyncRateLimiter(redis.asyncio.Redis(port=own_server.port), timeout=0.2, on_error="closed")
+        with pytest.raises(RateLimitUnavailable):
+            await closed.check("k", LIMIT)
+
+    asyncio.run(main())
+
+
+def test_from_url_sets_the_timeout_and_no_retries(own_server):
+    rl = RateLimiter.from_url(own_server.url, timeout=0.2)
+    rl.check("k", LIMIT)
+    own_server.stop()
+    started = time.monotonic()
+    assert rl.check("k", LIMIT).source == "error"
+    assert time.monotonic() - started < 1.5  # one timeout of 0.2 s, not four with backoff
