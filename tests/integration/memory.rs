@@ -131,7 +131,7 @@ fn noeviction_maxmemory_answers_oom_to_checks_and_nothing_breaks() {
         .arg(vec![b'x'; 2_000_000])
         .query(&mut con)
         .unwrap();
-    let cap_below_use = |con: &mut Connection| {
+    let cap_below_use = |con: &mut Connection, cap: fn(u64) -> u64| {
         // Valkey 8 frees a DEL's value in the background (lazyfree-lazy-user-del yes): read the
         // memory in use once nothing is pending, or the cap lands above what is left.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -139,12 +139,13 @@ fn noeviction_maxmemory_answers_oom_to_checks_and_nothing_breaks() {
             assert!(Instant::now() < deadline, "lazy frees still pending");
             thread::sleep(Duration::from_millis(10));
         }
-        // Half of it: far enough below that nothing freed meanwhile (a closed connection's
-        // buffers, under load) brings the use back under the cap (200 kB once proved too little).
         let used: u64 = server.info_field("memory", "used_memory").parse().unwrap();
-        config_set(con, "maxmemory", &(used / 2).to_string()).unwrap();
+        config_set(con, "maxmemory", &cap(used).to_string()).unwrap();
     };
-    cap_below_use(&mut con);
+    // Half the ballast below: what is freed meanwhile (a closed connection's buffers, under load)
+    // cannot bring the use back under the cap (200 kB once proved too little), deleting the
+    // ballast does.
+    cap_below_use(&mut con, |used| used - 1_000_000);
     for (limit, key) in limits.iter().zip(&keys) {
         for target in [format!("{key}:new"), key.clone()] {
             let reply = send_one(&mut con, &limit.check(&target, 1, Some(base)));
@@ -211,7 +212,8 @@ fn noeviction_maxmemory_answers_oom_to_checks_and_nothing_breaks() {
         );
     }
     // RESET is not refused under OOM: it frees memory.
-    cap_below_use(&mut con);
+    // Half the use, for the same reason (no ballast left to go by).
+    cap_below_use(&mut con, |used| used / 2);
     let new_key = send_one(&mut con, &limits[0].check("oom:again", 1, Some(base)));
     assert!(
         error_text(&new_key).is_some_and(|e| e.starts_with("OOM")),
