@@ -19,8 +19,8 @@ use common::{
     Limit, Server, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::{Algorithm, Limiter, Params, Request, SlidingLog, State};
-use redis_ratelimit::codec::{encode_write, to_bytes, Change};
+use redis_ratelimit_core::algorithms::{Algorithm, Limiter, Params, Request, SlidingLog, State};
+use redis_ratelimit_core::codec::{encode_write, to_bytes, Change};
 
 fn hostile_number(rng: &mut Rng) -> Vec<u8> {
     const NUMBERS: &[&[u8]] = &[

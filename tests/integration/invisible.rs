@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{digest, info_int, limiter_info, master_and_replica, run, run_ok, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// `allowed` of a six-integer CHECK reply (or of a CHECKALL's overall decision).
 fn allowed(reply: &Value) -> i64 {

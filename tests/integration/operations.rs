@@ -12,7 +12,7 @@ use common::{
     check, config_set, expect_error, parse_info, peek, run_ok, wait_replica_sync, Server,
 };
 use redis::{Connection, RedisResult, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

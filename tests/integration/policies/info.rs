@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use common::model::Spec;
 use common::{decision, future_base_ms, run, run_ok, send_one, show_value, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 fn figures(calls: u64, allowed: u64, rejected: u64, shadow_rejected: u64) -> Figures {
     Figures {
