@@ -254,6 +254,11 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c
         ],
     ];
     let _ = std::panic::catch_unwind(|| {
+        // A `CONFIG RESETSTAT` earlier in this client's pipeline has run: the counters shown are
+        // those after it. Not in a crash report (it locks and asks the server for its stats).
+        if for_crash_report == 0 {
+            commands::resetstat::apply_pending();
+        }
         // SAFETY: Redis's INFO context for this callback; names are static and NUL-terminated.
         unsafe { api::rm!(RedisModule_InfoAddSection)(ctx, c"".as_ptr()) };
         if let Some(server) = server::get() {
