@@ -48,9 +48,9 @@ test: export RATELIMIT_SKIP_LOG := $(CURDIR)/target/test-skips.log
 # Most integration tests wait on their servers, not on a core: four at a time on two cores takes
 # two thirds of the time (RUST_TEST_THREADS=... to choose).
 test: export RUST_TEST_THREADS := $(or $(RUST_TEST_THREADS),4)
-test: build ## Every test: unit, property, integration against real servers, the examples, the Python package (~4 min fresh, ~2 min after); ends with `N passed, N failed, N skipped`
+test: build ## Every test: the core's unit and property tests, the module's, integration against real servers, the examples, the Python package (~4 min fresh, ~2 min after); ends with `N passed, N failed, N skipped`
 	@rm -f $(RATELIMIT_SKIP_LOG)
-	@set -o pipefail; cargo test --profile tests --no-fail-fast 2>&1 | tee target/test.log; status=$$?; \
+	@set -o pipefail; cargo test --profile tests --workspace --no-fail-fast 2>&1 | tee target/test.log; status=$$?; \
 	bash clients/python/test.sh 2>&1 | tee target/test-python.log; pystatus=$$?; \
 	bash tests/summary.sh target/test.log $(RATELIMIT_SKIP_LOG) $$status target/test-python.log $$pystatus; \
 	exit $$(( status || pystatus ))
@@ -100,12 +100,12 @@ functions-instructions: ## Instructions per call of the Functions library vs the
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash lua-reference/functions/instructions.sh
 
-lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment, tests too), rustdoc and the Lua (luacheck), with warnings as errors
-	cargo fmt --check
-	cargo clippy --all-targets -- -W clippy::undocumented_unsafe_blocks -D warnings
-	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items
-	# The fuzz targets use the crate's internals: they must build whenever the crate changes.
-	cargo fmt --manifest-path fuzz/Cargo.toml --check
+lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment, tests too) and rustdoc over the workspace (module, core, test kit) and fuzz/, and the Lua (luacheck), with warnings as errors
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -W clippy::undocumented_unsafe_blocks -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items
+	# The fuzz targets use the core's internals: they must build whenever the core changes.
+	cargo fmt --manifest-path fuzz/Cargo.toml --all --check
 	cargo clippy --manifest-path fuzz/Cargo.toml --bins -- -D warnings
 	# The Functions library: the committed payload is what its parts assemble to, and the Lua of
 	# lua-reference/ (that payload and the reference scripts) passes luacheck (.luacheckrc).
@@ -113,8 +113,9 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	@command -v luacheck >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y lua-check; }
 	luacheck --no-color lua-reference/
 
-fmt: ## Format the code
-	cargo fmt
+fmt: ## Format the code (the workspace and fuzz/)
+	cargo fmt --all
+	cargo fmt --manifest-path fuzz/Cargo.toml --all
 
 clean: ## Remove build output and the data of `make run`
 	cargo clean

@@ -1,25 +1,23 @@
 //! redis-ratelimit: distributed rate limiting as native Redis commands.
 //!
 //! Registration only: the module, its data type, its commands and its INFO section. The
-//! arithmetic lives in [`algorithms`], the Redis glue in the `commands` and `store` modules.
+//! arithmetic lives in the core crate (`redis_ratelimit_core`: the algorithms, argument parsing,
+//! the binary codec), the Redis glue in the `commands` and `store` modules.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod algorithms;
 mod api;
 pub(crate) mod commands;
 
 pub(crate) mod config;
-pub(crate) mod error;
-pub(crate) mod integer;
 pub(crate) mod log;
-pub mod policy;
 pub(crate) mod server;
 pub(crate) mod stats;
 pub(crate) mod store;
 
-/// The binary form of a limiter (RDB, AOF, replication): public for the tests that damage it.
-pub use store::codec;
+// The pure core (no Redis): the algorithms, the error texts, integer parsing and the policies'
+// definitions, under the names the module's code has always used.
+pub(crate) use redis_ratelimit_core::{algorithms, error, integer, policy};
 
 use std::ffi::{c_int, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -285,6 +283,11 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c
         ],
     ];
     let _ = std::panic::catch_unwind(|| {
+        // A `CONFIG RESETSTAT` earlier in this client's pipeline has run: the counters shown are
+        // those after it. Not in a crash report (it locks and asks the server for its stats).
+        if for_crash_report == 0 {
+            commands::resetstat::apply_pending();
+        }
         // SAFETY: Redis's INFO context for this callback; names are static and NUL-terminated.
         unsafe { api::rm!(RedisModule_InfoAddSection)(ctx, c"".as_ptr()) };
         if let Some(server) = server::get() {

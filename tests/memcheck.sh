@@ -2,12 +2,12 @@
 # `make memcheck`: the module's memory safety, checked by valgrind memcheck.
 #
 # Runs tests/integration/memcheck.rs (`cargo test --profile tests --test integration -- memcheck::`) with every redis-server the
-# harness starts wrapped in valgrind (RATELIMIT_SERVER_WRAPPER, see tests/integration/common/mod.rs), one log
+# harness starts wrapped in valgrind (RATELIMIT_SERVER_WRAPPER, see testkit/src/lib.rs), one log
 # per process (forked children too) in $MEMCHECK_DIR/valgrind.<pid>.log, then reads the logs.
 # It FAILS on any invalid read/write/free, mismatched free, overlapping copy, fishy allocation
 # size, jump to an invalid address, crash, or use of uninitialised memory (conditional jump,
 # uninitialised value, syscall param) whose record has a frame in the module: a frame in
-# libredis_ratelimit.so, a `redis_ratelimit::` or `redis_module::` function, or any Rust source
+# libredis_ratelimit.so, a `redis_ratelimit::`, `redis_ratelimit_core::` or `redis_module::` function, or any Rust source
 # file (`*.rs:N`; redis-server, libc and jemalloc hold no Rust, so a Rust frame is the module's).
 # Any stack of the record counts (where it happened, where the block was freed or allocated, where
 # an uninitialised value was created), so Redis reading memory the module freed is caught too.
@@ -100,7 +100,7 @@ FATAL = re.compile(
 LEAK = re.compile(r"are definitely lost in loss record")
 FRAME = re.compile(r"^\s+(at|by) 0x[0-9A-Fa-f]+: (.*)$")
 # A frame of the module: its library, its crates, or any Rust source (only the module has Rust).
-MODULE_FRAME = re.compile(r"libredis_ratelimit\.so|redis_ratelimit::|redis_module::|\.rs:\d+\)")
+MODULE_FRAME = re.compile(r"libredis_ratelimit\.so|redis_ratelimit(_core)?::|redis_module::|\.rs:\d+\)")
 PREFIX = re.compile(r"^==(\d+)== ?(.*)$")
 
 

@@ -5,7 +5,7 @@
 # usage: tests/summary.sh OUTPUT SKIPS [EXIT [PYTEST_OUTPUT PYTEST_EXIT]]
 #   OUTPUT  what `cargo test` printed (every suite's `test result:` line is counted)
 #   SKIPS   the file the tests appended their skips to ($RATELIMIT_SKIP_LOG; absent: none), one
-#           `<test>: <reason>` line each (see `common::skip` in tests/integration/common/mod.rs)
+#           `<test>: <reason>` line each (see `common::skip` in testkit/src/lib.rs)
 #   EXIT    cargo's exit status: a run that failed without a failed test (a suite that did not
 #           compile or did not finish) counts one failure
 #   PYTEST_OUTPUT, PYTEST_EXIT  what clients/python/test.sh printed (pytest -rs) and its exit

@@ -37,8 +37,7 @@
 //! `--drive` first it is a load generator that speaks RESP2 or RESP3 (drive.rs), which
 //! `make profile` uses.
 
-#[path = "../../tests/integration/common/mod.rs"]
-mod common;
+use redis_ratelimit_testkit as common;
 mod drive;
 mod leases;
 mod machine;

@@ -15,13 +15,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_ratelimit::algorithms::concurrency::{self, Acquire, Released};
-use redis_ratelimit::algorithms::{
+use redis_ratelimit_core::algorithms::concurrency::{self, Acquire, Released};
+use redis_ratelimit_core::algorithms::{
     block::{self, Blocking},
     sliding_log, Algorithm, Limiter, Params, Request, State, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
-use redis_ratelimit::store::codec::{self, Change};
-use redis_ratelimit::store::compact;
+use redis_ratelimit_core::codec::{self, Change};
+use redis_ratelimit_core::compact;
 
 /// `ratelimit.max-log-limit`'s default: the largest sliding log a CHECK creates.
 const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;

@@ -15,12 +15,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_ratelimit::algorithms::{
+use redis_ratelimit_core::algorithms::{
     self, Algorithm, Limiter, Outcome, Request, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
-use redis_ratelimit::commands::parse::{parse_check, CheckArgs};
-use redis_ratelimit::error::ArgError;
-use redis_ratelimit::store::codec::{self, Change};
+use redis_ratelimit_core::codec::{self, Change};
+use redis_ratelimit_core::error::ArgError;
+use redis_ratelimit_core::parse::{parse_check, CheckArgs};
 
 const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
 const SMALL_MAX_LOG_LIMIT: u64 = 7;

@@ -10,8 +10,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_ratelimit::algorithms::{MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
-use redis_ratelimit::commands::parse::{parse_call, parse_checkall, LimitArg};
+use redis_ratelimit_core::algorithms::{MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
+use redis_ratelimit_core::parse::{parse_call, parse_checkall, LimitArg};
 
 const MAX_LOG_LIMIT: u64 = 100_000;
 

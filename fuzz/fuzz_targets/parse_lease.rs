@@ -12,10 +12,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_ratelimit::algorithms::concurrency::{self, Acquire, Released};
-use redis_ratelimit::algorithms::{Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
-use redis_ratelimit::commands::parse::{parse_acquire, parse_release, LeaseLimit};
-use redis_ratelimit::store::codec;
+use redis_ratelimit_core::algorithms::concurrency::{self, Acquire, Released};
+use redis_ratelimit_core::algorithms::{Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
+use redis_ratelimit_core::codec;
+use redis_ratelimit_core::parse::{parse_acquire, parse_release, LeaseLimit};
 
 /// The server's clock for calls without `AT` (any fixed time will do).
 const CLOCK_MS: u64 = 1_796_169_600_000;

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The module's error texts, relative to the repository's root: the one place this path is named.
-ERROR_RS = "src/error.rs"
+ERROR_RS = "core/src/error.rs"
 PARTS = "lua-reference/functions/src"
 PAYLOAD = "lua-reference/functions/ratelimit.lua"
 SHEBANG = "#!lua name=ratelimit"

@@ -12,13 +12,15 @@ pub(crate) mod checkall;
 pub mod dialects;
 pub(crate) mod info;
 pub(crate) mod lease;
-pub mod parse;
 pub(crate) mod policy;
 pub(crate) mod refund;
 pub(crate) mod registry;
 pub(crate) mod reset;
 pub(crate) mod resetstat;
 pub(crate) mod take;
+
+// Argument parsing is pure: it lives in the core crate, where it is fuzzed.
+pub(crate) use redis_ratelimit_core::parse;
 
 use std::ffi::{c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -116,21 +116,34 @@ fn seen() {
 
 /// After the `CONFIG RESETSTAT`s seen: applies the latest that ran.
 unsafe extern "C" fn check(_data: *mut c_void) {
-    let _ = std::panic::catch_unwind(|| {
-        let pending = std::mem::take(&mut *lock(&PENDING));
-        let Some(redis_calls) = redis_calls() else {
+    let _ = std::panic::catch_unwind(apply_pending);
+}
+
+/// Applies the latest of the `CONFIG RESETSTAT`s seen that ran, if any, and forgets them. Called
+/// from the one-shot [`check`] and before `INFO ratelimit` reads the counters: an `INFO` sent in
+/// the same pipeline as the `CONFIG RESETSTAT` runs before the event loop's one-shot, and would
+/// otherwise show the counters from before the reset. A reset is applied only once it has run
+/// (Redis's count tells), so checking early is as safe as checking late.
+pub(crate) fn apply_pending() {
+    let pending = {
+        let mut pending = lock(&PENDING);
+        if pending.is_empty() {
             return;
-        };
-        let ours = stats::calls();
-        let reset = pending.iter().rev().find(|snapshot| {
-            let at = snapshot.decisions.calls;
-            at > 0 && ours.checked_sub(at) == Some(redis_calls)
-        });
-        if let Some(snapshot) = reset {
-            stats::subtract(&snapshot.decisions);
-            policy::table().subtract(&snapshot.policies);
         }
+        std::mem::take(&mut *pending)
+    };
+    let Some(redis_calls) = redis_calls() else {
+        return;
+    };
+    let ours = stats::calls();
+    let reset = pending.iter().rev().find(|snapshot| {
+        let at = snapshot.decisions.calls;
+        at > 0 && ours.checked_sub(at) == Some(redis_calls)
     });
+    if let Some(snapshot) = reset {
+        stats::subtract(&snapshot.decisions);
+        policy::table().subtract(&snapshot.policies);
+    }
 }
 
 /// The calls Redis counted of the commands `stats::count_call` counts.

@@ -2,10 +2,10 @@
 //! `compact.rs`, or a 32-byte value, `value.rs`), with its RDB, AOF, digest, memory and copy
 //! callbacks, and the key access used by the commands.
 
-pub mod codec;
-pub mod compact;
 pub mod policies;
-pub mod value;
+
+// A stored limiter's forms and its binary encoding live in the core crate (no Redis).
+pub use redis_ratelimit_core::{codec, compact, value};
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};

@@ -13,7 +13,9 @@ use common::{
     master_and_replica, pexpiretime, run_ok, send, six, Limit, Server,
 };
 use redis::Value;
-use redis_ratelimit::algorithms::{self, Algorithm, Decision, Limiter, Params, Request, Write};
+use redis_ratelimit_core::algorithms::{
+    self, Algorithm, Decision, Limiter, Params, Request, Write,
+};
 
 #[test]
 fn the_worked_examples_of_the_algorithms_page_hold() {
@@ -476,7 +478,7 @@ fn replicas_and_reloads_hold_the_block_exactly() {
 
 #[test]
 fn apply_takes_a_block_only_onto_a_limiter_it_could_follow() {
-    use redis_ratelimit::codec::Change;
+    use redis_ratelimit_core::codec::Change;
     let server = Server::start();
     let mut con = server.client();
     let t = future_base_ms();

@@ -1,6 +1,6 @@
 //! `RATELIMIT.CHECKALL` against a real redis-server, checked against docs/algorithms.md's model
-//! (tests/integration/common/model.rs): each key decides as CHECK would (the pure cores of
-//! `redis_ratelimit::algorithms`, whose arithmetic other tests hold to the worked examples and the
+//! (testkit/src/model.rs): each key decides as CHECK would (the pure cores of
+//! `redis_ratelimit_core::algorithms`, whose arithmetic other tests hold to the worked examples and the
 //! Lua references), and the call as a whole is all-or-nothing, with the overall decision built
 //! from the per-key ones by the rules of docs/algorithms.md ("CHECKALL"), re-implemented in the
 //! model independently of the module's own `combine`.
@@ -19,7 +19,7 @@ use common::{
     master_and_replica, run_ok, show_cmd, snapshot, Server,
 };
 use redis::Value;
-use redis_ratelimit::algorithms::{Algorithm, Request};
+use redis_ratelimit_core::algorithms::{Algorithm, Request};
 
 // ---------------------------------------------------------------------------------------------
 // Random limits and costs

@@ -4,9 +4,9 @@
 //! slots get `CROSSSLOT`; a slot holding limiter keys is moved with `redis-cli --cluster reshard`
 //! and its keys arrive intact; then the master holding them is killed, its replica takes over,
 //! and every limit continues exactly where it was (each reply equals the model of
-//! docs/algorithms.md, tests/integration/common/model.rs).
+//! docs/algorithms.md, testkit/src/model.rs).
 //!
-//! The cluster is tests/integration/common/cluster.rs's: every server is a `common::Server`, killed on Drop
+//! The cluster is testkit/src/cluster.rs's: every server is a `common::Server`, killed on Drop
 //! (also on panic); every external command and every wait is bounded.
 
 use crate::common;
@@ -20,7 +20,7 @@ use common::model::{checkall_reply, Model, Spec};
 use common::{dbsize, future_base_ms, reply6, snapshot, wait_replica_sync};
 use redis::cluster::ClusterConnection;
 use redis::Value;
-use redis_ratelimit::algorithms::{Algorithm, Request};
+use redis_ratelimit_core::algorithms::{Algorithm, Request};
 
 // ---------------------------------------------------------------------------------------------
 // The workload: CHECK over many keys, CHECKALL over hash-tagged groups

@@ -10,7 +10,7 @@ use common::{
     run_error, run_ok, six, Server,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// One call of a worked example (docs/algorithms.md, "Worked examples") and the reply it must
 /// get. `at` is an offset from an aligned future base; the other fields are the reply's.

@@ -1,4 +1,4 @@
-//! The compact form (src/store/compact.rs): a bucket, window or gcra key of common parameters is
+//! The compact form (core/src/compact.rs): a bucket, window or gcra key of common parameters is
 //! one word beside a shared entry. What it costs (a gcra key: at most 140 bytes, less than
 //! redis-cell's), and that everything still holds where the word does not fit: a limiter whose
 //! change outgrows its word, a full table of entries, entries freed from a background thread,
@@ -15,7 +15,7 @@ use common::{
     now_ms, redis_cell, reply6, send, Limit, Server,
 };
 use redis::{Cmd, Connection};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// `MEMORY USAGE` of one key.
 fn memory_usage(con: &mut Connection, key: &str) -> i64 {

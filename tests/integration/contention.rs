@@ -11,7 +11,7 @@ use common::{
     assert_replica_matches, future_base_ms, is_bucket, master_and_replica, reply6, send, Limit,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// The keys `<prefix>:<algorithm>`, one per algorithm.
 fn keys(prefix: &str) -> Vec<String> {

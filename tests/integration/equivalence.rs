@@ -40,7 +40,7 @@ use compare::{
     lua_expiry_rounded, run_sequence, shrink, Replies,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 use sequences::{gen_sequence, Call, LuaReference, Params, Times};
 
 const DEFAULT_SEED: u64 = 0x5EED_0000_2024_0003;

@@ -1,4 +1,4 @@
-//! Tests of the test harness itself (tests/integration/common): they start plain redis-servers without the
+//! Tests of the test harness itself (testkit/): they start plain redis-servers without the
 //! module, so they hold whatever state src/ is in.
 
 use crate::common;

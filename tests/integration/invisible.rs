@@ -15,7 +15,7 @@ use common::{
     digest, future_base_ms, info_int, limiter_info, master_and_replica, run, run_ok, Server,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// `allowed` of a six-integer CHECK reply (or of a CHECKALL's overall decision).
 fn allowed(reply: &Value) -> i64 {

@@ -700,7 +700,7 @@ fn leases_through_a_policy_and_copy_and_errors() {
     assert!(!server.log().contains("panicked"));
 }
 
-/// The memory bound of a lease set (src/algorithms/concurrency/leases.rs, docs/guarantees.md):
+/// The memory bound of a lease set (core/src/algorithms/concurrency/leases/, docs/guarantees.md):
 /// the module allocates at most `LEASE_HEADER_BYTES` plus `len(id) + 24` per lease for a key whose
 /// ids are of one length (244 bytes, and 52 per id length).
 const LEASE_HEADER_BYTES: i64 = 244 + 52;

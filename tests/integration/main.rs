@@ -2,11 +2,12 @@
 //! `redis-server` processes, one module per concern, all in one test crate (one binary to build
 //! and link instead of one per file).
 //!
-//! `common` is the harness (servers on free loopback ports, killed on Drop; calls and replies; a
-//! seeded generator; the model of stored keys). Run one concern with a filter, e.g.
+//! `common` is the test kit (the crate `testkit/`, shared with benches/compare: servers on free
+//! loopback ports, killed on Drop; calls and replies; a seeded generator; the model of stored
+//! keys). Run one concern with a filter, e.g.
 //! `cargo test --test integration checkall::`; `make test` runs them all and prints one total.
 
-mod common;
+use redis_ratelimit_testkit as common;
 
 mod block;
 mod checkall;

@@ -1,6 +1,6 @@
 //! Memory-safety suite: every command and every data-type callback of the module, a few calls
 //! each, for `make memcheck`. tests/memcheck.sh runs this file with the servers under valgrind
-//! memcheck (`RATELIMIT_SERVER_WRAPPER`, see tests/integration/common) and fails on any invalid access or use
+//! memcheck (`RATELIMIT_SERVER_WRAPPER`, see testkit/) and fails on any invalid access or use
 //! of uninitialised memory with a frame in the module. Without a wrapper it is a quick smoke test
 //! of `cargo test --profile tests`.
 //!
@@ -34,7 +34,7 @@ mod data_type;
 
 use common::{is_bucket, reply6, run, send_one, six, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 const HOUR_MS: u64 = 3_600_000;
 

@@ -12,8 +12,8 @@ use common::{
     reply6, send, send_one, Limit, Server, DEFAULT_MAX_LOG_LIMIT,
 };
 use redis::{Cmd, Connection, Value};
-use redis_ratelimit::algorithms::{Algorithm, Params};
-use redis_ratelimit::codec::Change;
+use redis_ratelimit_core::algorithms::{Algorithm, Params};
+use redis_ratelimit_core::codec::Change;
 
 #[test]
 fn max_log_limit_bounds_a_sliding_log_and_a_full_log_costs_under_4_bytes_an_entry() {

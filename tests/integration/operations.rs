@@ -13,7 +13,7 @@ use common::{
     Server,
 };
 use redis::{Connection, RedisResult, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

@@ -17,7 +17,7 @@ use common::{
     Limit, Server,
 };
 use redis::{Cmd, Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

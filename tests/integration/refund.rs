@@ -13,7 +13,7 @@ use common::{
     pexpiretime, run_error, send, Limit, Server,
 };
 use redis::Cmd;
-use redis_ratelimit::algorithms::{
+use redis_ratelimit_core::algorithms::{
     self, Algorithm, Limiter, Params, Request, SlidingLog, State, Write,
 };
 

@@ -14,7 +14,7 @@ use common::{
     send_one, Limit, Server, DEFAULT_MAX_LOG_LIMIT, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 use redis::Connection;
-use redis_ratelimit::algorithms::{Algorithm, Params, Request};
+use redis_ratelimit_core::algorithms::{Algorithm, Params, Request};
 
 /// How many of 8 CHECKs of cost 1 `AT at` are admitted.
 fn admitted(con: &mut Connection, limit: &Limit, key: &str, at: u64) -> usize {

@@ -38,7 +38,7 @@
 --
 -- The parts, in the order they are assembled (each one's locals are the next ones' upvalues):
 --   10-base            the standard library as upvalues, bounds, names of algorithms and options
---   20-errors          error replies: the module's texts (src/error.rs), the library's own
+--   20-errors          error replies: the module's texts (core/src/error.rs), the library's own
 --   30-arithmetic      exact integer arithmetic on doubles below 2^53, decimal times, the clock
 --   40-arguments       the module's grammar: limit specs, options, CHECKALL's specs
 --   50-log-format      the sliding log's stored form: its binary header, its records, a view

@@ -1,8 +1,8 @@
 -- Error replies. The module's texts are not copied: each `--@error E_NAME = CONST` line of this
--- part becomes `local E_NAME = '...'` in the payload, the text of CONST in src/error.rs with the
--- module's command names (RATELIMIT.REFUND) as these functions' (ratelimit_refund): see
--- lua-reference/functions/assemble.py. The library's own texts (its bounds, its lack of policies
--- and configuration) are written out below them.
+-- part becomes `local E_NAME = '...'` in the payload, the text of CONST in core/src/error.rs
+-- with the module's command names (RATELIMIT.REFUND) as these functions' (ratelimit_refund):
+-- see lua-reference/functions/assemble.py. The library's own texts (its bounds, its lack of
+-- policies and configuration) are written out below them.
 
 --@error WRONG_TYPE = WRONG_TYPE
 --@error E_ALGORITHM = UNKNOWN_ALGORITHM
@@ -52,7 +52,7 @@ local E_CORRUPT = 'ERR corrupt sliding-log state'
 local E_CORRUPT_LEASES = 'ERR corrupt concurrency state'
 
 -- Texts with arguments, in the module's words (ArgError::message and algorithm_mismatch in
--- src/error.rs; tests/integration/functions/errors.rs compares every one with the module's).
+-- core/src/error.rs; tests/integration/functions/errors.rs compares every one with the module's).
 local function arity(name)
   return 'ERR wrong number of arguments for \'' .. name .. '\' command'
 end

@@ -2,7 +2,7 @@
 //! and below the limit, parameter changes, COST 0, runs in one millisecond, long gaps and `AT`
 //! going backwards (see tests/integration/equivalence.rs).
 
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::{EXACT, MAX_LOG_LIMIT};
 use crate::common::rng::Rng;

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::engines::{algorithms, both_engines, fcall, native, same_info, same_reply, words};
 use crate::common::{future_base_ms, send, show_value, try_reply6};

@@ -1,4 +1,4 @@
-//! The library in a real Redis Cluster (tests/integration/common/cluster.rs): 3 masters with the module, the
+//! The library in a real Redis Cluster (testkit/src/cluster.rs): 3 masters with the module, the
 //! library loaded on each with `redis-cli --cluster call ... FUNCTION LOAD` as
 //! docs/functions.md says (Redis does not propagate it across shards). Through a cluster client
 //! every function answers as the module on the same cluster, the library on keys `f:...`, the
@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use redis::cluster::ClusterConnection;
 use redis::{Cmd, RedisError, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::engines::{algorithms, as_library_error, fcall, native, seed, words, LIBRARY};
 use super::limits::Limit;

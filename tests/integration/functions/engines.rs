@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use redis::{Cmd, Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use crate::common::rng::seed_from_env;
 use crate::common::{error_text, send, show_value, Server, ServerBuilder};

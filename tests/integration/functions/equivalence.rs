@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::engines::{
     algorithms, both_engines, both_infos, calls_per_algorithm, fcall, native, same_info, seed,

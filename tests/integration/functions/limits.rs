@@ -2,7 +2,7 @@
 //! they have one, options in any order; and the generated sequences of tests/integration/equivalence.rs
 //! turned into such calls.
 
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use crate::common::rng::Rng;
 use crate::common::DAY_MS;

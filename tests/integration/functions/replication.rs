@@ -2,7 +2,7 @@
 //! read-only functions; calls that change nothing write (and so replicate) nothing.
 
 use redis::Value;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::engines::{algorithms, fcall, keyspace, library_only, seed, words};
 use super::limits::Limit;

@@ -3,7 +3,7 @@
 //! and leases.
 
 use redis::Value;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::{assert_alive, assert_info, burst, checkall_decision, eval, HOUR_MS};
 use crate::common::{

@@ -3,7 +3,7 @@
 //! replica (full sync through rdb_save/rdb_load, then APPLY and verbatim RESET).
 
 use redis::Value;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::{assert_alive, assert_info, burst, checkall_decision, eval, populate};
 use crate::common::{

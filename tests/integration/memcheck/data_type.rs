@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 use super::{assert_alive, assert_info, populate, HOUR_MS};
 use crate::common::dump::{restore, with_crc, Dump};

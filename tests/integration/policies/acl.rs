@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::model::Spec;
 use common::Server;
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// `INFO ratelimit`'s server and optional APIs.
 fn server_and_apis(server: &Server) -> (String, Vec<String>) {

@@ -11,7 +11,7 @@ use common::model::Spec;
 use common::{future_base_ms, show_value};
 use redis::cluster::ClusterConnection;
 use redis::{Cmd, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// The reply as redis-cli shows it, an error reply as `ERR ...`; panics if the call itself fails.
 fn query(con: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, String> {

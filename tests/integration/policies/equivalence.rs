@@ -20,7 +20,7 @@ use common::{
     wait_replica_sync,
 };
 use redis::{Cmd, Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// Small limits (so that sequences reject often), now and then a large one; periods from 1 ms to
 /// an hour; BURST below and above the limit.

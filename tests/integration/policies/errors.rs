@@ -12,7 +12,7 @@ use common::{
     run_error, run_ok, send_one, show_value, Server,
 };
 use redis::Value;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 const NAME_RULE: &str = "ERR policy name must be 1 to 64 bytes of A-Z, a-z, 0-9, '_', '-' and '.'";
 

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use common::model::Spec;
 use common::{decision, future_base_ms, run, run_ok, send_one, show_value, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 fn figures(calls: u64, allowed: u64, rejected: u64, shadow_rejected: u64) -> Figures {
     Figures {
@@ -230,4 +230,59 @@ fn config_resetstat_zeroes_the_counters_and_a_refused_one_changes_nothing() {
     assert_eq!(counters(&server).0["tb"], Figures::default());
     assert_eq!(resetstat(&mut con), Value::Okay);
     assert_eq!(counters(&server).0["tb"], Figures::default());
+}
+
+/// An `INFO ratelimit` sent in one pipeline with the `CONFIG RESETSTAT` before it (one write,
+/// so the server reads both before its event loop turns) shows the counters after the reset: the
+/// policies' lines and the per-algorithm figures alike. The counters then go on from 0.
+#[test]
+fn info_pipelined_after_config_resetstat_shows_the_counters_reset() {
+    let server = Server::start();
+    let mut con = server.client();
+    let at = future_base_ms();
+    known_sequence(&mut con, at);
+    assert_eq!(policy_figures(&server)["tb"], figures(9, 6, 3, 0));
+    assert_eq!(algorithm_figures(&server, "token-bucket")[0], 10);
+
+    let replies = common::send(
+        &mut con,
+        &[
+            redis::cmd("CONFIG").arg("RESETSTAT").clone(),
+            redis::cmd("INFO").arg("ratelimit").clone(),
+            check_cmd("c1", "tb", 1, at),
+            redis::cmd("INFO").arg("ratelimit").clone(),
+        ],
+    );
+    assert_eq!(replies[0], Value::Okay, "{}", show_value(&replies[0]));
+    let info = |reply: &Value| -> BTreeMap<String, String> {
+        let text: String = redis::from_redis_value(reply).expect("INFO text");
+        common::parse_info(&text).into_iter().collect()
+    };
+    let reset = info(&replies[1]);
+    for name in ["tb", "sh", "idle"] {
+        assert_eq!(
+            reset[&format!("ratelimit_policy_{name}")],
+            "calls=0,allowed=0,rejected=0,shadow_rejected=0,blocked=0",
+            "{reset:?}"
+        );
+    }
+    for algorithm in ["token_bucket", "fixed_window"] {
+        for field in ["calls", "allowed", "rejected"] {
+            assert_eq!(
+                reset[&format!("ratelimit_{algorithm}_{field}")],
+                "0",
+                "{algorithm}_{field}: {reset:?}"
+            );
+        }
+    }
+    // The live keys stay: a, c1, x (token bucket).
+    assert_eq!(reset["ratelimit_token_bucket_keys"], "3");
+    // c1 has a token left: one call, allowed, counted from 0.
+    let after = info(&replies[3]);
+    assert_eq!(
+        after["ratelimit_policy_tb"],
+        "calls=1,allowed=1,rejected=0,shadow_rejected=0,blocked=0"
+    );
+    assert_eq!(after["ratelimit_token_bucket_calls"], "1");
+    assert_eq!(policy_figures(&server)["tb"], figures(1, 1, 0, 0));
 }

@@ -14,7 +14,7 @@ use std::path::Path;
 use common::model::Spec;
 use common::{decision, future_base_ms, run, run_ok, send_one, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// One policy per algorithm, two in shadow mode, BURST where it applies.
 fn policies() -> Vec<(String, Spec, bool)> {

@@ -13,7 +13,7 @@ use common::{
     wait_replica_sync, Server,
 };
 use redis::Value;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 fn spec(algorithm: Algorithm, limit: u64) -> Spec {
     Spec::new(algorithm, limit, 60_000)

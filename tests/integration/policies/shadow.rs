@@ -17,7 +17,7 @@ use common::model::Spec;
 use common::rng::Rng;
 use common::{decision, future_base_ms, run_ok, send_one, show_value, Server};
 use redis::Connection;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 #[test]
 fn a_shadow_policy_answers_as_its_enforce_twin_with_rejections_admitted_and_stores_the_same() {

@@ -14,7 +14,7 @@ use common::model::{overall, Model, Spec};
 use common::rng::Rng;
 use common::{future_base_ms, info_int, limiter_info, send_one, show_cmd, show_value, Server};
 use redis::Connection;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// What the rule above gives for one CHECKALL.
 struct Expected {

@@ -75,7 +75,7 @@ pub fn module_path() -> PathBuf {
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+        .unwrap_or_else(|| super::repo_root().join("target"));
     let candidates = [
         target.join("release").join(MODULE_FILE),
         target.join("debug").join(MODULE_FILE),

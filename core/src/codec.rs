@@ -385,7 +385,7 @@ fn decode_leases(
 /// Writes `Change::Replace(limiter)` without owning the limiter, packed (kind `3`) when it can
 /// be: the form commands replicate.
 pub fn encode_write(limiter: &Limiter, out: &mut impl Sink) {
-    match crate::store::value::pack(limiter) {
+    match crate::value::pack(limiter) {
         Some(words) => encode_packed(&words, out),
         None => encode_replace(limiter, out),
     }
@@ -414,7 +414,7 @@ fn decode_packed(bytes: &[u8]) -> Result<Limiter, DecodeError> {
     if !reader.bytes.is_empty() {
         return Err(DecodeError::Length);
     }
-    let limiter = crate::store::value::unpacked(&words).ok_or(DecodeError::Params)?;
+    let limiter = crate::value::unpacked(&words).ok_or(DecodeError::Params)?;
     let mut full = StackBuf::default();
     encode(&limiter, &mut full);
     decode(full.as_slice().ok_or(DecodeError::Length)?)
@@ -690,7 +690,7 @@ mod tests {
         assert!(with_word(2, &|w| w | 0xff_ffff_ffff << 7).is_err());
         // A bucket beyond its capacity.
         let bucket = built(Algorithm::TokenBucket, Some(3), &[(10, 1)]);
-        let mut words = crate::store::value::pack(&bucket).unwrap();
+        let mut words = crate::value::pack(&bucket).unwrap();
         words[3] |= 1 << 61;
         let mut bytes = vec![PACKED];
         for word in words {
@@ -915,7 +915,7 @@ mod tests {
 
     proptest::proptest! {
         // More cases than the default: a previous count above a lowered limit takes a few
-        // hundred sequences to come up (proptest-regressions/store/codec.txt keeps one).
+        // hundred sequences to come up (proptest-regressions/codec.txt keeps one).
         #![proptest_config(proptest::test_runner::Config::with_cases(1024))]
 
         /// Every state the cores store on random call sequences (parameters changing between

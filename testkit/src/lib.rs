@@ -38,9 +38,8 @@
 //! slower is waited for and stops gracefully (SIGTERM, never SIGKILL first), letting the tool write
 //! its final report; `RATELIMIT_READY_TIMEOUT_MS` overrides the start-up timeout alone.
 //!
-//! Each test binary (and `benches/compare`) includes this module whole and uses a part of it: what
-//! one of them leaves unused is not dead.
-#![allow(dead_code, unused_imports)]
+//! A crate of its own (`redis-ratelimit-testkit`), a dev-dependency of the module that
+//! tests/integration and benches/compare use as `common`.
 
 mod calls;
 pub mod cluster;
@@ -56,7 +55,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use calls::*;
 pub use launch::server_binary;
-pub(crate) use launch::{free_port, make_temp_dir, remove_dir, spawn_child};
+pub use launch::{free_port, make_temp_dir, remove_dir, spawn_child};
 pub use server::{
     master_and_replica, module_path, ready_timeout, scaled, server_wrapper, wait_replica_sync,
     FailedStart, Server, ServerBuilder, CLIENT_TIMEOUT, READY_TIMEOUT, SYNC_TIMEOUT,
@@ -76,10 +75,18 @@ pub const TIME_LIMIT_MS: u64 = 1 << 53;
 /// `ratelimit.max-log-limit` by default: the largest sliding-log limit.
 pub const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
 
+/// The repository's root (the test kit is its folder `testkit/`).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ sits in the repository")
+        .to_path_buf()
+}
+
 /// redis-cell 0.5.0, compiled, when ../shared/peers/ (beside the repository) has it; `None`, with
 /// the test recorded as skipped ([`skip`]), in a fresh clone.
 pub fn redis_cell() -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/libredis_cell.so");
+    let path = repo_root().join("../shared/peers/libredis_cell.so");
     if path.is_file() {
         Some(path.canonicalize().unwrap())
     } else {
@@ -146,7 +153,7 @@ pub struct WorkedRow {
 
 /// The text of the section `## {section}` of docs/algorithms.md.
 fn algorithms_section(section: &str) -> &'static str {
-    let page = include_str!("../../../docs/algorithms.md");
+    let page = include_str!("../../docs/algorithms.md");
     page.split(&format!("\n## {section}\n"))
         .nth(1)
         .and_then(|rest| rest.split("\n## ").next())

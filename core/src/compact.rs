@@ -35,7 +35,7 @@
 //! `lazyfree-lazy-*` settings) whose free effort is above Redis's threshold of 64, which ours,
 //! declaring no `free_effort`, are not today (their effort counts as 1). So counts are atomics, a
 //! slot is reassigned only once its count is seen at zero, and a count that reaches zero on any
-//! thread marks its slot in [`FREE`], where the main thread finds it.
+//! thread marks its slot in `FREE`, where the main thread finds it.
 //!
 //! The rule: a new parameter set gets an entry, and its key a word, whenever some slot's count is
 //! zero (a count dropped on another thread: once that release has returned). The search visits

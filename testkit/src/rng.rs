@@ -15,6 +15,9 @@ impl Rng {
         Rng(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03))
     }
 
+    /// The next number (splitmix64). Not `Iterator::next`: the sequence never ends, and the tests
+    /// call it by this name.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

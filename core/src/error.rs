@@ -231,7 +231,7 @@ impl ArgError {
 /// The longest part of an argument an error shows.
 const SHOWN_BYTES: usize = 32;
 
-/// An argument as an error shows it: its first [`SHOWN_BYTES`] bytes, each byte outside
+/// An argument as an error shows it: its first `SHOWN_BYTES` (32) bytes, each byte outside
 /// printable ASCII as `?`, then `...` if it was longer.
 pub fn shown(bytes: &[u8]) -> String {
     let mut text: String = bytes

@@ -10,7 +10,7 @@ use std::fmt;
 
 use super::{Decision, Limiter, Outcome, Params, Refunded, Request, State, Write};
 
-/// The largest run in the encodings of [`super::super::store`] (a longer run is split there).
+/// The largest run in the encodings of [`crate::codec`] and [`crate::value`] (a longer run is split there).
 const MAX_RUN: u64 = 2048;
 /// The longest record: two 64-bit varints.
 const MAX_RECORD: usize = 20;

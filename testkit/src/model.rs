@@ -1,11 +1,11 @@
 //! The model the server is held to: stored keys driven through the crate's pure cores
-//! (`redis_ratelimit::algorithms`, whose arithmetic other tests hold to docs/algorithms.md's
+//! (`redis_ratelimit_core::algorithms`, whose arithmetic other tests hold to docs/algorithms.md's
 //! worked examples and to the Lua references), and CHECKALL's all-or-nothing rules from
 //! docs/algorithms.md ("CHECKALL"), re-implemented here independently of the module's own.
 
 use std::collections::HashMap;
 
-use redis_ratelimit::algorithms::{
+use redis_ratelimit_core::algorithms::{
     self, Algorithm, Decision, Limiter, Outcome, Params, Request, Write,
 };
 

@@ -144,7 +144,7 @@ fn answers_as(port: u16, pid: u32) -> bool {
 /// test binary, dies, even by SIGKILL or a timeout. (The signal follows the spawning thread, so
 /// spawning from the test's own thread would kill servers shared between tests.) The example
 /// tests start their apps through it too.
-pub(crate) fn spawn_child(mut command: Command) -> io::Result<Child> {
+pub fn spawn_child(mut command: Command) -> io::Result<Child> {
     type Request = (Command, mpsc::Sender<io::Result<Child>>);
     static SPAWNER: OnceLock<mpsc::Sender<Request>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
@@ -180,7 +180,7 @@ pub(crate) fn spawn_child(mut command: Command) -> io::Result<Child> {
 
 /// A loopback port nobody listens on, never handed out twice by this process, and whose cluster
 /// bus port (+10000) is free too, so `cluster-enabled yes` works.
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     let handed_out = handed_out.get_or_insert_with(HashSet::new);
@@ -200,7 +200,7 @@ pub(crate) fn free_port() -> u16 {
     panic!("found no free loopback port");
 }
 
-pub(crate) fn make_temp_dir() -> PathBuf {
+pub fn make_temp_dir() -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     loop {
         let nanos = SystemTime::now()
@@ -221,7 +221,7 @@ pub(crate) fn make_temp_dir() -> PathBuf {
     }
 }
 
-pub(crate) fn remove_dir(dir: &Path) {
+pub fn remove_dir(dir: &Path) {
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -270,7 +270,7 @@ pub(crate) fn wait_for_exit(child: &mut Child, timeout: Duration) -> Option<Exit
     }
 }
 
-/// The state letter of /proc/<pid>/stat (`R`, `S`, `T` stopped, `Z`...).
+/// The state letter of `/proc/<pid>/stat` (`R`, `S`, `T` stopped, `Z`...).
 pub(crate) fn process_state(pid: libc::pid_t) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain spaces: the state follows the last ')'.

@@ -29,7 +29,7 @@ use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
 use crate::algorithms::{Algorithm, Limiter, Params, State};
-use crate::store::compact;
+use crate::compact;
 
 const ALGORITHM_BITS: u32 = 3;
 const TIME_BITS: u32 = 53;
@@ -40,7 +40,7 @@ const SCALED_BITS: u32 = 79;
 const BOXED: u128 = 7;
 
 /// A stored limiter: 32 bytes, packed or pointing to a boxed limiter. The first word says which:
-/// its first 3 bits are the packed algorithm's index, or [`BOXED`].
+/// its first 3 bits are the packed algorithm's index, or `BOXED` (7).
 #[repr(C)]
 pub struct Value {
     /// The first packed word, or [`BOXED`] alone.
