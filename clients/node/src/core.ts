@@ -178,6 +178,13 @@ export function checkCost(cost: unknown, min = 0): number {
   return integer('cost', cost, min, MAX_VALUE);
 }
 
+/** `AT unix-ms` when given: evaluate at that time instead of the server's clock (replays and
+ * tests; applications leave it out). */
+export function atArgs(at: unknown): string[] {
+  if (at === undefined) return [];
+  return ['AT', String(integer('at', at, 0, 2 ** 53 - 1))];
+}
+
 /** The arguments of an inline limit, after the key: `algorithm limit period [BURST c] [BLOCK d]`. */
 export function limitArgs(lim: Limit, withBlock = true): string[] {
   const args = [lim.algorithm, String(lim.limit), String(lim.period)];

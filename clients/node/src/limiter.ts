@@ -5,6 +5,7 @@
 import { randomUUID } from 'node:crypto';
 
 import {
+  atArgs,
   checkCost,
   checkKey,
   checkSpec,
@@ -64,6 +65,13 @@ export interface RateLimiterOptions {
   logger?: Logger;
   /** The clock of the breaker and the policy cache (ms); tests give their own. */
   now?: () => number;
+}
+
+/** The options of a call: its cost (default 1), and `at`, a time in ms since the Unix epoch to
+ * evaluate it at instead of the server's clock (replays and tests; applications leave it out). */
+export interface CallOptions {
+  cost?: number;
+  at?: number;
 }
 
 class Breaker {
@@ -225,42 +233,43 @@ export class RateLimiter {
   }
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
-  check(key: string, spec: LimitSpec, options: { cost?: number } = {}): Promise<Decision> {
-    return this.single('check', key, spec, checkCost(options.cost ?? 1));
+  check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+    return this.single('check', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
   }
 
   /** What `check` would answer now, changing nothing. */
-  peek(key: string, spec: LimitSpec, options: { cost?: number } = {}): Promise<Decision> {
-    return this.single('peek', key, spec, checkCost(options.cost ?? 1));
+  peek(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+    return this.single('peek', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
   }
 
   /** Gives back `cost` that admitted requests consumed (a request not served); the decision
    * right after (what a peek of cost 0 answers). */
-  refund(key: string, spec: LimitSpec, cost: number): Promise<Decision> {
-    return this.single('refund', key, spec, checkCost(cost));
+  refund(key: string, spec: LimitSpec, cost: number, options: { at?: number } = {}): Promise<Decision> {
+    return this.single('refund', key, spec, checkCost(cost), atArgs(options.at));
   }
 
   /** One request against several limits, all or nothing (in a cluster, give the keys one hash
    * tag). The overall decision, and each limit's in `limits`. */
-  checkAll(limits: Array<[string, LimitSpec]>, options: { cost?: number } = {}): Promise<MultiDecision> {
+  checkAll(limits: Array<[string, LimitSpec]>, options: CallOptions = {}): Promise<MultiDecision> {
     if (!Array.isArray(limits) || limits.length === 0) throw new TypeError('checkAll needs a non-empty array of [key, limit] pairs');
     const pairs = limits.map((pair, i) => {
       if (!Array.isArray(pair) || pair.length !== 2) throw new TypeError(`checkAll: item ${i + 1} must be a [key, limit] pair`);
       return [checkKey(pair[0]), checkSpec(pair[1])] as [string, LimitSpec];
     });
     const cost = checkCost(options.cost ?? 1);
+    const at = atArgs(options.at);
     const keys = pairs.map(([key]) => key);
     return this.decide(0, async () => {
       const { reply, source, periods } = await this.run(
         async () => {
           const resolved = await Promise.all(pairs.map(([key, spec]) => this.resolveForModule(key, spec)));
-          const args = ['RATELIMIT.CHECKALL', String(keys.length), ...keys, ...resolved.flatMap((r) => r.args), 'COST', String(cost)];
+          const args = ['RATELIMIT.CHECKALL', String(keys.length), ...keys, ...resolved.flatMap((r) => r.args), 'COST', String(cost), ...at];
           return { reply: await this.transport.send(args, keys[0]), periods: resolved.map((r) => r.periodMs) };
         },
         async () => {
           const inline = pairs.map(([, spec]) => this.fallback(spec));
           const prefixed = keys.map((key) => this.libraryPrefix + key);
-          const args = ['FCALL', 'ratelimit_checkall', String(keys.length), ...prefixed, ...inline.flatMap((l) => limitArgs(l)), 'COST', String(cost)];
+          const args = ['FCALL', 'ratelimit_checkall', String(keys.length), ...prefixed, ...inline.flatMap((l) => limitArgs(l)), 'COST', String(cost), ...at];
           return { reply: await this.transport.send(args, prefixed[0]), periods: inline.map((l) => l.periodMs) };
         },
       );
@@ -286,14 +295,14 @@ export class RateLimiter {
 
   /** Takes (or renews) the lease `id` on a concurrency limit of `n` in flight on `key`, for
    * `lease` (the period's syntax) or until released. */
-  acquire(key: string, n: number, lease: Period, options: { id: string; cost?: number }): Promise<Decision> {
+  acquire(key: string, n: number, lease: Period, options: { id: string; cost?: number; at?: number }): Promise<Decision> {
     checkKey(key);
     const limitN = checkCost(n, 1);
     const leaseMs = periodMs(lease, 'lease');
     const id = options?.id;
     if (typeof id !== 'string' || id === '') throw new TypeError('acquire needs { id }: the id the lease is held under (release it with the same)');
     const cost = checkCost(options.cost ?? 1, 1);
-    const rest = [String(limitN), String(lease), 'ID', id, 'COST', String(cost)];
+    const rest = [String(limitN), String(lease), 'ID', id, 'COST', String(cost), ...atArgs(options.at)];
     return this.decide(leaseMs, async () => {
       const { reply, source } = await this.run(
         async () => ({ reply: await this.transport.send(['RATELIMIT.ACQUIRE', key, ...rest], key) }),
@@ -307,15 +316,16 @@ export class RateLimiter {
   }
 
   /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
-  release(key: string, id: string): Promise<number> {
+  release(key: string, id: string, options: { at?: number } = {}): Promise<number> {
     checkKey(key);
     if (typeof id !== 'string' || id === '') throw new TypeError('release needs the id the lease was acquired with');
+    const at = atArgs(options.at);
     return this.strict(async () => {
       const { reply } = await this.run(
-        async () => ({ reply: await this.transport.send(['RATELIMIT.RELEASE', key, 'ID', id], key) }),
+        async () => ({ reply: await this.transport.send(['RATELIMIT.RELEASE', key, 'ID', id, ...at], key) }),
         async () => {
           const k = this.libraryPrefix + key;
-          return { reply: await this.transport.send(['FCALL', 'ratelimit_release', '1', k, 'ID', id], k) };
+          return { reply: await this.transport.send(['FCALL', 'ratelimit_release', '1', k, 'ID', id, ...at], k) };
         },
       );
       return integerReply(reply);
@@ -352,7 +362,7 @@ export class RateLimiter {
 
   // ---- the engines ----
 
-  private single(command: 'check' | 'peek' | 'refund', key: string, spec: LimitSpec, cost: number): Promise<Decision> {
+  private single(command: 'check' | 'peek' | 'refund', key: string, spec: LimitSpec, cost: number, at: string[]): Promise<Decision> {
     checkKey(key);
     checkSpec(spec);
     const readonly = command === 'peek';
@@ -361,10 +371,10 @@ export class RateLimiter {
       const { reply, source, periodMs: period, shadowRejected } = await this.run(
         async () => {
           const resolved = await this.resolveForModule(key, spec);
-          const args = [moduleName, key, ...resolved.args, 'COST', String(cost)];
+          const args = [moduleName, key, ...resolved.args, 'COST', String(cost), ...at];
           if (resolved.shadowAs && command !== 'refund') {
             // What enforcement would answer, sent in the same round trip (pipelined).
-            const enforced = this.transport.send(['RATELIMIT.PEEK', key, ...limitArgs(resolved.shadowAs), 'COST', String(cost)], key, true);
+            const enforced = this.transport.send(['RATELIMIT.PEEK', key, ...limitArgs(resolved.shadowAs), 'COST', String(cost), ...at], key, true);
             const [peeked, reply] = await Promise.all([enforced, this.transport.send(args, key, readonly)]);
             const answered = decision(reply, 'module', resolved.periodMs);
             return { reply, periodMs: resolved.periodMs, shadowRejected: answered.allowed && !decision(peeked, 'module', 0).allowed };
@@ -375,7 +385,7 @@ export class RateLimiter {
           const inline = this.fallback(spec);
           const k = this.libraryPrefix + key;
           const fcall = readonly ? 'FCALL_RO' : 'FCALL';
-          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), 'COST', String(cost)];
+          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), 'COST', String(cost), ...at];
           return { reply: await this.transport.send(args, k, readonly), periodMs: inline.periodMs, shadowRejected: false };
         },
       );
