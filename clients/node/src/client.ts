@@ -1,3 +1,5 @@
+import { RateLimitError } from './errors.js';
+
 // The client adapter: node-redis (4 to 6, a client or a cluster) and ioredis (5 and 6, Redis or
 // Cluster), told apart by what they have, used through their public API (`sendCommand`,
 // `call`, a cluster's primaries), never patched.
@@ -81,7 +83,7 @@ export function isReplyError(error: unknown): error is Error {
  * errors of the program (TypeError...), are not. */
 export function isUnavailable(error: unknown): boolean {
   if (isReplyError(error)) return UNAVAILABLE_REPLY.test(error.message);
-  if (error instanceof TypeError || error instanceof RangeError || error instanceof SyntaxError || error instanceof ReferenceError) {
+  if (error instanceof RateLimitError || error instanceof TypeError || error instanceof RangeError || error instanceof SyntaxError || error instanceof ReferenceError) {
     return false;
   }
   return error instanceof Error;
