@@ -2,7 +2,7 @@
 // `ratelimit.library`), then the ES module and CommonJS builds with their type declarations.
 //   node scripts/build.mjs            build dist/
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -31,4 +31,5 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   writeFileSync(join(root, 'dist/esm/package.json'), '{ "type": "module" }\n');
   writeFileSync(join(root, 'dist/cjs/package.json'), '{ "type": "commonjs" }\n');
   writeFileSync(join(root, 'dist/ratelimit.lua'), library);
+  copyFileSync(resolve(root, '../../LICENSE'), join(root, 'dist/LICENSE'));
 }
