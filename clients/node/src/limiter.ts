@@ -197,6 +197,7 @@ export class RateLimiter {
   private readonly cache = new Map<string, CachedPolicy>();
   private readonly warned = new Set<string>();
   private down = false;
+  private libraryAnnounced = false;
 
   constructor(client: unknown, options: RateLimiterOptions = {}) {
     this.transport = transport(client);
@@ -469,10 +470,14 @@ export class RateLimiter {
           throw error;
         }
         this.engineInUse = 'library';
-        this.logger.info(`ratelimit: the module is not loaded: engine: the Functions library '${LIBRARY_NAME}' (keys prefixed '${this.libraryPrefix}'; no policies: their fallbacks apply)`);
       }
     }
     await this.ensureLibrary();
+    if (!this.libraryAnnounced) {
+      this.libraryAnnounced = true;
+      const why = this.engineOption === 'library' ? 'as configured' : 'the module is not loaded';
+      this.logger.info(`ratelimit: ${why}: engine: the Functions library '${LIBRARY_NAME}' (keys prefixed '${this.libraryPrefix}'; no policies: their fallbacks apply)`);
+    }
     try {
       return { ...(await onLibrary()), source: 'library' };
     } catch (error) {
