@@ -25,7 +25,7 @@ for (const engine of ['module', 'library']) {
         const nodes = cluster.nodes.map(raw);
         try {
           const logger = memoryLogger();
-          const rl = new RateLimiter(client, { logger, timeoutMs: 5000 });
+          const rl = new RateLimiter(client, { logger, timeoutMs: 30000 });
           const prefix = engine === 'library' ? 'fn:' : '';
           const keys = Array.from({ length: 24 }, (_, i) => `c${c}:user:${i}`);
           for (const key of keys) {

@@ -71,7 +71,7 @@ for (const engine of ['module', 'library']) {
         if (!server) return t.skip(NO_MODULE);
         const client = await flavour.make(server);
         const logger = memoryLogger();
-        const rl = new RateLimiter(client, { logger, timeoutMs: 5000 });
+        const rl = new RateLimiter(client, { logger, timeoutMs: 30000 });
         const rand = random(0x5eed + c);
         let at = Date.now() + 86400000 + c * 3600000;
         const source = engine;

@@ -148,7 +148,7 @@ describe('middleware', () => {
 
   for (const framework of Object.keys(apps)) {
     test(`${framework}: limited per key with draft-10 headers, 429 with Retry-After, per route, onError open and closed`, async () => {
-      const limiter = new RateLimiter(client, { logger: memoryLogger() });
+      const limiter = new RateLimiter(client, { timeoutMs: 30000, logger: memoryLogger() });
       const app = await apps[framework](limiter, framework);
       try {
         await plan(app.base);
@@ -178,7 +178,7 @@ describe('middleware', () => {
   }
 
   test('express-rate-limit with the store: its documented behaviour for a limit of 5', async () => {
-    const limiter = new RateLimiter(client, { logger: memoryLogger() });
+    const limiter = new RateLimiter(client, { timeoutMs: 30000, logger: memoryLogger() });
     const make = (prefix, options = {}) => expressRateLimit({
       windowMs: 60 * 1000,
       limit: 5,

@@ -39,26 +39,26 @@ for (const flavour of CLIENTS.filter((c) => ['node-redis 6 RESP3', 'ioredis 5'].
     const admin = raw(server);
     try {
       const first = memoryLogger();
-      const rl = new RateLimiter(client, { logger: first });
+      const rl = new RateLimiter(client, { logger: first, timeoutMs: 30000 });
       assert.equal((await rl.check('a', LIMIT)).remaining, 2);
       assert.equal(await loadedCode(server), LIBRARY);
       assert.ok(first.lines.includes("info ratelimit: loaded the Functions library 'ratelimit'"), first.lines.join('\n'));
       assert.equal(await admin.exists('fn:a'), 1);
       // A second limiter finds it loaded: nothing loaded again.
       const second = memoryLogger();
-      assert.equal((await new RateLimiter(client, { logger: second }).check('a', LIMIT)).remaining, 1);
+      assert.equal((await new RateLimiter(client, { logger: second, timeoutMs: 30000 }).check('a', LIMIT)).remaining, 1);
       assert.ok(!second.lines.some((l) => l.includes('loaded the Functions library')), second.lines.join('\n'));
       // An older library (fewer functions) is replaced.
       await admin.call('FUNCTION', 'LOAD', 'REPLACE', "#!lua name=ratelimit\nredis.register_function('ratelimit_check', function() return {1, 1, 1, 0, 0, 0} end)");
       const third = memoryLogger();
-      assert.equal((await new RateLimiter(client, { logger: third }).check('a', LIMIT)).remaining, 0);
+      assert.equal((await new RateLimiter(client, { logger: third, timeoutMs: 30000 }).check('a', LIMIT)).remaining, 0);
       assert.equal(await loadedCode(server), LIBRARY);
       assert.ok(third.lines.some((l) => l.includes('replaced an older Functions library')), third.lines.join('\n'));
       // Another complete library (another version, say) is used as is, with a warning.
       const other = `${LIBRARY}\n-- another build\n`;
       await admin.call('FUNCTION', 'LOAD', 'REPLACE', other);
       const fourth = memoryLogger();
-      assert.equal((await new RateLimiter(client, { logger: fourth }).peek('a', LIMIT, { cost: 0 })).remaining, 0);
+      assert.equal((await new RateLimiter(client, { logger: fourth, timeoutMs: 30000 }).peek('a', LIMIT, { cost: 0 })).remaining, 0);
       assert.equal(await loadedCode(server), other);
       assert.ok(fourth.lines.some((l) => l.startsWith('warn') && l.includes('differs')), fourth.lines.join('\n'));
       // Flushed under a running limiter: loaded again, the call answered.
@@ -67,10 +67,10 @@ for (const flavour of CLIENTS.filter((c) => ['node-redis 6 RESP3', 'ioredis 5'].
       assert.equal(await loadedCode(server), LIBRARY);
       // loadLibrary: false leaves it to the operator: the server's error as is.
       await admin.call('FUNCTION', 'FLUSH');
-      const manual = new RateLimiter(client, { loadLibrary: false, engine: 'library', logger: memoryLogger() });
+      const manual = new RateLimiter(client, { loadLibrary: false, engine: 'library', logger: memoryLogger(), timeoutMs: 30000 });
       await assert.rejects(manual.check('c', LIMIT), (e) => /Function not found/.test(e.message));
       // engine: 'module' on a server without it: the server's error as is, not a fallback.
-      const moduleOnly = new RateLimiter(client, { engine: 'module', logger: memoryLogger() });
+      const moduleOnly = new RateLimiter(client, { engine: 'module', logger: memoryLogger(), timeoutMs: 30000 });
       await assert.rejects(moduleOnly.check('c', LIMIT), (e) => /unknown command/i.test(e.message));
       // Policies: the library has none; a fallback applies, else a clear error.
       const d = await rl.check('p', policy('api', { fallback: limit('fixed-window', 7, '10s') }));
@@ -93,7 +93,7 @@ for (const flavour of CLIENTS.filter((c) => ['node-redis 6 RESP3', 'node-redis 6
     const admin = raw(server);
     try {
       const logger = memoryLogger();
-      const rl = new RateLimiter(client, { logger, policyRefreshMs: 0 });
+      const rl = new RateLimiter(client, { logger, policyRefreshMs: 0, timeoutMs: 30000 });
       assert.equal(await rl.policies.get('api'), null);
       await rl.policies.set('api', limit('token-bucket', 2, '1s', { burst: 4 }), { shadow: true });
       await rl.policies.set('login', limit('fixed-window', 3, '15m', { block: '1h' }));
