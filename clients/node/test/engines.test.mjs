@@ -118,6 +118,9 @@ for (const engine of ['module', 'library']) {
               }
             }
           }
+          // checkAll's overall decision carries the period of the limit it shows (the least remaining).
+          const tight = await rl.checkAll([[`c${c}:{w}:a`, limit('fixed-window', 10, '1m')], [`c${c}:{w}:b`, limit('fixed-window', 2, '1h')]], { at });
+          assert.deepEqual([tight.limit, tight.remaining, tight.periodMs], [2, 1, 3600000]);
           // Leases: acquire, renew, release, on twin keys.
           for (let step = 0; step < STEPS * 2; step += 1) {
             at += rand.pick([0, 5, 300, 2000]);
