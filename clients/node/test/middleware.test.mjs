@@ -61,7 +61,8 @@ async function plan(base) {
   const refused = await get(base, '/', 'alice');
   assert.equal(refused.status, 429);
   const retryAfter = Number(refused.headers.get('retry-after'));
-  assert.ok(retryAfter >= 1 && retryAfter <= 10, `Retry-After ${retryAfter}`);
+  // At most the time until the key is fresh: two windows.
+  assert.ok(retryAfter >= 1 && retryAfter <= 20, `Retry-After ${retryAfter}`);
   const rl = item(refused.headers.get('ratelimit'));
   assert.deepEqual([rl.r, rl.t], [0, retryAfter]);
   assert.deepEqual(item(refused.headers.get('ratelimit-policy')), { name: 'api', q: 3, w: 10 });
