@@ -141,7 +141,7 @@ export async function main(): Promise<number> {
     app.stderr.on('data', (d) => (output += d));
     try {
       let response;
-      for (let i = 0; i < 400 && !response; i += 1) {
+      for (let i = 0; i < 1200 && !response; i += 1) {
         response = await fetch(`http://127.0.0.1:${port}/`, { headers: { 'X-API-Key': 'k1' } }).catch(() => sleep(25).then(() => undefined));
       }
       assert.ok(response, output);
@@ -162,7 +162,7 @@ export async function main(): Promise<number> {
       const open = await fetch(`http://127.0.0.1:${port}/`, { headers: { 'X-API-Key': 'k1' } });
       assert.equal(open.status, 200);
       assert.equal(open.headers.get('ratelimit'), null);
-      assert.ok(performance.now() - started < 2000 + 1500);
+      assert.ok(performance.now() - started < 2000 + 4000);
     } finally {
       app.kill('SIGKILL');
       await server.stop();
