@@ -29,13 +29,30 @@ export function transport(client: unknown): Transport {
   }
   // ioredis: `call` on Redis and Cluster; a Cluster has `nodes` and `isCluster`.
   if (isFn(c.call) && isFn(c.sendCommand) && !isFn(c.nodeClient)) {
-    const ioredis = c as { call: AnyFn; isCluster?: boolean; nodes?: AnyFn };
+    const ioredis = c as { call: AnyFn; isCluster?: boolean; nodes?: AnyFn; slots?: string[][] };
     const cluster = ioredis.isCluster === true || isFn(ioredis.nodes);
     const call = (target: { call: AnyFn }) => (args: string[]) => target.call(args[0], ...args.slice(1)) as Promise<unknown>;
+    const viaCluster = call(ioredis);
+    // ioredis's Cluster routes the commands it knows by their keys, and sends the others (the
+    // module's) to any master, following MOVED. Sent to the master of the key's slot instead,
+    // from the slot table the Cluster keeps; MOVED or ASK (a slot moving) goes the Cluster's way.
+    const send: Send = !cluster
+      ? viaCluster
+      : async (args, key) => {
+          const owner = key === undefined ? undefined : ioredis.slots?.[slot(key)]?.[0];
+          const node = owner && (ioredis.nodes as AnyFn)('master').find((n: { options: { host: string; port: number } }) => `${n.options.host}:${n.options.port}` === owner);
+          if (!node) return viaCluster(args);
+          try {
+            return await call(node)(args);
+          } catch (error) {
+            if (isReplyError(error) && /^(MOVED|ASK) /.test(error.message)) return viaCluster(args);
+            throw error;
+          }
+        };
     return {
       kind: 'ioredis',
       cluster,
-      send: call(ioredis),
+      send,
       async primaries() {
         if (!cluster) return [call(ioredis)];
         return (ioredis.nodes as AnyFn)('master').map((node: { call: AnyFn }) => call(node));
@@ -91,4 +108,20 @@ export function isUnavailable(error: unknown): boolean {
 
 export function replyMessage(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
+}
+
+/** The cluster slot of a key: CRC16 (XMODEM) of its hash tag (`{...}`) or of the whole key, mod 16384. */
+export function slot(key: string): number {
+  let bytes = new TextEncoder().encode(key);
+  const open = bytes.indexOf(0x7b); // {
+  if (open >= 0) {
+    const close = bytes.indexOf(0x7d, open + 1); // }
+    if (close > open + 1) bytes = bytes.subarray(open + 1, close);
+  }
+  let crc = 0;
+  for (const byte of bytes) {
+    crc ^= byte << 8;
+    for (let i = 0; i < 8; i += 1) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  }
+  return crc % 16384;
 }

@@ -4,10 +4,20 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import { LIBRARY, RateLimiter, limit, policy } from 'redis-ratelimit-client';
+import { slot } from '../dist/esm/client.js';
 
 import { CLUSTER_CLIENTS, NO_MODULE, closeClient, memoryLogger, raw, startCluster } from './helpers.mjs';
 
 const LIMIT = limit('fixed-window', 2, '1m');
+
+test('the slot of a key is the cluster\'s (CRC16 of the hash tag)', () => {
+  // Redis's own examples (CLUSTER KEYSLOT).
+  assert.equal(slot('somekey'), 11058);
+  assert.equal(slot('{user1000}.following'), slot('{user1000}.followers'));
+  assert.equal(slot('foo{}{bar}'), slot('foo{}{bar}'));
+  assert.equal(slot('{}foo'), 9500);
+  assert.equal(slot('123456789'), 0x31c3 % 16384);
+});
 
 for (const engine of ['module', 'library']) {
   describe(`a cluster with the ${engine}`, () => {
@@ -49,6 +59,9 @@ for (const engine of ['module', 'library']) {
             for (const key of keys.slice(0, 6)) assert.equal((await rl.check(key, policy(`p${c}`), { cost: 0 })).limit, 5);
             assert.equal(await rl.policies.delete(`p${c}`), true);
             for (const n of nodes) assert.equal(await n.call('RATELIMIT.POLICY', 'GET', `p${c}`), null);
+            // Every call went to the master of its key's slot: no MOVED answered anywhere.
+            const moved = await Promise.all(nodes.map((n) => n.info('errorstats')));
+            assert.ok(moved.every((text) => !/errorstat_MOVED/.test(text)), moved.join('\n'));
           } else {
             for (const n of nodes) {
               const [library] = await n.call('FUNCTION', 'LIST', 'LIBRARYNAME', 'ratelimit', 'WITHCODE');
