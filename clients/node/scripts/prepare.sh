@@ -26,8 +26,9 @@ fi
 
 library=$(node -p 'require("./package.json").ratelimit.library')
 built=$(cat package.json tsconfig.json scripts/build.mjs src/*.ts "$library" | sha256sum | cut -d' ' -f1)
-if [ "$(cat dist/.built.sha256 2>/dev/null)" != "$built" ]; then
+# The stamp stays out of dist/ (npm pack ships dist/).
+if [ ! -f dist/esm/index.js ] || [ "$(cat node_modules/.built.sha256 2>/dev/null)" != "$built" ]; then
     echo "clients/node: building dist/" >&2
     node scripts/build.mjs
-    echo "$built" > dist/.built.sha256
+    echo "$built" > node_modules/.built.sha256
 fi

@@ -1,8 +1,8 @@
-import { RateLimitError } from './errors.js';
-
 // The client adapter: node-redis (4 to 6, a client or a cluster) and ioredis (5 and 6, Redis or
 // Cluster), told apart by what they have, used through their public API (`sendCommand`,
 // `call`, a cluster's primaries), never patched.
+
+import { RateLimitError } from './errors.js';
 
 /** Sends one command; `key` routes it in a cluster, `readonly` lets a cluster send it to a replica
  * where the client is configured to. */

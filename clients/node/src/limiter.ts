@@ -234,24 +234,24 @@ export class RateLimiter {
   }
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
-  check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+  async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
     return this.single('check', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
   }
 
   /** What `check` would answer now, changing nothing. */
-  peek(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+  async peek(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
     return this.single('peek', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
   }
 
   /** Gives back `cost` that admitted requests consumed (a request not served); the decision
    * right after (what a peek of cost 0 answers). */
-  refund(key: string, spec: LimitSpec, cost: number, options: { at?: number } = {}): Promise<Decision> {
+  async refund(key: string, spec: LimitSpec, cost: number, options: { at?: number } = {}): Promise<Decision> {
     return this.single('refund', key, spec, checkCost(cost), atArgs(options.at));
   }
 
   /** One request against several limits, all or nothing (in a cluster, give the keys one hash
    * tag). The overall decision, and each limit's in `limits`. */
-  checkAll(limits: Array<[string, LimitSpec]>, options: CallOptions = {}): Promise<MultiDecision> {
+  async checkAll(limits: Array<[string, LimitSpec]>, options: CallOptions = {}): Promise<MultiDecision> {
     if (!Array.isArray(limits) || limits.length === 0) throw new TypeError('checkAll needs a non-empty array of [key, limit] pairs');
     const pairs = limits.map((pair, i) => {
       if (!Array.isArray(pair) || pair.length !== 2) throw new TypeError(`checkAll: item ${i + 1} must be a [key, limit] pair`);
@@ -279,7 +279,7 @@ export class RateLimiter {
   }
 
   /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
-  reset(...keys: string[]): Promise<number> {
+  async reset(...keys: string[]): Promise<number> {
     if (keys.length === 0) throw new TypeError('reset needs at least one key');
     keys.forEach((key) => checkKey(key));
     return this.strict(async () => {
@@ -296,7 +296,7 @@ export class RateLimiter {
 
   /** Takes (or renews) the lease `id` on a concurrency limit of `n` in flight on `key`, for
    * `lease` (the period's syntax) or until released. */
-  acquire(key: string, n: number, lease: Period, options: { id: string; cost?: number; at?: number }): Promise<Decision> {
+  async acquire(key: string, n: number, lease: Period, options: { id: string; cost?: number; at?: number }): Promise<Decision> {
     checkKey(key);
     const limitN = checkCost(n, 1);
     const leaseMs = periodMs(lease, 'lease');
@@ -317,7 +317,7 @@ export class RateLimiter {
   }
 
   /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
-  release(key: string, id: string, options: { at?: number } = {}): Promise<number> {
+  async release(key: string, id: string, options: { at?: number } = {}): Promise<number> {
     checkKey(key);
     if (typeof id !== 'string' || id === '') throw new TypeError('release needs the id the lease was acquired with');
     const at = atArgs(options.at);

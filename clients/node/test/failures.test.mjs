@@ -129,8 +129,11 @@ test('error replies that are the caller\'s mistake reject with the server\'s tex
     assert.equal(rl.breakerOpen, false);
     assert.equal((await rl.check('ok', LIMIT)).source, 'library');
     assert.throws(() => limit('sliding-windw', 5, '1s'), (e) => e instanceof TypeError && /token-bucket, leaky-bucket, fixed-window, sliding-window, sliding-log, gcra/.test(e.message));
-    assert.throws(() => rl.check('', LIMIT), TypeError);
-    assert.throws(() => rl.check('k', LIMIT, { cost: -1 }), RangeError);
+    await assert.rejects(rl.check('', LIMIT), TypeError);
+    await assert.rejects(rl.check('k', LIMIT, { cost: -1 }), RangeError);
+    await assert.rejects(rl.checkAll([]), TypeError);
+    await assert.rejects(rl.acquire('k', 1, '1s', {}), /needs \{ id \}/);
+    await assert.rejects(rl.check('k', { algorithm: 'fixed-window', limit: 1, period: '1s' }), /limit\(\.\.\.\) or a policy/);
   } finally {
     await closeClient(client);
     await server.stop();
