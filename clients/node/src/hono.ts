@@ -29,6 +29,10 @@ export function rateLimit<C extends Context = any>(options: RateLimitOptions<C>)
   };
 }
 
+function json(body: unknown, status: number, headers: Record<string, string>): Response {
+  return new Response(JSON.stringify(body), { status, headers: { ...headers, 'Content-Type': 'application/json' } });
+}
+
 /** Wraps a fetch-style handler: `key` receives the `Request`; the same answers as `rateLimit`. */
 export function limitFetch<Args extends unknown[]>(
   handler: (request: Request, ...rest: Args) => Response | Promise<Response>,
@@ -38,8 +42,8 @@ export function limitFetch<Args extends unknown[]>(
   return async (request: Request, ...rest: Args) => {
     const outcome = await decideRequest(checked, request);
     if (outcome.kind === 'skip') return handler(request, ...rest);
-    if (outcome.kind === 'unavailable') return Response.json(outcome.body, { status: outcome.status });
-    if (outcome.status === 429) return Response.json(outcome.body, { status: 429, headers: outcome.headers });
+    if (outcome.kind === 'unavailable') return json(outcome.body, outcome.status, {});
+    if (outcome.status === 429) return json(outcome.body, 429, outcome.headers);
     const response = await handler(request, ...rest);
     const answered = new Response(response.body, response); // headers of a fetched response are immutable
     for (const [name, value] of Object.entries(outcome.headers)) answered.headers.set(name, value);
