@@ -48,7 +48,7 @@ test: export RATELIMIT_SKIP_LOG := $(CURDIR)/target/test-skips.log
 # Most integration tests wait on their servers, not on a core: four at a time on two cores takes
 # two thirds of the time (RUST_TEST_THREADS=... to choose).
 test: export RUST_TEST_THREADS := $(or $(RUST_TEST_THREADS),4)
-test: build ## Every test: unit, property, integration against real servers, the examples, then the Node package's (~4 min fresh, ~2 min after); ends with `N passed, N failed, N skipped`
+test: build ## Every test: unit, property, integration against real servers, the examples (~4 min fresh, ~2 min after), then the Node package's (~1 min); ends with `N passed, N failed, N skipped`
 	@rm -f $(RATELIMIT_SKIP_LOG)
 	@set -o pipefail; cargo test --profile tests --no-fail-fast 2>&1 | tee target/test.log; \
 	status=$$?; bash clients/node/scripts/test.sh $(CURDIR)/target/test-node.tap; node_status=$$?; \
