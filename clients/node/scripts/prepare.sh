@@ -16,9 +16,9 @@ want=$(cat package.json package-lock.json | sha256sum | cut -d' ' -f1)
 if [ "$(cat node_modules/.installed.sha256 2>/dev/null)" != "$want" ]; then
     echo "clients/node: installing package-lock.json into $PWD/node_modules" >&2
     if ! log=$(npm ci --no-audit --no-fund --loglevel=error 2>&1); then
-        echo "$log" | tail -20 >&2
+        echo "$log" > npm-ci-error.log # the whole story, beside the one line below
         reason=$(echo "$log" | grep -i -m1 'error' || echo "$log" | tail -1)
-        echo "clients/node: npm ci failed (is the npm registry reachable?): $reason" >&2
+        echo "clients/node: npm ci failed (is the npm registry reachable?): $reason (clients/node/npm-ci-error.log)" >&2
         exit 2
     fi
     echo "$want" > node_modules/.installed.sha256

@@ -12,10 +12,10 @@ errors=$(mktemp)
 bash scripts/prepare.sh 2> >(tee "$errors" >&2)
 status=$?
 if [ "$status" -ne 0 ]; then
-    reason=$(tail -1 "$errors")
+    reason=$(tail -1 "$errors" | sed 's|^clients/node: ||')
     rm -f "$errors"
     if [ "$status" -eq 2 ]; then # npm or the registry out of reach: one skip, said once
-        echo "skipped: $reason"
+        echo "clients/node: skipped: $reason"
         printf 'TAP version 13\nok 1 - clients/node # SKIP %s\n1..1\n# tests 1\n# pass 0\n# fail 0\n# skipped 1\n' "$reason" > "$tap"
         exit 0
     fi
