@@ -261,20 +261,31 @@ export class RateLimiter {
     const at = atArgs(options.at);
     const keys = pairs.map(([key]) => key);
     return this.decide(0, async () => {
-      const { reply, source, periods } = await this.run(
+      const { reply, source, periods, peeked } = await this.run(
         async () => {
           const resolved = await Promise.all(pairs.map(([key, spec]) => this.resolveForModule(key, spec)));
           const args = ['RATELIMIT.CHECKALL', String(keys.length), ...keys, ...resolved.flatMap((r) => r.args), 'COST', String(cost), ...at];
-          return { reply: await this.transport.send(args, keys[0]), periods: resolved.map((r) => r.periodMs) };
+          // What enforcement would answer for each shadow policy, in the same round trip.
+          const enforced = resolved.map((r, i) => r.shadowAs
+            ? this.transport.send(['RATELIMIT.PEEK', keys[i], ...limitArgs(r.shadowAs), 'COST', String(cost), ...at], keys[i], true)
+            : null);
+          const [reply, ...peeked] = await Promise.all([this.transport.send(args, keys[0]), ...enforced]);
+          return { reply, periods: resolved.map((r) => r.periodMs), peeked };
         },
         async () => {
           const inline = pairs.map(([, spec]) => this.fallback(spec));
           const prefixed = keys.map((key) => this.libraryPrefix + key);
           const args = ['FCALL', 'ratelimit_checkall', String(keys.length), ...prefixed, ...inline.flatMap((l) => limitArgs(l)), 'COST', String(cost), ...at];
-          return { reply: await this.transport.send(args, prefixed[0]), periods: inline.map((l) => l.periodMs) };
+          return { reply: await this.transport.send(args, prefixed[0]), periods: inline.map((l) => l.periodMs), peeked: [] as unknown[] };
         },
       );
-      return multiDecision(reply, source, periods);
+      const d = multiDecision(reply, source, periods);
+      d.limits.forEach((limitDecision, i) => {
+        const peek = peeked[i];
+        if (peek !== null && peek !== undefined) limitDecision.shadowRejected = limitDecision.allowed && !decision(peek, source, 0).allowed;
+      });
+      d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
+      return d;
     }, true);
   }
 

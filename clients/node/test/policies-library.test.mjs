@@ -116,6 +116,11 @@ for (const flavour of CLIENTS.filter((c) => ['node-redis 6 RESP3', 'node-redis 6
       assert.deepEqual(seen, [false, false, false, false, true, true]);
       const info = await admin.info('ratelimit');
       assert.match(info, /ratelimit_policy_api:.*shadow_rejected=2/);
+      // checkAll: the shadow limit that would refuse says so; the enforced one admits.
+      const both = await rl.checkAll([['{v}a', policy('api')], ['{v}b', limit('fixed-window', 5, '1m')]], { cost: 3, at });
+      assert.deepEqual([both.allowed, both.shadowRejected, both.limits[0].shadowRejected, both.limits[1].shadowRejected], [true, false, false, false]);
+      const again = await rl.checkAll([['{v}a', policy('api')], ['{v}b', limit('fixed-window', 5, '1m')]], { cost: 2, at });
+      assert.deepEqual([again.allowed, again.shadowRejected, again.limits[0].shadowRejected, again.limits[1].shadowRejected], [true, true, true, false]);
       // Enforced again: refused for real, not a shadow rejection.
       await rl.policies.set('api', limit('token-bucket', 2, '1s', { burst: 4 }));
       const enforced = await rl.check('u', policy('api'), { at });
