@@ -1,6 +1,8 @@
 // Fastify plugin: `await app.register(rateLimit, { limiter, limit, key })`. Registered at the
 // root it applies to the whole app (it skips Fastify's encapsulation, as fastify-plugin plugins
 // do); registered inside a plugin, to that plugin's routes.
+import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
+
 import type { Decision } from './core.js';
 import { checkOptions, decideRequest, type RateLimitOptions } from './http.js';
 
@@ -25,7 +27,9 @@ interface Instance {
  * on every limited answer, 429 (with Retry-After and `{ error, policy, retry_after_ms }`) when
  * refused, 503 when Redis is unavailable and onError is `'closed'`; `request.rateLimit` holds the
  * decision. */
-export async function rateLimit<Req extends Request = any>(app: Instance, options: RateLimitOptions<Req>): Promise<void> {
+export const rateLimit: FastifyPluginAsync<RateLimitOptions<FastifyRequest>> = plugin as unknown as FastifyPluginAsync<RateLimitOptions<FastifyRequest>>;
+
+async function plugin<Req extends Request>(app: Instance, options: RateLimitOptions<Req>): Promise<void> {
   const checked = checkOptions(options);
   if (app.decorateRequest && !app.hasRequestDecorator?.('rateLimit')) app.decorateRequest('rateLimit', null);
   app.addHook('onRequest', async (request: Req, reply: Reply) => {
@@ -40,5 +44,12 @@ export async function rateLimit<Req extends Request = any>(app: Instance, option
 }
 
 // What fastify-plugin sets: the hook applies to the instance it is registered on, not to a child.
-(rateLimit as unknown as Record<symbol | string, unknown>)[Symbol.for('skip-override')] = true;
-(rateLimit as unknown as Record<symbol | string, unknown>)[Symbol.for('fastify.display-name')] = 'redis-ratelimit-client';
+(plugin as unknown as Record<symbol | string, unknown>)[Symbol.for('skip-override')] = true;
+(plugin as unknown as Record<symbol | string, unknown>)[Symbol.for('fastify.display-name')] = 'redis-ratelimit-client';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The rate-limit decision of redis-ratelimit-client's plugin. */
+    rateLimit?: Decision;
+  }
+}

@@ -1,6 +1,8 @@
 // Hono middleware: `app.use(rateLimit({ limiter, limit, key: (c) => ... }))`; and `limitFetch` for
 // any fetch-style handler (`(request: Request) => Response`: Deno, Bun, Cloudflare Workers, Node's
 // own servers through an adapter).
+import type {} from 'hono';
+
 import type { Decision } from './core.js';
 import { checkOptions, decideRequest, type RateLimitOptions } from './http.js';
 
@@ -49,4 +51,11 @@ export function limitFetch<Args extends unknown[]>(
     for (const [name, value] of Object.entries(outcome.headers)) answered.headers.set(name, value);
     return answered;
   };
+}
+
+declare module 'hono' {
+  interface ContextVariableMap {
+    /** The rate-limit decision of redis-ratelimit-client's middleware. */
+    rateLimit: Decision;
+  }
 }

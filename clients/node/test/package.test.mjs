@@ -79,28 +79,40 @@ describe('the packed tarball', () => {
 
   test('tsc --noEmit on a TypeScript user file, as ESM and as CommonJS', () => {
     const user = `
+import Fastify from 'fastify';
+import { Hono } from 'hono';
+import express from 'express';
 import { Redis } from 'ioredis';
 import { RateLimiter, limit, policy, RateLimited, RateLimitUnavailable } from 'redis-ratelimit-client';
 import type { Decision, MultiDecision, Limit } from 'redis-ratelimit-client';
 import { rateLimit } from 'redis-ratelimit-client/express';
+import { rateLimit as fastifyRateLimit } from 'redis-ratelimit-client/fastify';
+import { rateLimit as honoRateLimit, limitFetch } from 'redis-ratelimit-client/hono';
 import { RateLimitStore } from 'redis-ratelimit-client/express-rate-limit';
 
 export async function main(): Promise<number> {
   const rl = new RateLimiter(new Redis({ lazyConnect: true }), { onError: 'open', timeoutMs: 100 });
-  const io = new RateLimiter(new Redis({ lazyConnect: true }), { onError: 'closed' });
   const l: Limit = limit('token-bucket', 10, '1s', { burst: 20, block: '15m' });
   const d: Decision = await rl.check('api:alice', l, { cost: 3 });
-  const all: MultiDecision = await io.checkAll([['{a}1', l], ['{a}2', policy('api', { fallback: l })]]);
+  const all: MultiDecision = await rl.checkAll([['{a}1', l], ['{a}2', policy('api', { fallback: l })]]);
   const n: number = await rl.reset('a', 'b');
   const leased: string = await rl.withLease('jobs', 2, '30s', async (acquired: Decision) => acquired.source);
-  rateLimit({ limiter: rl, limit: l, key: (req) => req.get('X-API-Key') ?? undefined });
+  const app = express();
+  app.use(rateLimit({ limiter: rl, limit: l, key: (req) => req.get('X-API-Key') }));
+  app.get('/', (req, res) => { res.send(String(req.rateLimit?.remaining)); });
+  const f = Fastify();
+  await f.register(fastifyRateLimit, { limiter: rl, limit: l, key: (request) => request.ip });
+  f.get('/', async (request) => request.rateLimit?.remaining);
+  const h = new Hono();
+  h.use(honoRateLimit({ limiter: rl, limit: l, key: (c) => c.req.header('X-API-Key') }));
+  h.get('/', (c) => c.text(String(c.get('rateLimit').remaining)));
+  limitFetch(async (request: Request) => new Response('ok'), { limiter: rl, limit: l, key: (request) => request.headers.get('X-API-Key') ?? undefined });
   new RateLimitStore({ limiter: rl });
   try { await rl.policies.set('api', l, { shadow: true }); } catch (e) {
     if (e instanceof RateLimited) return e.decision.retryAfterMs;
     if (e instanceof RateLimitUnavailable) return -1;
   }
-  const remaining: number = d.remaining + all.limits[0].remaining + n + leased.length;
-  return remaining;
+  return d.remaining + all.limits[0].remaining + n + leased.length;
 }
 `;
     const bad = `import { limit } from 'redis-ratelimit-client';\nlimit('token-bucket', '10', '1s');\n`;
