@@ -17,7 +17,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # How long `make fuzz` runs each target, in seconds.
 FUZZ_SECONDS ?= 20
 
-.PHONY: help deps build run test test-python examples fuzz lint fmt clean bench profile memcheck test-matrix
+.PHONY: help deps build run test test-python test-node examples fuzz lint fmt clean bench profile memcheck test-matrix
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -48,17 +48,25 @@ test: export RATELIMIT_SKIP_LOG := $(CURDIR)/target/test-skips.log
 # Most integration tests wait on their servers, not on a core: four at a time on two cores takes
 # two thirds of the time (RUST_TEST_THREADS=... to choose).
 test: export RUST_TEST_THREADS := $(or $(RUST_TEST_THREADS),4)
-test: build ## Every test: the core's unit and property tests, the module's, integration against real servers, the examples, the Python package (~4 min fresh, ~2 min after); ends with `N passed, N failed, N skipped`
+test: build ## Every test: the core's unit and property tests, the module's, integration against real servers, the examples, then the Python and Node packages' (~6 min fresh, ~4 min after); ends with `N passed, N failed, N skipped`
 	@rm -f $(RATELIMIT_SKIP_LOG)
 	@set -o pipefail; cargo test --profile tests --workspace --no-fail-fast 2>&1 | tee target/test.log; status=$$?; \
 	bash clients/python/test.sh 2>&1 | tee target/test-python.log; pystatus=$$?; \
-	bash tests/summary.sh target/test.log $(RATELIMIT_SKIP_LOG) $$status target/test-python.log $$pystatus; \
-	exit $$(( status || pystatus ))
+	bash clients/node/scripts/test.sh $(CURDIR)/target/test-node.tap; node_status=$$?; \
+	bash tests/summary.sh target/test.log $(RATELIMIT_SKIP_LOG) $$status target/test-python.log $$pystatus \
+		target/test-node.tap $$node_status; \
+	exit $$(( status || pystatus || node_status ))
 
 test-python: export RATELIMIT_MODULE := $(or $(RATELIMIT_MODULE),$(MODULE))
 test-python: ## The Python package (clients/python): build the wheel, install it into a fresh venv under target/python, pytest it against real servers, with redis-py 8 and 5 (~1 to 2 min)
 	@test -f "$$RATELIMIT_MODULE" || $(MAKE) build
 	bash clients/python/test.sh
+
+test-node: export RATELIMIT_MODULE := $(or $(RATELIMIT_MODULE),$(MODULE))
+test-node: ## The Node package (clients/node): npm ci, build, npm pack, node --test against real servers (~1 min)
+	@test -f "$$RATELIMIT_MODULE" || $(MAKE) build
+	@bash clients/node/scripts/test.sh $(CURDIR)/target/test-node.tap; status=$$?; \
+	bash tests/summary.sh /dev/null /dev/null 0 "" 0 target/test-node.tap $$status; exit $$status
 
 examples: export RATELIMIT_MODULE := $(MODULE)
 examples: build ## Only the tests of examples/ (FastAPI, Express, Prometheus; make test runs them too)

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Starts the example Express app in the foreground, installing its dependencies into
-# node_modules here first if they are missing or out of date (npm ci, from package-lock.json).
+# node_modules here first if they are missing or out of date (npm ci, from package-lock.json),
+# after making the package it depends on, redis-ratelimit-client in clients/node, ready (its own
+# npm ci and build, each only when needed: clients/node/scripts/prepare.sh).
 # `run.sh install` installs only.
 # Reads REDIS_URL (default redis://127.0.0.1:6379), PORT (3000), HOST (127.0.0.1),
 # RATELIMIT_POLICY (examples), RATELIMIT_FAIL (open or closed; default: ratelimit.json's).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
+
+bash ../../clients/node/scripts/prepare.sh
 
 want=$(cat package.json package-lock.json | sha256sum | cut -d' ' -f1)
 if [ "$(cat node_modules/.installed.sha256 2>/dev/null)" != "$want" ]; then

@@ -293,8 +293,8 @@ fn never_admits_more_jobs_than_the_lease_limit_through_the_library(example: Exam
     )
     .expect("the config is JSON");
     config["limit"] = json!("sliding-window 100 10s");
-    // An app that loads the library from a file names it relative to its config (the FastAPI
-    // app's package ships its own copy).
+    // A config that names the library file names it from the new place (both apps' packages
+    // ship their own copy, so neither config does today).
     if let Some(path) = config.get("functions_library").and_then(Value::as_str) {
         let library = example.dir().join(path);
         config["functions_library"] = json!(library.canonicalize().unwrap());

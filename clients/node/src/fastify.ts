@@ -1,0 +1,55 @@
+// Fastify plugin: `await app.register(rateLimit, { limiter, limit, key })`. Registered at the
+// root it applies to the whole app (it skips Fastify's encapsulation, as fastify-plugin plugins
+// do); registered inside a plugin, to that plugin's routes.
+import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
+
+import type { Decision } from './core.js';
+import { checkOptions, decideRequest, type RateLimitOptions } from './http.js';
+
+export type { RateLimitOptions } from './http.js';
+
+// The parts of Fastify's instance, request and reply this uses (Fastify 4 and 5).
+interface Request {
+  rateLimit?: Decision;
+}
+interface Reply {
+  headers(values: Record<string, string>): Reply;
+  code(status: number): Reply;
+  send(body?: unknown): Reply;
+}
+interface Instance {
+  addHook(name: 'onRequest', hook: (request: any, reply: any) => Promise<unknown>): unknown;
+  decorateRequest?(name: string, value: unknown): unknown;
+  hasRequestDecorator?(name: string): boolean;
+}
+
+/** An `onRequest` hook limiting each request (the key of `key(request)`): the RateLimit headers
+ * on every limited answer, 429 (with Retry-After and `{ error, policy, retry_after_ms }`) when
+ * refused, 503 when Redis is unavailable and onError is `'closed'`; `request.rateLimit` holds the
+ * decision. */
+export const rateLimit: FastifyPluginAsync<RateLimitOptions<FastifyRequest>> = plugin as unknown as FastifyPluginAsync<RateLimitOptions<FastifyRequest>>;
+
+async function plugin<Req extends Request>(app: Instance, options: RateLimitOptions<Req>): Promise<void> {
+  const checked = checkOptions(options);
+  if (app.decorateRequest && !app.hasRequestDecorator?.('rateLimit')) app.decorateRequest('rateLimit', null);
+  app.addHook('onRequest', async (request: Req, reply: Reply) => {
+    const outcome = await decideRequest(checked, request);
+    if (outcome.kind === 'skip') return;
+    if (outcome.kind === 'unavailable') return reply.code(outcome.status).send(outcome.body);
+    request.rateLimit = outcome.decision;
+    reply.headers(outcome.headers);
+    if (outcome.status === 429) return reply.code(429).send(outcome.body);
+    return undefined;
+  });
+}
+
+// What fastify-plugin sets: the hook applies to the instance it is registered on, not to a child.
+(plugin as unknown as Record<symbol | string, unknown>)[Symbol.for('skip-override')] = true;
+(plugin as unknown as Record<symbol | string, unknown>)[Symbol.for('fastify.display-name')] = 'redis-ratelimit-client';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The rate-limit decision of redis-ratelimit-client's plugin. */
+    rateLimit?: Decision;
+  }
+}

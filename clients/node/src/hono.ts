@@ -1,0 +1,61 @@
+// Hono middleware: `app.use(rateLimit({ limiter, limit, key: (c) => ... }))`; and `limitFetch` for
+// any fetch-style handler (`(request: Request) => Response`: Deno, Bun, Cloudflare Workers, Node's
+// own servers through an adapter).
+import type {} from 'hono';
+
+import type { Decision } from './core.js';
+import { checkOptions, decideRequest, type RateLimitOptions } from './http.js';
+
+export type { RateLimitOptions } from './http.js';
+
+// The parts of Hono's context this uses.
+interface Context {
+  header(name: string, value: string): void;
+  json(body: unknown, status?: number): Response;
+  set(key: 'rateLimit', value: Decision): void;
+}
+
+/** Limits each request (the key of `key(c)`): the RateLimit headers on every limited answer, 429
+ * (with Retry-After and `{ error, policy, retry_after_ms }`) when refused, 503 when Redis is
+ * unavailable and onError is `'closed'`; `c.get('rateLimit')` holds the decision. */
+export function rateLimit<C extends Context = any>(options: RateLimitOptions<C>) {
+  const checked = checkOptions(options);
+  return async function rateLimitMiddleware(c: C, next: () => Promise<void>): Promise<Response | void> {
+    const outcome = await decideRequest(checked, c);
+    if (outcome.kind === 'skip') return next();
+    if (outcome.kind === 'unavailable') return c.json(outcome.body, outcome.status);
+    c.set('rateLimit', outcome.decision);
+    for (const [name, value] of Object.entries(outcome.headers)) c.header(name, value);
+    if (outcome.status === 429) return c.json(outcome.body, 429);
+    return next();
+  };
+}
+
+function json(body: unknown, status: number, headers: Record<string, string>): Response {
+  return new Response(JSON.stringify(body), { status, headers: { ...headers, 'Content-Type': 'application/json' } });
+}
+
+/** Wraps a fetch-style handler: `key` receives the `Request`; the same answers as `rateLimit`. */
+export function limitFetch<Args extends unknown[]>(
+  handler: (request: Request, ...rest: Args) => Response | Promise<Response>,
+  options: RateLimitOptions<Request>,
+): (request: Request, ...rest: Args) => Promise<Response> {
+  const checked = checkOptions(options);
+  return async (request: Request, ...rest: Args) => {
+    const outcome = await decideRequest(checked, request);
+    if (outcome.kind === 'skip') return handler(request, ...rest);
+    if (outcome.kind === 'unavailable') return json(outcome.body, outcome.status, {});
+    if (outcome.status === 429) return json(outcome.body, 429, outcome.headers);
+    const response = await handler(request, ...rest);
+    const answered = new Response(response.body, response); // headers of a fetched response are immutable
+    for (const [name, value] of Object.entries(outcome.headers)) answered.headers.set(name, value);
+    return answered;
+  };
+}
+
+declare module 'hono' {
+  interface ContextVariableMap {
+    /** The rate-limit decision of redis-ratelimit-client's middleware. */
+    rateLimit: Decision;
+  }
+}

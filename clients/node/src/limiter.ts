@@ -1,0 +1,613 @@
+// RateLimiter: the engines (the module, else the Functions library it loads), the bound on every
+// call (timeoutMs), the breaker, and onError. It sends what the core builds and returns what the
+// core reads.
+
+import { randomUUID } from 'node:crypto';
+
+import {
+  atArgs,
+  checkCost,
+  checkKey,
+  checkSpec,
+  decision,
+  errorDecision,
+  integerReply,
+  isPolicy,
+  limitArgs,
+  multiDecision,
+  pairs,
+  periodMs,
+  policyDefinition,
+  strings,
+  type Decision,
+  type Limit,
+  type LimitSpec,
+  type MultiDecision,
+  type Period,
+  type Policy,
+  type PolicyDefinition,
+  type Source,
+} from './core.js';
+import { isReplyError, isUnavailable, replyMessage, transport, type Transport } from './client.js';
+import { RateLimited, RateLimitError, RateLimitUnavailable } from './errors.js';
+import { LIBRARY } from './generated/library.js';
+
+/** The Functions library's name, as `#!lua name=ratelimit` declares it. */
+export const LIBRARY_NAME = 'ratelimit';
+/** The functions the shipped library registers. */
+const LIBRARY_FUNCTIONS = [...LIBRARY.matchAll(/function_name\s*=\s*'([a-z_]+)'/g)].map((m) => m[1]);
+
+export interface Logger {
+  info(message: string): void;
+  warn(message: string): void;
+}
+
+export interface RateLimiterOptions {
+  /** Redis down, refusing, not answering within `timeoutMs`, or the breaker open: `'open'`
+   * (default) answers admitted decisions with `source: 'error'`; `'closed'` rejects with
+   * RateLimitUnavailable. */
+  onError?: 'open' | 'closed';
+  /** The most any call may take, whatever the client's own settings (default 500 ms). */
+  timeoutMs?: number;
+  /** `'auto'` (default): the module's commands, else the Functions library; or only one. */
+  engine?: 'auto' | 'module' | 'library';
+  /** The prefix of the library's keys (default `'fn:'`): the engines never share a key. */
+  libraryPrefix?: string;
+  /** Load the library when it is missing or older than the package's (default true). */
+  loadLibrary?: boolean;
+  /** After `failures` consecutive calls that found Redis unavailable (default 3), apply onError
+   * at once for `cooldownMs` (default 1000), letting one probe through per cool-down. */
+  breaker?: { failures?: number; cooldownMs?: number };
+  /** How long a policy's definition (its mode, its period) is used before it is read again
+   * (default 10000 ms). */
+  policyRefreshMs?: number;
+  /** Where the limiter says which engine serves and what it did (default: console). */
+  logger?: Logger;
+  /** The clock of the breaker and the policy cache (ms); tests give their own. */
+  now?: () => number;
+}
+
+/** The options of a call: its cost (default 1), and `at`, a time in ms since the Unix epoch to
+ * evaluate it at instead of the server's clock (replays and tests; applications leave it out). */
+export interface CallOptions {
+  cost?: number;
+  at?: number;
+}
+
+class Breaker {
+  private failures = 0;
+  private openUntil = 0;
+  private probing = false;
+  constructor(
+    private readonly threshold: number,
+    private readonly cooldownMs: number,
+    private readonly now: () => number,
+  ) {}
+
+  /** Whether a call may go to Redis now: always while closed; one probe per cool-down while open. */
+  allow(): boolean {
+    if (this.failures < this.threshold) return true;
+    if (this.probing || this.now() < this.openUntil) return false;
+    this.probing = true;
+    return true;
+  }
+
+  success(): void {
+    this.failures = 0;
+    this.probing = false;
+  }
+
+  failure(): void {
+    this.failures += 1;
+    this.probing = false;
+    if (this.failures >= this.threshold) this.openUntil = this.now() + this.cooldownMs;
+  }
+
+  get open(): boolean {
+    return this.failures >= this.threshold;
+  }
+}
+
+class Timeout extends Error {}
+
+function bounded<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Timeout(`Redis did not answer within ${ms} ms`)), ms);
+  });
+  promise.catch(() => {}); // answered after the timeout: nobody waits for it any more
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+const unknownCommand = (error: unknown) => isReplyError(error) && /^ERR unknown command/i.test(error.message);
+const functionNotFound = (error: unknown) => isReplyError(error) && /Function not found/i.test(error.message);
+const noSuchPolicy = (error: unknown) => isReplyError(error) && /^ERR no such policy/.test(error.message);
+
+interface CachedPolicy {
+  definition: PolicyDefinition | null;
+  fetchedAt: number;
+  refreshing?: Promise<unknown>;
+}
+
+/** A spec resolved for the engine in use: the arguments to send and what goes with them. */
+interface Resolved {
+  args: string[];
+  periodMs: number;
+  /** A shadow policy's definition inline, to learn what enforcement would answer. */
+  shadowAs?: Limit;
+}
+
+/** Server-side policies (the module only): `RATELIMIT.POLICY SET/GET/DEL/LIST`. In a cluster,
+ * set and delete apply to every primary, get and list ask one. */
+export class Policies {
+  constructor(private readonly rl: RateLimiter) {}
+
+  /** Defines (or replaces) `name` as `lim`; `shadow`: admit what it would refuse, and count it. */
+  async set(name: string, lim: Limit, options: { shadow?: boolean } = {}): Promise<void> {
+    const spec = checkSpec(lim);
+    if (isPolicy(spec)) throw new TypeError('a policy is defined by a limit(...)');
+    const args = ['RATELIMIT.POLICY', 'SET', policyName(name), ...limitArgs(spec)];
+    if (options.shadow) args.push('SHADOW');
+    await this.rl._admin(args, true);
+    this.rl._forget(name);
+  }
+
+  /** The definition, or null if there is none. */
+  async get(name: string): Promise<PolicyDefinition | null> {
+    return policyDefinition(name, await this.rl._admin(['RATELIMIT.POLICY', 'GET', policyName(name)], false));
+  }
+
+  /** Removes it: true if it existed (on any primary). */
+  async delete(name: string): Promise<boolean> {
+    const replies = await this.rl._admin(['RATELIMIT.POLICY', 'DEL', policyName(name)], true);
+    this.rl._forget(name);
+    return (replies as unknown[]).some((r) => integerReply(r) > 0);
+  }
+
+  /** The names, sorted. */
+  async list(): Promise<string[]> {
+    return strings(await this.rl._admin(['RATELIMIT.POLICY', 'LIST'], false));
+  }
+}
+
+function policyName(name: unknown): string {
+  if (typeof name !== 'string' || name === '') throw new TypeError('a policy name must be a non-empty string');
+  return name;
+}
+
+/**
+ * Rate limits on Redis: `check`, `peek`, `checkAll`, `refund`, `reset`, leases (`acquire`,
+ * `release`, `withLease`) and `policies`, through a node-redis or ioredis client (standalone or
+ * cluster), with the redis-ratelimit module or, where it is not loaded, the Functions library.
+ */
+export class RateLimiter {
+  readonly policies: Policies;
+  readonly onError: 'open' | 'closed';
+  readonly timeoutMs: number;
+  readonly libraryPrefix: string;
+  private readonly transport: Transport;
+  private readonly engineOption: 'auto' | 'module' | 'library';
+  private readonly loadLibraryOption: boolean;
+  private readonly breaker: Breaker;
+  private readonly policyRefreshMs: number;
+  private readonly logger: Logger;
+  private readonly now: () => number;
+  private engineInUse: 'module' | 'library' | null = null;
+  private libraryReady: Promise<void> | null = null;
+  private readonly cache = new Map<string, CachedPolicy>();
+  private readonly warned = new Set<string>();
+  private down = false;
+  private libraryAnnounced = false;
+
+  constructor(client: unknown, options: RateLimiterOptions = {}) {
+    this.transport = transport(client);
+    const { onError = 'open', timeoutMs = 500, engine = 'auto', libraryPrefix = 'fn:', loadLibrary = true } = options;
+    if (onError !== 'open' && onError !== 'closed') throw new TypeError(`onError must be 'open' or 'closed', not '${onError}'`);
+    if (!['auto', 'module', 'library'].includes(engine)) throw new TypeError(`engine must be 'auto', 'module' or 'library', not '${engine}'`);
+    if (!(Number.isFinite(timeoutMs) && timeoutMs > 0)) throw new TypeError('timeoutMs must be a positive number of ms');
+    if (typeof libraryPrefix !== 'string') throw new TypeError('libraryPrefix must be a string');
+    const failures = options.breaker?.failures ?? 3;
+    const cooldownMs = options.breaker?.cooldownMs ?? 1000;
+    if (!(Number.isInteger(failures) && failures >= 1)) throw new TypeError('breaker.failures must be an integer of at least 1');
+    if (!(Number.isFinite(cooldownMs) && cooldownMs >= 0)) throw new TypeError('breaker.cooldownMs must be a number of ms');
+    this.onError = onError;
+    this.timeoutMs = timeoutMs;
+    this.engineOption = engine;
+    this.libraryPrefix = libraryPrefix;
+    this.loadLibraryOption = loadLibrary;
+    this.now = options.now ?? Date.now;
+    this.breaker = new Breaker(failures, cooldownMs, this.now);
+    this.policyRefreshMs = options.policyRefreshMs ?? 10000;
+    this.logger = options.logger ?? console;
+    this.policies = new Policies(this);
+    if (engine !== 'auto') this.engineInUse = engine;
+  }
+
+  /** The engine that served the last call: `'module'`, `'library'`, or null before the first. */
+  get engine(): 'module' | 'library' | null {
+    return this.engineInUse;
+  }
+
+  /** Whether the breaker is open (calls answer onError at once but for one probe per cool-down). */
+  get breakerOpen(): boolean {
+    return this.breaker.open;
+  }
+
+  /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
+  async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+    return this.single('check', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
+  }
+
+  /** What `check` would answer now, changing nothing. */
+  async peek(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+    return this.single('peek', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
+  }
+
+  /** Gives back `cost` that admitted requests consumed (a request not served); the decision
+   * right after (what a peek of cost 0 answers). */
+  async refund(key: string, spec: LimitSpec, cost: number, options: { at?: number } = {}): Promise<Decision> {
+    return this.single('refund', key, spec, checkCost(cost), atArgs(options.at));
+  }
+
+  /** One request against several limits, all or nothing (in a cluster, give the keys one hash
+   * tag). The overall decision, and each limit's in `limits`. */
+  async checkAll(limits: Array<[string, LimitSpec]>, options: CallOptions = {}): Promise<MultiDecision> {
+    if (!Array.isArray(limits) || limits.length === 0) throw new TypeError('checkAll needs a non-empty array of [key, limit] pairs');
+    const pairs = limits.map((pair, i) => {
+      if (!Array.isArray(pair) || pair.length !== 2) throw new TypeError(`checkAll: item ${i + 1} must be a [key, limit] pair`);
+      return [checkKey(pair[0]), checkSpec(pair[1])] as [string, LimitSpec];
+    });
+    const cost = checkCost(options.cost ?? 1);
+    const at = atArgs(options.at);
+    const keys = pairs.map(([key]) => key);
+    return this.decide(0, async () => {
+      const { reply, source, periods, peeked } = await this.run(
+        async () => {
+          const resolved = await Promise.all(pairs.map(([key, spec]) => this.resolveForModule(key, spec)));
+          const args = ['RATELIMIT.CHECKALL', String(keys.length), ...keys, ...resolved.flatMap((r) => r.args), 'COST', String(cost), ...at];
+          // What enforcement would answer for each shadow policy, in the same round trip.
+          const enforced = resolved.map((r, i) => r.shadowAs
+            ? this.transport.send(['RATELIMIT.PEEK', keys[i], ...limitArgs(r.shadowAs), 'COST', String(cost), ...at], keys[i], true)
+            : null);
+          const [reply, ...peeked] = await Promise.all([this.transport.send(args, keys[0]), ...enforced]);
+          return { reply, periods: resolved.map((r) => r.periodMs), peeked };
+        },
+        async () => {
+          const inline = pairs.map(([, spec]) => this.fallback(spec));
+          const prefixed = keys.map((key) => this.libraryPrefix + key);
+          const args = ['FCALL', 'ratelimit_checkall', String(keys.length), ...prefixed, ...inline.flatMap((l) => limitArgs(l)), 'COST', String(cost), ...at];
+          return { reply: await this.transport.send(args, prefixed[0]), periods: inline.map((l) => l.periodMs), peeked: [] as unknown[] };
+        },
+      );
+      const d = multiDecision(reply, source, periods);
+      d.limits.forEach((limitDecision, i) => {
+        const peek = peeked[i];
+        if (peek !== null && peek !== undefined) limitDecision.shadowRejected = limitDecision.allowed && !decision(peek, source, 0).allowed;
+      });
+      d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
+      return d;
+    }, true);
+  }
+
+  /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
+  async reset(...keys: string[]): Promise<number> {
+    if (keys.length === 0) throw new TypeError('reset needs at least one key');
+    keys.forEach((key) => checkKey(key));
+    return this.strict(async () => {
+      const { reply } = await this.run(
+        async () => ({ reply: await this.transport.send(['RATELIMIT.RESET', ...keys], keys[0]) }),
+        async () => {
+          const prefixed = keys.map((key) => this.libraryPrefix + key);
+          return { reply: await this.transport.send(['FCALL', 'ratelimit_reset', String(keys.length), ...prefixed], prefixed[0]) };
+        },
+      );
+      return integerReply(reply);
+    });
+  }
+
+  /** Takes (or renews) the lease `id` on a concurrency limit of `n` in flight on `key`, for
+   * `lease` (the period's syntax) or until released. */
+  async acquire(key: string, n: number, lease: Period, options: { id: string; cost?: number; at?: number }): Promise<Decision> {
+    checkKey(key);
+    const limitN = checkCost(n, 1);
+    const leaseMs = periodMs(lease, 'lease');
+    const id = options?.id;
+    if (typeof id !== 'string' || id === '') throw new TypeError('acquire needs { id }: the id the lease is held under (release it with the same)');
+    const cost = checkCost(options.cost ?? 1, 1);
+    const rest = [String(limitN), String(lease), 'ID', id, 'COST', String(cost), ...atArgs(options.at)];
+    return this.decide(leaseMs, async () => {
+      const { reply, source } = await this.run(
+        async () => ({ reply: await this.transport.send(['RATELIMIT.ACQUIRE', key, ...rest], key) }),
+        async () => {
+          const k = this.libraryPrefix + key;
+          return { reply: await this.transport.send(['FCALL', 'ratelimit_acquire', '1', k, ...rest], k) };
+        },
+      );
+      return decision(reply, source, leaseMs);
+    });
+  }
+
+  /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
+  async release(key: string, id: string, options: { at?: number } = {}): Promise<number> {
+    checkKey(key);
+    if (typeof id !== 'string' || id === '') throw new TypeError('release needs the id the lease was acquired with');
+    const at = atArgs(options.at);
+    return this.strict(async () => {
+      const { reply } = await this.run(
+        async () => ({ reply: await this.transport.send(['RATELIMIT.RELEASE', key, 'ID', id, ...at], key) }),
+        async () => {
+          const k = this.libraryPrefix + key;
+          return { reply: await this.transport.send(['FCALL', 'ratelimit_release', '1', k, 'ID', id, ...at], k) };
+        },
+      );
+      return integerReply(reply);
+    });
+  }
+
+  /** Runs `work` holding a lease (a random id) on `key`'s concurrency limit of `n`, released in a
+   * `finally` however `work` ends; rejects with RateLimited if there is no room. Where Redis is
+   * unavailable and onError is `'open'`, `work` runs without a lease. */
+  async withLease<T>(
+    key: string,
+    n: number,
+    lease: Period,
+    work: (decision: Decision) => Promise<T> | T,
+    options: { cost?: number; id?: string } = {},
+  ): Promise<T> {
+    if (typeof work !== 'function') throw new TypeError('withLease needs a function to run');
+    const id = options.id ?? randomUUID();
+    const acquired = await this.acquire(key, n, lease, { id, cost: options.cost ?? 1 });
+    if (!acquired.allowed) throw new RateLimited(acquired, `no lease on ${key}: ${n} in flight; retry in ${acquired.retryAfterMs} ms`);
+    try {
+      return await work(acquired);
+    } finally {
+      if (acquired.source !== 'error') {
+        try {
+          await this.release(key, id);
+        } catch (error) {
+          if (!(error instanceof RateLimitUnavailable)) throw error;
+          this.warnOnce(`release:${error.message}`, `ratelimit: the lease ${id} on ${key} was not released (${error.message}); it expires by itself`);
+        }
+      }
+    }
+  }
+
+  // ---- the engines ----
+
+  private single(command: 'check' | 'peek' | 'refund', key: string, spec: LimitSpec, cost: number, at: string[]): Promise<Decision> {
+    checkKey(key);
+    checkSpec(spec);
+    const readonly = command === 'peek';
+    const moduleName = { check: 'RATELIMIT.CHECK', peek: 'RATELIMIT.PEEK', refund: 'RATELIMIT.REFUND' }[command];
+    return this.decide(this.knownPeriodMs(spec), async () => {
+      const { reply, source, periodMs: period, shadowRejected } = await this.run(
+        async () => {
+          const resolved = await this.resolveForModule(key, spec);
+          const args = [moduleName, key, ...resolved.args, 'COST', String(cost), ...at];
+          if (resolved.shadowAs && command !== 'refund') {
+            // What enforcement would answer, sent in the same round trip (pipelined).
+            const enforced = this.transport.send(['RATELIMIT.PEEK', key, ...limitArgs(resolved.shadowAs), 'COST', String(cost), ...at], key, true);
+            const [peeked, reply] = await Promise.all([enforced, this.transport.send(args, key, readonly)]);
+            const answered = decision(reply, 'module', resolved.periodMs);
+            return { reply, periodMs: resolved.periodMs, shadowRejected: answered.allowed && !decision(peeked, 'module', 0).allowed };
+          }
+          return { reply: await this.transport.send(args, key, readonly), periodMs: resolved.periodMs, shadowRejected: false };
+        },
+        async () => {
+          const inline = this.fallback(spec);
+          const k = this.libraryPrefix + key;
+          const fcall = readonly ? 'FCALL_RO' : 'FCALL';
+          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), 'COST', String(cost), ...at];
+          return { reply: await this.transport.send(args, k, readonly), periodMs: inline.periodMs, shadowRejected: false };
+        },
+      );
+      return { ...decision(reply, source, period), shadowRejected };
+    });
+  }
+
+  /** A spec's module arguments: inline as given; a policy by name, with its definition (period,
+   * mode) read and cached; a policy the server lacks as its fallback (warned once). */
+  private async resolveForModule(key: string, spec: LimitSpec): Promise<Resolved> {
+    if (!isPolicy(spec)) return { args: limitArgs(spec), periodMs: spec.periodMs };
+    const definition = await this.definition(spec.name, key);
+    if (definition === null) {
+      if (spec.fallback) {
+        this.warnOnce(`missing:${spec.name}`, `ratelimit: the server has no policy '${spec.name}': using its fallback ${limitArgs(spec.fallback).join(' ')}`);
+        return { args: limitArgs(spec.fallback), periodMs: spec.fallback.periodMs };
+      }
+      // The module's own error says it: ERR no such policy.
+      return { args: ['POLICY', spec.name], periodMs: 0 };
+    }
+    return {
+      args: ['POLICY', spec.name],
+      periodMs: definition.periodMs ?? definition.leaseMs ?? 0,
+      ...(definition.mode === 'shadow' && definition.limitSpec ? { shadowAs: definition.limitSpec } : {}),
+    };
+  }
+
+  /** A policy's definition from the cache; read at its first use, then again in the background
+   * every policyRefreshMs. */
+  private async definition(name: string, key: string): Promise<PolicyDefinition | null> {
+    const cached = this.cache.get(name);
+    const fetch = async () => {
+      const reply = await this.transport.send(['RATELIMIT.POLICY', 'GET', name], key, true);
+      const definition = policyDefinition(name, reply);
+      this.cache.set(name, { definition, fetchedAt: this.now() });
+      return definition;
+    };
+    if (!cached) return fetch();
+    if (this.now() - cached.fetchedAt > this.policyRefreshMs && !cached.refreshing) {
+      cached.refreshing = fetch().catch(() => {
+        cached.refreshing = undefined;
+      });
+    }
+    return cached.definition;
+  }
+
+  /** @internal a policy changed here: read it again at its next use. */
+  _forget(name: string): void {
+    this.cache.delete(name);
+  }
+
+  /** The inline limit the library applies for a spec. */
+  private fallback(spec: LimitSpec): Limit {
+    if (!isPolicy(spec)) return spec;
+    if (!spec.fallback) {
+      throw new RateLimitError(`policy '${spec.name}' has no fallback: the Functions library has no policies (give policy('${spec.name}', { fallback: limit(...) }))`);
+    }
+    return spec.fallback;
+  }
+
+  private knownPeriodMs(spec: LimitSpec): number {
+    if (!isPolicy(spec)) return spec.periodMs;
+    const cached = this.cache.get(spec.name)?.definition;
+    return cached?.periodMs ?? spec.fallback?.periodMs ?? 0;
+  }
+
+  /** Runs a call on the engine in use: the module's command, or, where the server does not know
+   * it, the library's function (loaded first when needed). */
+  private async run<T extends object>(onModule: () => Promise<T>, onLibrary: () => Promise<T>): Promise<T & { source: Source }> {
+    if (this.engineInUse !== 'library') {
+      try {
+        const result = await onModule();
+        if (this.engineInUse === null) {
+          this.engineInUse = 'module';
+          this.logger.info('ratelimit: engine: the module (RATELIMIT.* commands)');
+        }
+        return { ...result, source: 'module' };
+      } catch (error) {
+        if (!(this.engineOption === 'auto' && unknownCommand(error))) {
+          if (noSuchPolicy(error)) this.cache.clear(); // deleted meanwhile: read again next time
+          throw error;
+        }
+        this.engineInUse = 'library';
+      }
+    }
+    await this.ensureLibrary();
+    if (!this.libraryAnnounced) {
+      this.libraryAnnounced = true;
+      const why = this.engineOption === 'library' ? 'as configured' : 'the module is not loaded';
+      this.logger.info(`ratelimit: ${why}: engine: the Functions library '${LIBRARY_NAME}' (keys prefixed '${this.libraryPrefix}'; no policies: their fallbacks apply)`);
+    }
+    try {
+      return { ...(await onLibrary()), source: 'library' };
+    } catch (error) {
+      if (!functionNotFound(error) || !this.loadLibraryOption) throw error;
+      // Flushed, or a primary added since: load it again, once.
+      this.libraryReady = null;
+      await this.ensureLibrary();
+      return { ...(await onLibrary()), source: 'library' };
+    }
+  }
+
+  private ensureLibrary(): Promise<void> {
+    if (!this.loadLibraryOption) return Promise.resolve();
+    if (!this.libraryReady) {
+      this.libraryReady = this.loadLibrary().catch((error) => {
+        this.libraryReady = null;
+        throw error;
+      });
+    }
+    return this.libraryReady;
+  }
+
+  /** On every primary: load the library if it is missing, replace it if it lacks functions the
+   * package's has (older), leave it if it is the package's or another with all of them. */
+  private async loadLibrary(): Promise<void> {
+    const primaries = await this.transport.primaries();
+    await Promise.all(
+      primaries.map(async (send) => {
+        const listed = (await send(['FUNCTION', 'LIST', 'LIBRARYNAME', LIBRARY_NAME, 'WITHCODE'])) as unknown[];
+        const found = listed.map(pairs).find((library) => String(library.library_name) === LIBRARY_NAME);
+        if (!found) {
+          try {
+            await send(['FUNCTION', 'LOAD', LIBRARY]);
+            this.logger.info(`ratelimit: loaded the Functions library '${LIBRARY_NAME}'`);
+          } catch (error) {
+            if (!(isReplyError(error) && /already exists/.test(error.message))) throw error; // loaded meanwhile
+          }
+          return;
+        }
+        if (String(found.library_code) === LIBRARY) return;
+        const names = new Set((found.functions as unknown[]).map((f) => String(pairs(f).name)));
+        if (LIBRARY_FUNCTIONS.some((name) => !names.has(name))) {
+          await send(['FUNCTION', 'LOAD', 'REPLACE', LIBRARY]);
+          this.logger.info(`ratelimit: replaced an older Functions library '${LIBRARY_NAME}' (it lacked some functions)`);
+        } else {
+          this.warnOnce('library', `ratelimit: the Functions library '${LIBRARY_NAME}' loaded differs from this package's but has all its functions: using it as is`);
+        }
+      }),
+    );
+  }
+
+  // ---- bounds, breaker, onError ----
+
+  /** A call that goes to Redis: refused at once while the breaker is open; bounded by timeoutMs;
+   * RateLimitUnavailable when Redis is unavailable; the client's error as is otherwise. */
+  private async guard<T>(work: () => Promise<T>): Promise<T> {
+    if (!this.breaker.allow()) throw new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)');
+    try {
+      const result = await bounded(work(), this.timeoutMs);
+      this.answered();
+      return result;
+    } catch (error) {
+      if (error instanceof Timeout || isUnavailable(error)) {
+        this.breaker.failure();
+        if (!this.down) {
+          this.down = true;
+          this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${this.onError === 'open' ? 'open (admitted)' : 'closed (RateLimitUnavailable)'}`);
+        }
+        throw new RateLimitUnavailable(`Redis unavailable: ${replyMessage(error)}`, { cause: error });
+      }
+      if (isReplyError(error)) this.answered();
+      throw error;
+    }
+  }
+
+  private answered(): void {
+    this.breaker.success();
+    if (this.down) {
+      this.down = false;
+      this.logger.info('ratelimit: Redis answers again');
+    }
+  }
+
+  /** A decision, with onError applied. */
+  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, multi = false): Promise<D> {
+    try {
+      return await this.guard(work);
+    } catch (error) {
+      if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
+      const failed = errorDecision(periodMs);
+      return (multi ? { ...failed, limits: [] } : failed) as D;
+    }
+  }
+
+  /** A call without a decision to fall back to: RateLimitUnavailable whatever onError says. */
+  private strict<T>(work: () => Promise<T>): Promise<T> {
+    return this.guard(work);
+  }
+
+  /** @internal policies: on one server, or every primary for writes (the replies, one each). */
+  async _admin(args: string[], everywhere: boolean): Promise<unknown> {
+    return this.strict(async () => {
+      try {
+        if (!everywhere) return await this.transport.send(args, undefined, true);
+        const primaries = await this.transport.primaries();
+        return await Promise.all(primaries.map((send) => send(args)));
+      } catch (error) {
+        if (unknownCommand(error)) {
+          throw new RateLimitError('policies need the redis-ratelimit module: the server does not have it (the Functions library has no policies)', { cause: error });
+        }
+        throw error;
+      }
+    });
+  }
+
+  private warnOnce(what: string, message: string): void {
+    if (this.warned.has(what)) return;
+    if (this.warned.size > 100) this.warned.clear();
+    this.warned.add(what);
+    this.logger.warn(message);
+  }
+}
