@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::model::Spec;
 use common::{config_set, run_ok, scaled, Server};
 use redis::Connection;
-use redis_ratelimit::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::Algorithm;
 
 type Definitions = BTreeMap<String, BTreeMap<String, String>>;
 
