@@ -215,6 +215,9 @@ check "ratelimit.conf shows every config CONFIG GET ratelimit.* lists, with its 
 # and the pages' redis-cli sessions (snippets; on the system's redis-server only).
 suites="commands:: checkall:: refund:: block:: leases:: policies:: dialects:: module_configs:: persistence:: operations::"
 suites+=" snippets::redis_cli_sessions_and_transcripts_answer_as_the_pages_show"
+# The Functions library's tests (functions::refund::..., functions::leases::...) match those names
+# too; they test the library, not the module, and take two thirds of the time.
+suites+=" --skip functions::"
 echo "test-dist: the integration suites with the shipped library on every server (tests/matrix.sh): $suites"
 start=$(date +%s)
 if RATELIMIT_MODULE=$lib MATRIX_TESTS=$suites bash tests/matrix.sh >"$log_dir/matrix.log" 2>&1; then
@@ -290,7 +293,8 @@ if bullseye_ready; then
     check "Debian 11: dpkg -i of the .deb succeeds" in_root dpkg -i "$inside/$(basename "$deb")"
     refuses() {
         local status
-        printf 'port 0\ndaemonize no\nlogfile ""\ninclude /etc/redis/ratelimit.conf\n' >"$bullseye$inside/redis.conf"
+        # No TCP port (the root shares this machine's network); a socket, or Redis 6 will not start.
+        printf 'port 0\nunixsocket %s/redis.sock\ndaemonize no\nlogfile ""\ninclude /etc/redis/ratelimit.conf\n' "$inside" >"$bullseye$inside/redis.conf"
         timeout 30 chroot "$bullseye" redis-server "$inside/redis.conf" >"$log_dir/bullseye-redis.log" 2>&1
         status=$?
         cat "$log_dir/bullseye-redis.log"
@@ -300,8 +304,7 @@ if bullseye_ready; then
             grep -q 'Redis 7.0 or later is required' "$log_dir/bullseye-redis.log" &&
             ! grep -qE 'crashed by signal|BUG REPORT|Segmentation' "$log_dir/bullseye-redis.log"
     }
-    check "Debian 11: redis-server 6.0 with include /etc/redis/ratelimit.conf refuses the module: $(grep -o '[^#]*Redis 7.0 or later is required' "$log_dir/bullseye-redis.log" 2>/dev/null | head -n 1)" refuses
-    # The line is known only after the check ran: print it.
+    check "Debian 11: redis-server $(in_root redis-server --version | grep -o 'v=[^ ]*' | cut -c3-) with include /etc/redis/ratelimit.conf refuses the module (\"Redis 7.0 or later is required\", exit status 1, no crash)" refuses
     grep -h 'Redis 7.0 or later\|server aborting' "$log_dir/bullseye-redis.log" | sed 's/^/    /'
     purged_in_root() {
         local files

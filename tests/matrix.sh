@@ -11,8 +11,8 @@
 #
 # Environment: RATELIMIT_MODULE (set by make), MATRIX_SERVERS (a space-separated list of server
 # binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey), MATRIX_TESTS
-# (test name filters, e.g. `commands:: leases::`: only those integration tests run, on each server;
-# `make test-dist` runs a subset that exercises every command with the released library).
+# (the integration test binary's arguments, e.g. `commands:: leases:: --skip functions::`: only those
+# tests run on each server; `make test-dist` runs a subset that covers every command this way).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
