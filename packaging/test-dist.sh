@@ -171,7 +171,9 @@ for client in python node; do
         python) marker=clients/python/pyproject.toml pattern='*.whl' ;;
         node) marker=clients/node/package.json pattern='*.tgz' ;;
     esac
-    if [ -f "$marker" ]; then
+    if [ -f "$marker" ] && grep -q "^dist: skipped clients/$client" "$log_dir/dist.log"; then
+        skip "clients/$client's package: $(grep "^dist: skipped clients/$client" "$log_dir/dist.log" | cut -d' ' -f3-)"
+    elif [ -f "$marker" ]; then
         check "clients/$client is packaged in dist/" compgen -G "$dist/$pattern"
     else
         skip "clients/$client's package: $marker does not exist yet"
