@@ -17,7 +17,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # How long `make fuzz` runs each target, in seconds.
 FUZZ_SECONDS ?= 20
 
-.PHONY: help deps build run test test-python test-node examples fuzz lint fmt clean bench profile memcheck test-matrix
+.PHONY: help deps build run test test-python test-node examples fuzz lint fmt clean bench profile memcheck test-matrix dist-deps dist test-dist
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -92,6 +92,31 @@ memcheck: export RATELIMIT_MODULE := $(MODULE)
 memcheck: build ## Every command under valgrind memcheck (~1 min); fails on memory errors in the module; see target/memcheck/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash tests/memcheck.sh
+
+# What `make dist` and `make test-dist` need from Debian beyond `make deps`: dpkg-shlibdeps (dpkg-dev)
+# for the package's Depends, objcopy and strip (binutils), debootstrap for the Debian 11 root, and
+# lintian. Only what is missing is installed.
+dist-deps:
+	@missing=""; \
+	command -v dpkg-shlibdeps >/dev/null 2>&1 || missing+=" dpkg-dev"; \
+	command -v fakeroot >/dev/null 2>&1 || missing+=" fakeroot"; \
+	command -v objcopy >/dev/null 2>&1 || missing+=" binutils"; \
+	if [ "$(DIST_TEST_DEPS)" = 1 ]; then \
+		command -v debootstrap >/dev/null 2>&1 || missing+=" debootstrap"; \
+		command -v lintian >/dev/null 2>&1 || missing+=" lintian"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(APT_GET) update -qq && $(APT_GET) install -y -qq $$missing >/dev/null \
+			|| echo "dist-deps: could not install$$missing; what needs it says so" >&2; \
+	fi
+
+dist: deps dist-deps ## Release files in dist/: the module for glibc 2.17 (tarball, -debug tarball), a .deb, the client packages, SHA256SUMS (~4 min fresh)
+	bash packaging/dist.sh
+
+test-dist: export DIST_TEST_DEPS := 1
+test-dist: deps dist-deps ## Build dist/ and prove it: glibc floor, suites on every server, Debian 11 root, .deb install/purge, lintian, reproducible (~12 min fresh)
+	bash packaging/test-dist.sh
 
 .PHONY: functions functions-payload functions-bench functions-instructions
 

@@ -10,7 +10,9 @@
 # passed (tests/summary.sh, as `make test` counts them).
 #
 # Environment: RATELIMIT_MODULE (set by make), MATRIX_SERVERS (a space-separated list of server
-# binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey).
+# binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey), MATRIX_TESTS
+# (the integration test binary's arguments, e.g. `commands:: leases:: --skip functions::`: only those
+# tests run on each server; `make test-dist` runs a subset that covers every command this way).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -66,6 +68,14 @@ else
 fi
 [ ${#servers[@]} -gt 0 ] || { echo "matrix: no server found" >&2; exit 1; }
 
+# What runs on each server: every test, or the integration tests MATRIX_TESTS names.
+if [ -n "${MATRIX_TESTS:-}" ]; then
+    read -r -a filters <<<"$MATRIX_TESTS"
+    cargo_args=(--test integration --no-fail-fast -- "${filters[@]}")
+else
+    cargo_args=(--tests --no-fail-fast)
+fi
+
 # Compile the test binaries once, outside the per-server runs.
 cargo test --profile tests --tests --no-run --quiet || exit 1
 
@@ -98,7 +108,7 @@ for server in "${servers[@]}"; do
     skips="$log_dir/${name}-${version}.skips"
     rm -f "$skips"
     RATELIMIT_SERVER=$server REDIS_CLI=$cli RATELIMIT_SKIP_LOG=$(realpath -m "$skips") \
-        cargo test --profile tests --tests --no-fail-fast >"$log" 2>&1
+        cargo test --profile tests "${cargo_args[@]}" >"$log" 2>&1
     status=$?
     seconds=$(( $(date +%s) - start ))
     # The closing total, `N passed, N failed, N skipped`, as `make test` prints it.

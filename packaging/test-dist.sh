@@ -1,0 +1,436 @@
+#!/usr/bin/env bash
+# `make test-dist`: builds dist/ (packaging/dist.sh) and proves each claim the release makes.
+#
+#  1. contents: the tarballs hold exactly the files they should, root-owned, with fixed times; the
+#     .debug file belongs to the library (same build id, named by its .gnu_debuglink); SHA256SUMS
+#     covers every file of dist/ and `sha256sum -c` accepts it.
+#  2. portable: packaging/check-library.sh passes on the shipped library (glibc floor 2.17, NEEDED
+#     glibc and libgcc_s only, non-executable stack, no debug sections) and refuses the host's own
+#     release build (glibc 2.34, debug info), so the check can fail.
+#  3. ratelimit.conf names every config the module registers, with its default.
+#  4. the integration suites that exercise every command, with the shipped library, on every
+#     server tests/matrix.sh finds (the system's redis-server, Valkey 8, ../shared/servers); on the
+#     system's redis-server that includes every redis-cli session of the pages, the README's first.
+#  5. Debian 11: in a bullseye root made with `debootstrap --variant=minbase` (cached in
+#     target/dist-tools/bullseye), `ldd -r` resolves every symbol of the library, `dpkg -i` of the
+#     .deb succeeds, bullseye's redis-server 6.0 started with `include /etc/redis/ratelimit.conf`
+#     refuses the module with its "Redis 7.0 or later is required" line and exits (no crash), and
+#     `dpkg --purge` leaves nothing. Skipped, with the reason, where the Debian mirror (DEBIAN_MIRROR,
+#     else the one this machine's apt sources name) cannot be reached.
+#  6. this machine's Debian: the .deb installed with `dpkg -i` into the real root (skipped where the
+#     package is already installed, or dpkg is not this machine's package manager), redis-server
+#     (and valkey-server, when there is one) started with `include /etc/redis/ratelimit.conf` lists
+#     the module and answers a CHECK, /etc/redis keeps its owner and mode, and `dpkg --purge` leaves
+#     no file or folder of the package behind (also when a step fails).
+#  7. lintian: no error or warning on the .deb, but the tags explained in packaging/lintian-overrides.
+#  8. reproducible: a second `make dist` from a copy of the checkout in another folder, with its own
+#     cargo target folder (so everything is compiled again), gives byte-identical files.
+#
+# Ends with `N passed, N failed, N skipped`; exits 1 if any check failed. A check that cannot run
+# here says why on its `skip` line. DIST_SKIP_REPRO=1 leaves out step 8 (the longest).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+export LC_ALL=C
+
+dist=$root/dist
+tools=$root/target/dist-tools
+log_dir=$root/target/test-dist
+rm -rf "$log_dir"
+mkdir -p "$log_dir" "$tools"
+
+passed=0
+failed=0
+skipped=0
+ok() { echo "test-dist: ok    $*"; passed=$((passed + 1)); }
+bad() { echo "test-dist: FAIL  $*"; failed=$((failed + 1)); }
+skip() { echo "test-dist: skip  $*"; skipped=$((skipped + 1)); }
+finish() {
+    echo
+    echo "$passed passed, $failed failed, $skipped skipped"
+    [ "$failed" -eq 0 ]
+    exit
+}
+# check NAME COMMAND...: ok when COMMAND succeeds, else FAIL with its output.
+check() {
+    local what=$1 out
+    shift
+    if out=$("$@" 2>&1); then
+        ok "$what"
+    else
+        bad "$what"
+        sed 's/^/    /' <<<"$out" | tail -n 30
+    fi
+}
+
+# Processes and mounts to undo on exit, whatever happens.
+cleanups=()
+cleanup() {
+    local i
+    for ((i = ${#cleanups[@]} - 1; i >= 0; i--)); do eval "${cleanups[i]}" >/dev/null 2>&1 || true; done
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# serve SERVER CONF LOG: starts SERVER with config file CONF in the background; waits until it
+# answers PING on the port in CONF. Prints its pid. Fails when it exits or stays silent for 20 s.
+serve() {
+    local server=$1 conf=$2 log=$3 port pid
+    port=$(awk '$1 == "port" { print $2 }' "$conf")
+    "$server" "$conf" >"$log" 2>&1 &
+    pid=$!
+    cleanups+=("kill $pid")
+    for _ in $(seq 200); do
+        if [ "$(redis-cli -p "$port" PING 2>/dev/null)" = PONG ]; then
+            echo "$pid"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+stop() { kill "$1" 2>/dev/null && wait "$1" 2>/dev/null; true; }
+
+# ---------------------------------------------------------------------------------------------
+echo "test-dist: building dist/ (packaging/dist.sh)"
+start=$(date +%s)
+bash packaging/dist.sh >"$log_dir/dist.log" 2>&1
+status=$?
+if [ $status -eq 3 ]; then
+    tail -n 2 "$log_dir/dist.log"
+    skip "everything: the pinned cargo-zigbuild and ziglang could not be installed from PyPI (is it reachable?)"
+    finish
+elif [ $status -ne 0 ]; then
+    tail -n 30 "$log_dir/dist.log"
+    bad "make dist (whole log: $log_dir/dist.log)"
+    finish
+fi
+grep -E '^dist: (library|Depends)' "$log_dir/dist.log"
+ok "make dist ($(($(date +%s) - start)) s)"
+
+version=$(sed -n 's/^redis-ratelimit_\(.*\)-[0-9]*_amd64\.deb$/\1/p' < <(ls "$dist"))
+name=redis-ratelimit-$version-x86_64-linux-gnu
+tarball=$dist/$name.tar.gz
+debug_tarball=$dist/$name-debug.tar.gz
+deb=$(ls "$dist"/redis-ratelimit_"$version"-*_amd64.deb)
+epoch=$(git log -1 --format=%ct)
+unpacked=$log_dir/unpacked
+mkdir -p "$unpacked"
+tar -xzf "$tarball" -C "$unpacked" && tar -xzf "$debug_tarball" -C "$unpacked"
+lib=$unpacked/$name/libredis_ratelimit.so
+
+# --- 1. contents ------------------------------------------------------------------------------
+tar_listing() {
+    # mode owner/group size date time name: everything but the size, which is the build's.
+    tar -tvzf "$1" --numeric-owner --full-time | awk '{ print $1, $2, $4, $5, $6 }'
+}
+stamp=$(date -u -d "@$epoch" '+%Y-%m-%d %H:%M:%S')
+# expected_listing FILE...: the listing of a folder $name/ holding FILE... (FILE=MODE to give the mode).
+expected_listing() {
+    echo "drwxr-xr-x 0/0 $stamp $name/"
+    for file in "$@"; do
+        case $file in
+            *=*) echo "${file#*=} 0/0 $stamp $name/${file%%=*}" ;;
+            *) echo "-rw-r--r-- 0/0 $stamp $name/$file" ;;
+        esac
+    done
+}
+# The library is executable: Redis 7.0 and later refuse a module file without an execute bit.
+check "the tarball holds the library (0755), LICENSE, README and ratelimit.conf, root-owned, at the commit's time" \
+    diff <(expected_listing LICENSE README libredis_ratelimit.so=-rwxr-xr-x ratelimit.conf) <(tar_listing "$tarball")
+check "the debug tarball holds libredis_ratelimit.so.debug beside where the library unpacks" \
+    diff <(expected_listing libredis_ratelimit.so.debug) <(tar_listing "$debug_tarball")
+build_id() { readelf -n "$1" | awk '/Build ID/ { print $3 }'; }
+debug_file=$unpacked/$name/libredis_ratelimit.so.debug
+same_build() {
+    [ -n "$(build_id "$lib")" ] && [ "$(build_id "$lib")" = "$(build_id "$debug_file")" ] &&
+        readelf -p .gnu_debuglink "$lib" | grep -q 'libredis_ratelimit.so.debug' &&
+        readelf -S --wide "$debug_file" | grep -q '\.debug_info' &&
+        readelf -S --wide "$debug_file" | grep -q '\.debug_line'
+}
+check "the .debug file has the library's build id ($(build_id "$lib")), line tables, and the library links to it" same_build
+if command -v gdb >/dev/null 2>&1; then
+    # gdb finds the debug file through the link and names the source of the module's entry point.
+    check "gdb reads the library's sources from the .debug file" \
+        bash -c "gdb -batch -ex 'info line RedisModule_OnLoad' '$lib' 2>&1 | grep -E 'Line [0-9]+ of \"src/lib.rs\"'"
+else
+    skip "gdb reading the .debug file: gdb is not installed"
+fi
+sums_cover_dist() {
+    cd "$dist" && sha256sum --quiet -c SHA256SUMS &&
+        diff <(find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%P\n' | sort) <(awk '{ print $2 }' SHA256SUMS | sort)
+}
+check "SHA256SUMS lists every file of dist/ and sha256sum -c accepts it" sums_cover_dist
+for client in python node; do
+    case $client in
+        python) marker=clients/python/pyproject.toml pattern='*.whl' ;;
+        node) marker=clients/node/package.json pattern='*.tgz' ;;
+    esac
+    if [ -f "$marker" ] && grep -q "^dist: skipped clients/$client" "$log_dir/dist.log"; then
+        skip "clients/$client's package: $(grep "^dist: skipped clients/$client" "$log_dir/dist.log" | cut -d' ' -f3-)"
+    elif [ -f "$marker" ]; then
+        check "clients/$client is packaged in dist/" compgen -G "$dist/$pattern"
+    else
+        skip "clients/$client's package: $marker does not exist yet"
+    fi
+done
+
+# --- 2. portable -----------------------------------------------------------------------------
+check "packaging/check-library.sh passes on the shipped library" bash packaging/check-library.sh "$lib" 2.17
+bash packaging/check-library.sh "$lib" 2.17 | sed -n 's/^check-library: ok    /    /p'
+no_build_paths() {
+    local found
+    found=$(strings "$lib" | grep -F -e "$root" -e "$(realpath -m "${CARGO_HOME:-$HOME/.cargo}")" | head -n 5)
+    [ -z "$found" ] || { echo "$found"; return 1; }
+}
+check "the shipped library names no path of the build machine (checkout, cargo home)" no_build_paths
+if [ -f target/release/libredis_ratelimit.so ]; then
+    refuses_host_build() { ! bash packaging/check-library.sh target/release/libredis_ratelimit.so 2.17; }
+    check "check-library.sh refuses the host's own build (target/release: its glibc floor is newer)" refuses_host_build
+else
+    skip "check-library.sh on the host's build: no target/release/libredis_ratelimit.so (make build)"
+fi
+
+# --- 3. ratelimit.conf ------------------------------------------------------------------------
+conf_lists_configs() {
+    local dir port pid
+    dir=$(mktemp -d "$log_dir/conf.XXXXXX")
+    port=$(free_port)
+    printf 'port %s\nbind 127.0.0.1\ndir %s\nsave ""\nloadmodule %s\n' "$port" "$dir" "$lib" >"$dir/redis.conf"
+    pid=$(serve redis-server "$dir/redis.conf" "$dir/server.log") || { cat "$dir/server.log"; return 1; }
+    redis-cli -p "$port" CONFIG GET 'ratelimit.*' | paste - - | sort >"$dir/configs"
+    stop "$pid"
+    [ -s "$dir/configs" ] || { echo "CONFIG GET ratelimit.* listed nothing"; return 1; }
+    diff <(sed -n 's/^# \(ratelimit\.[a-z-]*\) \([0-9]*\)$/\1\t\2/p' "$unpacked/$name/ratelimit.conf" | sort) "$dir/configs"
+}
+check "ratelimit.conf shows every config CONFIG GET ratelimit.* lists, with its default" conf_lists_configs
+
+# --- 4. the integration suites on every server ------------------------------------------------
+# One suite per concern, together every command: CHECK, PEEK, RESET, INFO (commands), CHECKALL,
+# REFUND, BLOCK, ACQUIRE/RELEASE (leases), POLICY (policies), CL.THROTTLE and GCRA (dialects),
+# APPLY (policies::replication, operations), the configs (module_configs), RDB (persistence),
+# and the pages' redis-cli sessions (snippets; on the system's redis-server only).
+suites="commands:: checkall:: refund:: block:: leases:: policies:: dialects:: module_configs:: persistence:: operations::"
+suites+=" snippets::redis_cli_sessions_and_transcripts_answer_as_the_pages_show"
+# The Functions library's tests (functions::refund::..., functions::leases::...) match those names
+# too; they test the library, not the module, and take two thirds of the time.
+suites+=" --skip functions::"
+echo "test-dist: the integration suites with the shipped library on every server (tests/matrix.sh): $suites"
+start=$(date +%s)
+if RATELIMIT_MODULE=$lib MATRIX_TESTS=$suites bash tests/matrix.sh >"$log_dir/matrix.log" 2>&1; then
+    sed -n '/^| server/,/^$/p' "$log_dir/matrix.log" | sed 's/^/    /'
+    ok "the integration suites pass with the shipped library on every server ($(($(date +%s) - start)) s): $(tail -n 1 "$log_dir/matrix.log")"
+else
+    tail -n 40 "$log_dir/matrix.log" | sed 's/^/    /'
+    bad "the integration suites with the shipped library (whole log: $log_dir/matrix.log)"
+fi
+
+# --- 5. Debian 11 (bullseye) ------------------------------------------------------------------
+# The Debian mirror this machine's apt sources use (deb822 .sources files, then sources.list):
+# the first entry for a suite that is not a -security one.
+debian_mirror() {
+    local file
+    for file in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$file" ] || continue
+        awk 'BEGIN { RS = ""; FS = "\n" }
+            { uri = ""; suites = "";
+              for (i = 1; i <= NF; i++) {
+                  if ($i ~ /^URIs:/) { split($i, a, " "); uri = a[2] }
+                  if ($i ~ /^Suites:/) suites = $i }
+              if (uri != "" && suites !~ /-security/ && suites ~ /[a-z]/) { print uri; exit } }' "$file"
+    done | head -n 1
+    [ -f /etc/apt/sources.list ] &&
+        awk '$1 == "deb" && $3 !~ /-security/ { print $2 }' /etc/apt/sources.list | head -n 1
+}
+reachable() {
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=20).read(1)' "$1" 2>/dev/null
+}
+bullseye=$tools/bullseye
+mirror=${DEBIAN_MIRROR:-$(debian_mirror | head -n 1)}
+mirror=${mirror%/}
+bullseye_ready() { [ -f "$bullseye/.ready" ]; }
+if ! bullseye_ready; then
+    if [ -z "$mirror" ]; then
+        skip "Debian 11: no Debian mirror in this machine's apt sources"
+    elif ! reachable "$mirror/dists/bullseye/Release"; then
+        skip "Debian 11: the mirror $mirror cannot be reached (or has no bullseye)"
+    elif ! command -v debootstrap >/dev/null 2>&1; then
+        skip "Debian 11: debootstrap is not installed (make test-dist installs it with apt-get)"
+    else
+        echo "test-dist: making the bullseye root in $bullseye (debootstrap --variant=minbase, then redis-server; cached)"
+        rm -rf "$bullseye"
+        if debootstrap --variant=minbase bullseye "$bullseye" "$mirror" >"$log_dir/debootstrap.log" 2>&1 &&
+            # No service may start inside the root: its redis-server would listen on this machine.
+            printf '#!/bin/sh\nexit 101\n' >"$bullseye/usr/sbin/policy-rc.d" &&
+            chmod 0755 "$bullseye/usr/sbin/policy-rc.d" &&
+            chroot "$bullseye" env DEBIAN_FRONTEND=noninteractive sh -c \
+                'apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server && apt-get clean' \
+                >>"$log_dir/debootstrap.log" 2>&1; then
+            touch "$bullseye/.ready"
+        else
+            tail -n 20 "$log_dir/debootstrap.log" | sed 's/^/    /'
+            bad "Debian 11: making the bullseye root (whole log: $log_dir/debootstrap.log)"
+        fi
+    fi
+fi
+if bullseye_ready; then
+    inside=/tmp/test-dist
+    rm -rf "${bullseye:?}$inside"
+    mkdir -p "$bullseye$inside"
+    cp "$lib" "$deb" "$bullseye$inside/"
+    in_root() { chroot "$bullseye" "$@"; }
+    echo "test-dist: Debian $(cat "$bullseye/etc/debian_version") root, $(in_root redis-server --version | cut -d' ' -f1-3)"
+    resolves() {
+        local out
+        out=$(in_root ldd -r "$inside/libredis_ratelimit.so" 2>&1) || { echo "$out"; return 1; }
+        echo "$out"
+        ! grep -qE 'not found|undefined symbol|version .* not found' <<<"$out"
+    }
+    check "Debian 11: ldd -r resolves every symbol of the library" resolves
+    check "Debian 11: dpkg -i of the .deb succeeds" in_root dpkg -i "$inside/$(basename "$deb")"
+    refuses() {
+        local status
+        # No TCP port (the root shares this machine's network); a socket, or Redis 6 will not start.
+        printf 'port 0\nunixsocket %s/redis.sock\ndaemonize no\nlogfile ""\ninclude /etc/redis/ratelimit.conf\n' "$inside" >"$bullseye$inside/redis.conf"
+        timeout 30 chroot "$bullseye" redis-server "$inside/redis.conf" >"$log_dir/bullseye-redis.log" 2>&1
+        status=$?
+        cat "$log_dir/bullseye-redis.log"
+        # Exit status 1: the server aborts because the module refused; 124 would be a server that
+        # started anyway, 128+N a crash.
+        [ $status -eq 1 ] &&
+            grep -q 'Redis 7.0 or later is required' "$log_dir/bullseye-redis.log" &&
+            ! grep -qE 'crashed by signal|BUG REPORT|Segmentation' "$log_dir/bullseye-redis.log"
+    }
+    check "Debian 11: redis-server $(in_root redis-server --version | grep -o 'v=[^ ]*' | cut -c3-) with include /etc/redis/ratelimit.conf refuses the module (\"Redis 7.0 or later is required\", exit status 1, no crash)" refuses
+    grep -h 'Redis 7.0 or later\|server aborting' "$log_dir/bullseye-redis.log" | sed 's/^/    /'
+    purged_in_root() {
+        local files
+        files=$(in_root dpkg -L redis-ratelimit | grep -v '^/\.$') || return 1
+        in_root dpkg --purge redis-ratelimit || return 1
+        local left=""
+        for path in $files; do
+            [ -d "$bullseye$path" ] && continue
+            [ -e "$bullseye$path" ] && left+=" $path"
+        done
+        [ -z "$left" ] || { echo "left behind:$left"; return 1; }
+        [ ! -e "$bullseye/usr/lib/redis/modules" ] || { echo "left behind: /usr/lib/redis/modules"; return 1; }
+    }
+    check "Debian 11: dpkg --purge leaves no file behind" purged_in_root
+    rm -rf "${bullseye:?}$inside"
+fi
+
+# --- 6. this machine's Debian ------------------------------------------------------------------
+package_installed() { dpkg-query -W -f='${Status}' redis-ratelimit 2>/dev/null | grep -q 'install ok installed'; }
+if ! command -v dpkg >/dev/null 2>&1 || [ ! -f /etc/debian_version ]; then
+    skip "this machine's Debian: not a Debian system"
+elif [ "$(id -u)" != 0 ]; then
+    skip "this machine's Debian: dpkg -i needs root"
+elif dpkg-query -W -f='${Status}' redis-ratelimit 2>/dev/null | grep -q 'installed'; then
+    skip "this machine's Debian: redis-ratelimit is already installed here; this test never touches it"
+else
+    debian=$(cat /etc/debian_version)
+    # What exists before, so the purge can be checked against it (and undone on any failure).
+    existed=()
+    for dir in /usr/lib/redis /usr/lib/redis/modules /etc/redis /usr/share/doc/redis-ratelimit; do
+        [ -e "$dir" ] && existed+=("$dir")
+    done
+    etc_redis_before=$(stat -c '%a %U:%G' /etc/redis 2>/dev/null || echo absent)
+    cleanups+=("dpkg --purge redis-ratelimit")
+    if dpkg -i "$deb" >"$log_dir/dpkg-install.log" 2>&1; then
+        ok "Debian $debian: dpkg -i of the .deb succeeds"
+        files=$(dpkg -L redis-ratelimit | grep -v '^/\.$')
+        installed_as_shipped() {
+            [ "$(stat -c '%a %U:%G' /usr/lib/redis/modules/libredis_ratelimit.so)" = "755 root:root" ] &&
+                cmp /usr/lib/redis/modules/libredis_ratelimit.so "$lib" &&
+                dpkg-query -W -f='${Conffiles}\n' redis-ratelimit | grep -q '^ /etc/redis/ratelimit.conf ' &&
+                grep -qx 'loadmodule /usr/lib/redis/modules/libredis_ratelimit.so' /etc/redis/ratelimit.conf
+        }
+        check "Debian $debian: the library is /usr/lib/redis/modules/libredis_ratelimit.so (0755, root), /etc/redis/ratelimit.conf a conffile" installed_as_shipped
+        check "Debian $debian: /etc/redis keeps its owner and mode ($etc_redis_before)" \
+            test "$(stat -c '%a %U:%G' /etc/redis 2>/dev/null || echo absent)" = "$etc_redis_before"
+        # serves SERVER: started with `include /etc/redis/ratelimit.conf`, it lists the module and
+        # answers a CHECK (admitted, limit 100, 99 left).
+        serves() {
+            local server=$1 dir port pid modules reply
+            dir=$(mktemp -d "$log_dir/served.XXXXXX")
+            port=$(free_port)
+            printf 'port %s\nbind 127.0.0.1\ndir %s\nsave ""\nappendonly no\ninclude /etc/redis/ratelimit.conf\n' \
+                "$port" "$dir" >"$dir/server.conf"
+            pid=$(serve "$server" "$dir/server.conf" "$dir/server.log") || { tail -n 20 "$dir/server.log"; return 1; }
+            modules=$(redis-cli -p "$port" MODULE LIST)
+            reply=$(redis-cli -p "$port" RATELIMIT.CHECK dist:alice sliding-window 100 1m | head -n 3 | tr '\n' ' ')
+            stop "$pid"
+            echo "MODULE LIST: $(echo $modules); CHECK: $reply"
+            grep -qx ratelimit <<<"$modules" && [ "$reply" = "1 100 99 " ]
+        }
+        check "Debian $debian: redis-server $(redis-server --version | grep -o 'v=[^ ]*' | cut -c3-) with include /etc/redis/ratelimit.conf lists the module and answers a CHECK" serves redis-server
+        if command -v valkey-server >/dev/null 2>&1; then
+            check "Debian $debian: valkey-server $(valkey-server --version | grep -o 'v=[^ ]*' | cut -c3-) with include /etc/redis/ratelimit.conf lists the module and answers a CHECK" serves valkey-server
+        else
+            skip "Debian $debian: valkey-server with the .deb: valkey-server is not installed"
+        fi
+        purged() {
+            dpkg --purge redis-ratelimit || return 1
+            local left="" path known
+            for path in $files; do
+                if [ -d "$path" ]; then
+                    # A folder stays only if it was there before (another package's, /etc/redis).
+                    known=0
+                    for dir in "${existed[@]}" /etc /usr /usr/lib /usr/share /usr/share/doc; do
+                        [ "$path" = "$dir" ] && known=1
+                    done
+                    [ $known = 1 ] || left+=" $path/"
+                elif [ -e "$path" ]; then
+                    left+=" $path"
+                fi
+            done
+            ! package_installed || left+=" (still installed)"
+            [ -z "$left" ] || { echo "left behind:$left"; return 1; }
+        }
+        check "Debian $debian: dpkg --purge leaves no file or folder of the package behind" purged
+    else
+        sed 's/^/    /' "$log_dir/dpkg-install.log"
+        bad "Debian $debian: dpkg -i of the .deb (log: $log_dir/dpkg-install.log)"
+    fi
+fi
+
+# --- 7. lintian ----------------------------------------------------------------------------
+if command -v lintian >/dev/null 2>&1; then
+    lintian_clean() {
+        # Tags a binary-only package built without a source package must carry, each explained
+        # in packaging/lintian-overrides.
+        local suppress
+        suppress=$(grep -v '^#' packaging/lintian-overrides | awk 'NF { print $1 }' | paste -sd, -)
+        lintian --tag-display-limit 0 --fail-on error,warning ${suppress:+--suppress-tags "$suppress"} "$deb"
+    }
+    check "lintian: no error or warning on the .deb (overrides: packaging/lintian-overrides)" lintian_clean
+else
+    skip "lintian: not installed (make test-dist installs it with apt-get)"
+fi
+
+# --- 8. reproducible -------------------------------------------------------------------------
+if [ "${DIST_SKIP_REPRO:-0}" = 1 ]; then
+    skip "reproducibility: DIST_SKIP_REPRO=1"
+else
+    # The same checkout, a target folder of its own: everything is compiled again (zig's libunwind
+    # too). The shipped library holds no path of this checkout (checked in step 2); the .debug
+    # file holds one (packaging/dist.sh says why), so the second build runs from the same folder.
+    echo "test-dist: the second build, with its own target folder"
+    start=$(date +%s)
+    if SOURCE_DATE_EPOCH=$epoch DIST_TARGET_DIR=$log_dir/repro/target DIST_DIR=$log_dir/repro/dist \
+        bash packaging/dist.sh >"$log_dir/repro.log" 2>&1; then
+        compare() { (cd "$1" && sha256sum --quiet -c "$2/SHA256SUMS") && diff "$1/SHA256SUMS" "$2/SHA256SUMS"; }
+        check "reproducible: a second build from scratch gives byte-identical files ($(($(date +%s) - start)) s)" \
+            compare "$log_dir/repro/dist" "$dist"
+    else
+        tail -n 20 "$log_dir/repro.log" | sed 's/^/    /'
+        bad "reproducibility: the second build failed (log: $log_dir/repro.log)"
+    fi
+fi
+
+finish
