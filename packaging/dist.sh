@@ -92,11 +92,14 @@ ziglib=$("$venv/bin/python3" -c 'import os, ziglang; print(os.path.dirname(zigla
 # folder beside the virtualenv, not above it.
 mkdir -p "$tools/cwd"
 cargo_home=$(realpath -m "${CARGO_HOME:-$HOME/.cargo}")
-# Paths that would otherwise be written into the library and its debug info.
-remap=(--remap-path-prefix="$cargo_home=/cargo" --remap-path-prefix="$target_dir=/target"
-    --remap-path-prefix="$root=/build")
+# Paths that would otherwise be written into the library and its debug info. Where several match
+# (the target folder and the venv lie inside the checkout), rustc and clang take the last one: the
+# most specific goes last.
+remap=(--remap-path-prefix="$root=/build" --remap-path-prefix="$cargo_home=/cargo"
+    --remap-path-prefix="$target_dir=/target")
 link=(-C link-arg=-Wl,--build-id=sha1 -C link-arg=-Wl,-z,noexecstack)
-cflags="-ffile-prefix-map=$cargo_home=/cargo -ffile-prefix-map=$ziglib=/zig -ffile-prefix-map=$target_dir=/target"
+cflags="-ffile-prefix-map=$root=/build -ffile-prefix-map=$cargo_home=/cargo -ffile-prefix-map=$target_dir=/target"
+cflags+=" -ffile-prefix-map=$ziglib=/zig"
 say "building the module $version for glibc $GLIBC_FLOOR (cargo zigbuild, profile dist)"
 (
     cd "$tools/cwd"
