@@ -68,6 +68,12 @@ pub(crate) const COMMANDS: [&registry::Command; 10] = [
     &lease::RELEASE,
 ];
 
+/// The commands of [`COMMANDS`] that count every call (`stats::count_call`, first thing in their
+/// handlers), as Redis counts them in `INFO commandstats`: how a `CONFIG RESETSTAT` that ran is
+/// told from one that was refused (`resetstat.rs`). Every dialect counts its calls too.
+pub(crate) const COUNTED: [&registry::Command; 3] =
+    [&check::CHECK, &checkall::COMMAND, &lease::ACQUIRE];
+
 /// A command's context and arguments, as Redis passed them. Made only by [`guard`], whose caller
 /// vouches for the pointers, so its safe methods can read them.
 #[derive(Clone, Copy)]
