@@ -72,10 +72,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    commands::resetstat::counted(c"cmdstat_ratelimit.check");
-    commands::resetstat::counted(c"cmdstat_ratelimit.checkall");
-    commands::resetstat::counted(c"cmdstat_ratelimit.acquire");
-    commands::resetstat::counted(c"cmdstat_ratelimit.take");
+    for command in commands::COUNTED {
+        commands::resetstat::counted(command.name);
+    }
     if let Err(why) = commands::registry::register_container(ctx.ctx, &commands::policy::CONTAINER)
     {
         ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
@@ -117,10 +116,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
                     ctx.log_warning(&format!("ratelimit: {why}; the module is not loaded"));
                     return Status::Err;
                 }
-                if let Ok(line) = std::ffi::CString::new(format!("cmdstat_{name}")) {
-                    // Kept for the module's lifetime, as the command is.
-                    commands::resetstat::counted(Box::leak(line.into_boxed_c_str()));
-                }
+                commands::resetstat::counted(command.name);
                 ctx.log_notice(&format!("ratelimit: {name} is the module's"));
                 registered.push(name);
             }

@@ -70,6 +70,16 @@ pub(crate) const COMMANDS: [&registry::Command; 11] = [
     &take::COMMAND,
 ];
 
+/// The commands of [`COMMANDS`] that count every call (`stats::count_call`, first thing in their
+/// handlers), as Redis counts them in `INFO commandstats`: how a `CONFIG RESETSTAT` that ran is
+/// told from one that was refused (`resetstat.rs`). Every dialect counts its calls too.
+pub(crate) const COUNTED: [&registry::Command; 4] = [
+    &check::CHECK,
+    &checkall::COMMAND,
+    &lease::ACQUIRE,
+    &take::COMMAND,
+];
+
 /// A command's context and arguments, as Redis passed them. Made only by [`guard`], whose caller
 /// vouches for the pointers, so its safe methods can read them.
 #[derive(Clone, Copy)]

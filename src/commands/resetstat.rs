@@ -15,7 +15,7 @@
 //! in a MULTI (the filter sees it when it is queued, before it runs).
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CStr};
+use std::ffi::{c_void, CStr, CString};
 use std::sync::Mutex;
 
 use redis_module::raw;
@@ -33,13 +33,18 @@ struct Snapshot {
 /// The snapshots of the `CONFIG RESETSTAT`s seen since the last check, oldest first.
 static PENDING: Mutex<Vec<Snapshot>> = Mutex::new(Vec::new());
 
-/// The commands whose calls `stats::count_call` counts, as Redis names their commandstats lines:
-/// CHECK, CHECKALL, and the dialects the module registered.
-static COUNTED: Mutex<Vec<&'static CStr>> = Mutex::new(Vec::new());
+/// The commands whose calls `stats::count_call` counts, as Redis names their commandstats lines
+/// (`cmdstat_<name>`): those of `commands::COUNTED`, and the dialects the module registered.
+static COUNTED: Mutex<Vec<CString>> = Mutex::new(Vec::new());
 
-/// Declares a command whose calls are counted (from OnLoad).
-pub(crate) fn counted(line: &'static CStr) {
-    lock(&COUNTED).push(line);
+/// Declares a registered command whose calls `stats::count_call` counts (from OnLoad), by the
+/// name it was registered with.
+pub(crate) fn counted(command: &CStr) {
+    let mut line = b"cmdstat_".to_vec();
+    line.extend_from_slice(command.to_bytes());
+    if let Ok(line) = CString::new(line) {
+        lock(&COUNTED).push(line);
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -359,3 +359,44 @@ fn the_worked_examples_of_the_algorithms_page_hold() {
         );
     }
 }
+
+#[test]
+fn config_resetstat_zeroes_what_take_counted() {
+    let server = Server::start();
+    let mut con = server.client();
+    let at = common::future_base_ms();
+    let limit = Limit::new("fixed-window", 2, "1h", None);
+    for (max, granted) in [(1, 1), (5, 1), (5, 0)] {
+        assert_eq!(
+            decision(&mut con, &take_cmd(&limit, "k", max, at))[0],
+            granted
+        );
+    }
+    let figures = |server: &Server| -> Vec<String> {
+        let info = server.info("ratelimit");
+        ["calls", "allowed", "rejected"]
+            .map(|what| info[&format!("ratelimit_fixed_window_{what}")].clone())
+            .to_vec()
+    };
+    assert_eq!(figures(&server), ["3", "2", "1"]);
+    // Refused (ACL): nothing is reset. The module tells a reset that ran from a refused one by
+    // Redis's counts of the commands it counts, TAKE among them.
+    common::run_ok(
+        &mut con,
+        "ACL SETUSER noreset on >secret ~* +@all -config|resetstat",
+    );
+    let mut refused = server.client();
+    common::run_ok(&mut refused, "AUTH noreset secret");
+    let reply = common::run(&mut refused, "CONFIG RESETSTAT");
+    assert!(common::error_text(&reply).is_some_and(|e| e.starts_with("NOPERM")));
+    common::run_ok(&mut refused, "PING");
+    assert_eq!(
+        figures(&server),
+        ["3", "2", "1"],
+        "a refused CONFIG RESETSTAT"
+    );
+    common::run_ok(&mut con, "CONFIG RESETSTAT");
+    // A round trip: the module zeroes its counters once the command has run.
+    common::run_ok(&mut con, "PING");
+    assert_eq!(figures(&server), ["0", "0", "0"]);
+}

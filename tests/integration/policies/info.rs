@@ -233,24 +233,36 @@ fn config_resetstat_zeroes_the_counters_and_a_refused_one_changes_nothing() {
 }
 
 /// An `INFO ratelimit` sent in one pipeline with the `CONFIG RESETSTAT` before it (one write,
-/// so the server reads both before its event loop turns) shows the counters after the reset: the
-/// policies' lines and the per-algorithm figures alike. The counters then go on from 0.
+/// so the server reads them all before its event loop turns) shows the counters after the reset:
+/// the policies' lines and the per-algorithm figures alike, with the calls between them (a lease
+/// and a dialect: every kind of command whose calls the module counts) counted from 0.
 #[test]
 fn info_pipelined_after_config_resetstat_shows_the_counters_reset() {
     let server = Server::start();
     let mut con = server.client();
     let at = future_base_ms();
     known_sequence(&mut con, at);
+    run_ok(&mut con, "RATELIMIT.ACQUIRE lk 2 60000 ID j1");
+    run_ok(&mut con, "CL.THROTTLE th 5 10 60");
     assert_eq!(policy_figures(&server)["tb"], figures(9, 6, 3, 0));
     assert_eq!(algorithm_figures(&server, "token-bucket")[0], 10);
+    assert_eq!(algorithm_figures(&server, "concurrency")[0], 1);
+    assert_eq!(algorithm_figures(&server, "gcra")[0], 1);
 
+    let text = |words: &[&str]| {
+        let mut cmd = redis::cmd(words[0]);
+        cmd.arg(&words[1..]);
+        cmd
+    };
     let replies = common::send(
         &mut con,
         &[
-            redis::cmd("CONFIG").arg("RESETSTAT").clone(),
-            redis::cmd("INFO").arg("ratelimit").clone(),
+            text(&["CONFIG", "RESETSTAT"]),
+            text(&["RATELIMIT.ACQUIRE", "lk", "2", "60000", "ID", "j2"]),
+            text(&["CL.THROTTLE", "th", "5", "10", "60"]),
+            text(&["INFO", "ratelimit"]),
             check_cmd("c1", "tb", 1, at),
-            redis::cmd("INFO").arg("ratelimit").clone(),
+            text(&["INFO", "ratelimit"]),
         ],
     );
     assert_eq!(replies[0], Value::Okay, "{}", show_value(&replies[0]));
@@ -258,7 +270,7 @@ fn info_pipelined_after_config_resetstat_shows_the_counters_reset() {
         let text: String = redis::from_redis_value(reply).expect("INFO text");
         common::parse_info(&text).into_iter().collect()
     };
-    let reset = info(&replies[1]);
+    let reset = info(&replies[3]);
     for name in ["tb", "sh", "idle"] {
         assert_eq!(
             reset[&format!("ratelimit_policy_{name}")],
@@ -266,19 +278,26 @@ fn info_pipelined_after_config_resetstat_shows_the_counters_reset() {
             "{reset:?}"
         );
     }
-    for algorithm in ["token_bucket", "fixed_window"] {
-        for field in ["calls", "allowed", "rejected"] {
-            assert_eq!(
-                reset[&format!("ratelimit_{algorithm}_{field}")],
-                "0",
-                "{algorithm}_{field}: {reset:?}"
-            );
-        }
+    for (algorithm, calls) in [
+        ("token_bucket", "0"),
+        ("fixed_window", "0"),
+        ("gcra", "1"),
+        ("concurrency", "1"),
+    ] {
+        assert_eq!(
+            [
+                &reset[&format!("ratelimit_{algorithm}_calls")],
+                &reset[&format!("ratelimit_{algorithm}_allowed")],
+                &reset[&format!("ratelimit_{algorithm}_rejected")],
+            ],
+            [calls, calls, "0"],
+            "{algorithm}: {reset:?}"
+        );
     }
     // The live keys stay: a, c1, x (token bucket).
     assert_eq!(reset["ratelimit_token_bucket_keys"], "3");
     // c1 has a token left: one call, allowed, counted from 0.
-    let after = info(&replies[3]);
+    let after = info(&replies[5]);
     assert_eq!(
         after["ratelimit_policy_tb"],
         "calls=1,allowed=1,rejected=0,shadow_rejected=0,blocked=0"
