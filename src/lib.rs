@@ -213,11 +213,13 @@ fn arm_reemit(ctx: *mut raw::RedisModuleCtx, delay_ms: i64) -> bool {
 /// The definitions then go into the AOF after the pause's other writes, which are none.
 unsafe extern "C" fn reemit(ctx: *mut raw::RedisModuleCtx, _data: *mut std::ffi::c_void) {
     let _ = std::panic::catch_unwind(|| {
-        if server::writes_paused() && arm_reemit(ctx, REEMIT_RETRY_MS) {
+        // Paused: looked at again later (without timers, given up: never propagate in a pause).
+        let retry = server::writes_paused();
+        if retry && arm_reemit(ctx, REEMIT_RETRY_MS) {
             return;
         }
         REEMIT_PENDING.store(false, Ordering::Relaxed);
-        if !server::writes_paused() {
+        if !retry {
             commands::policy::reemit(ctx);
         }
     });

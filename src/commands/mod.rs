@@ -183,7 +183,22 @@ impl Call {
     /// The six fields of a decision: an array of integers (RESP2) or a map with a boolean
     /// `allowed` (RESP3). `extra` more map entries follow, written by the caller (RESP3 only).
     pub fn reply_decision(&self, decision: &Decision, resp3: bool, extra: usize) {
-        let fields = decision.to_array();
+        self.reply_fields(decision, None, resp3, extra);
+    }
+
+    /// [`reply_decision`](Call::reply_decision)'s fields, the first one `allowed` or, given
+    /// `granted` (TAKE), `granted`: that integer in its place, under RESP3 too.
+    pub fn reply_fields(
+        &self,
+        decision: &Decision,
+        granted: Option<u64>,
+        resp3: bool,
+        extra: usize,
+    ) {
+        let mut fields = decision.to_array();
+        if let Some(granted) = granted {
+            fields[0] = i64::try_from(granted).unwrap_or(i64::MAX);
+        }
         if !resp3 {
             self.reply_array(fields.len());
             for value in fields {
@@ -195,6 +210,11 @@ impl Call {
         unsafe { rm!(RedisModule_ReplyWithMap)(self.ctx, (fields.len() + extra) as _) };
         let cached = field_names::get();
         for (i, (name, value)) in DECISION_FIELDS.iter().zip(fields).enumerate() {
+            if i == 0 && granted.is_some() {
+                self.reply_name(c"granted");
+                self.reply_integer(value);
+                continue;
+            }
             match cached {
                 // SAFETY: the command's context and a reply made at load and never freed.
                 Some(names) => unsafe {

@@ -16,7 +16,7 @@ use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::{decide, evaluate, handler, notify_shadow_rejected, now_ms, Call};
 use crate::algorithms::block::Blocking;
-use crate::algorithms::{largest_grant, Decision, Request};
+use crate::algorithms::{largest_grant, Request};
 use crate::policy::Mode;
 use crate::stats;
 use crate::store::codec::StackBuf;
@@ -58,11 +58,13 @@ fn run(call: &Call) -> c_int {
         Err(message) => return call.error(&message),
     };
     let max = args.cost;
+    // One time for the search and the CHECK that follows it.
+    let now_ms = args.at_ms.unwrap_or_else(now_ms);
     let request = |cost| Request {
         algorithm: resolved.algorithm,
         params: resolved.params,
         cost,
-        now_ms: args.at_ms.unwrap_or_else(now_ms),
+        now_ms,
     };
     let mode = resolved
         .through
@@ -111,29 +113,6 @@ fn run(call: &Call) -> c_int {
         );
     }
     let answered = if mode == Mode::Shadow { max } else { granted };
-    call.reply_grant(answered, &decision, call.resp3());
+    call.reply_fields(&decision, Some(answered), call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
-}
-
-impl Call {
-    /// A grant: the six fields of a decision with `granted` first in place of `allowed` (an
-    /// integer under RESP3 too).
-    fn reply_grant(&self, granted: u64, decision: &Decision, resp3: bool) {
-        let fields = decision.to_array();
-        if resp3 {
-            self.reply_map(fields.len(), true);
-        } else {
-            self.reply_array(fields.len());
-        }
-        if resp3 {
-            self.reply_name(c"granted");
-        }
-        self.reply_integer(i64::try_from(granted).unwrap_or(i64::MAX));
-        for (name, value) in super::DECISION_FIELDS.iter().zip(fields).skip(1) {
-            if resp3 {
-                self.reply_name(name);
-            }
-            self.reply_integer(value);
-        }
-    }
 }

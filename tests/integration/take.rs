@@ -11,15 +11,7 @@ use common::{
     assert_replica_matches, decision, master_and_replica, run_error, send, snapshot, Limit, Server,
 };
 use redis::{Cmd, Connection, Value};
-
-const ALGORITHMS: [&str; 6] = [
-    "token-bucket",
-    "leaky-bucket",
-    "fixed-window",
-    "sliding-window",
-    "sliding-log",
-    "gcra",
-];
+use redis_ratelimit_core::algorithms::Algorithm;
 
 /// `RATELIMIT.TAKE key <limit> MAX max AT at`.
 fn take_cmd(limit: &Limit, key: &str, max: u64, at_ms: u64) -> Cmd {
@@ -89,7 +81,7 @@ fn take_grants_the_largest_cost_a_peek_admits_and_leaves_what_that_check_leaves(
     let mut keys = Vec::new();
     let (mut partial, mut refused, mut full) = (0, 0, 0);
     for round in 0..36 {
-        let algorithm = ALGORITHMS[round % ALGORITHMS.len()];
+        let algorithm = Algorithm::ALL[round % Algorithm::ALL.len()].name();
         let limit = random_limit(&mut rng, algorithm);
         let (key, twin) = (format!("take:{round}"), format!("twin:{round}"));
         let mut at = base + rng.below(1000);

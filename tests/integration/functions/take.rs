@@ -8,15 +8,7 @@ use super::engines::{
 };
 use crate::common::rng::Rng;
 use crate::common::{future_base_ms, pexpiretime, send, show_value};
-
-const ALGORITHMS: [&str; 6] = [
-    "token-bucket",
-    "leaky-bucket",
-    "fixed-window",
-    "sliding-window",
-    "sliding-log",
-    "gcra",
-];
+use redis_ratelimit_core::algorithms::Algorithm;
 
 #[test]
 fn take_answers_and_stores_as_the_modules() {
@@ -25,7 +17,7 @@ fn take_answers_and_stores_as_the_modules() {
     let base = future_base_ms();
     let mut partial = 0;
     for round in 0..30 {
-        let algorithm = ALGORITHMS[round % ALGORITHMS.len()];
+        let algorithm = Algorithm::ALL[round % Algorithm::ALL.len()].name();
         let limit = rng.range(1, 9);
         let period_ms = rng.pick(&[100u64, 1000, 7000]);
         let mut spec = vec![
