@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context, RedisString, Status};
 
-use crate::algorithms::Algorithm;
+use crate::algorithms::Kind;
 use crate::store::LIMITER_TYPE;
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
@@ -302,8 +302,8 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, for_crash_report: c
                 }
             }
         }
-        for (algorithm, names) in Algorithm::EVERY.into_iter().zip(FIELDS) {
-            let figures = stats::figures(algorithm);
+        for (kind, names) in Kind::EVERY.into_iter().zip(FIELDS) {
+            let figures = stats::figures(kind);
             let values = [
                 figures.calls,
                 figures.allowed,

@@ -2,9 +2,9 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use crate::algorithms::Algorithm;
+use crate::algorithms::Kind;
 
-const N: usize = Algorithm::EVERY.len();
+const N: usize = Kind::EVERY.len();
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
@@ -36,22 +36,22 @@ pub fn calls() -> u64 {
 }
 
 /// Counts one decision.
-pub fn count_decision(algorithm: Algorithm, allowed: bool) {
+pub fn count_decision(kind: impl Into<Kind>, allowed: bool) {
     let table = if allowed { &ALLOWED } else { &REJECTED };
-    table[algorithm.index()].fetch_add(1, Relaxed);
+    table[kind.into().index()].fetch_add(1, Relaxed);
 }
 
 /// Counts a rejection caused by a block (besides [`count_decision`]).
-pub fn count_blocked(algorithm: Algorithm) {
-    BLOCKED[algorithm.index()].fetch_add(1, Relaxed);
+pub fn count_blocked(kind: impl Into<Kind>) {
+    BLOCKED[kind.into().index()].fetch_add(1, Relaxed);
 }
 
-pub fn key_created(algorithm: Algorithm) {
-    KEYS[algorithm.index()].fetch_add(1, Relaxed);
+pub fn key_created(kind: impl Into<Kind>) {
+    KEYS[kind.into().index()].fetch_add(1, Relaxed);
 }
 
-pub fn key_freed(algorithm: Algorithm) {
-    KEYS[algorithm.index()].fetch_sub(1, Relaxed);
+pub fn key_freed(kind: impl Into<Kind>) {
+    KEYS[kind.into().index()].fetch_sub(1, Relaxed);
 }
 
 /// One algorithm's figures.
@@ -64,9 +64,9 @@ pub struct Figures {
     pub keys: u64,
 }
 
-/// The figures of `algorithm` now.
-pub fn figures(algorithm: Algorithm) -> Figures {
-    let i = algorithm.index();
+/// The figures of `kind` now.
+pub fn figures(kind: impl Into<Kind>) -> Figures {
+    let i = kind.into().index();
     let allowed = ALLOWED[i].load(Relaxed);
     let rejected = REJECTED[i].load(Relaxed);
     Figures {

@@ -58,7 +58,7 @@
 
 use crate::algorithms::concurrency::{self, Lease, Leases, MAX_ID_LEN};
 use crate::algorithms::{
-    Algorithm, Limiter, Params, SlidingLog, State, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    Algorithm, Kind, Limiter, Params, SlidingLog, State, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 
 /// Bytes of the fixed-size head: algorithm, limit, period, capacity, last.
@@ -126,7 +126,7 @@ impl Sink for StackBuf {
 
 /// Appends the encoding of `limiter` to `out`.
 pub fn encode(limiter: &Limiter, out: &mut impl Sink) {
-    out.put(&[limiter.algorithm().index() as u8]);
+    out.put(&[limiter.kind().index() as u8]);
     for value in [
         limiter.params.limit,
         limiter.params.period_ms,
@@ -231,16 +231,28 @@ fn require(condition: bool) -> Result<(), DecodeError> {
 pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
     let mut reader = Reader { bytes };
     let [algorithm] = reader.take::<1>()?;
-    let algorithm = Algorithm::from_index(algorithm).ok_or(DecodeError::Algorithm)?;
+    let kind = Kind::from_index(algorithm).ok_or(DecodeError::Algorithm)?;
     let limit = reader.u64()?;
     let period_ms = reader.u64()?;
     let capacity = reader.u64()?;
     let last_ms = reader.u64()?;
-    let burst = algorithm.is_bucket().then_some(capacity);
+    let burst = kind.is_bucket().then_some(capacity);
     let params = Params::new(limit, period_ms, burst).map_err(|_| DecodeError::Params)?;
     if params.capacity != capacity || last_ms >= TIME_LIMIT_MS {
         return Err(DecodeError::Params);
     }
+    let algorithm = match kind {
+        Kind::Rate(algorithm) => algorithm,
+        Kind::Leases => {
+            let leases = decode_leases(&mut reader, &params, last_ms)?;
+            return finish_decode(
+                reader,
+                params,
+                last_ms,
+                State::Concurrency(Box::new(leases)),
+            );
+        }
+    };
     let state = match algorithm {
         Algorithm::TokenBucket => State::TokenBucket {
             tokens_scaled: reader.u128()?,
@@ -272,10 +284,17 @@ pub fn decode(bytes: &[u8]) -> Result<Limiter, DecodeError> {
             }
             State::SlidingLog(SlidingLog::from_runs(pairs).map_err(|_| DecodeError::State)?)
         }
-        Algorithm::Concurrency => {
-            State::Concurrency(Box::new(decode_leases(&mut reader, &params, last_ms)?))
-        }
     };
+    finish_decode(reader, params, last_ms, state)
+}
+
+/// The rest of [`decode`] after the state: the block, then nothing left over.
+fn finish_decode(
+    mut reader: Reader,
+    params: Params,
+    last_ms: u64,
+    state: State,
+) -> Result<Limiter, DecodeError> {
     // A blocked limiter's block: after its start (`last_ms` at the latest), at most 3650 days
     // after a time below 2^53.
     let blocked_until_ms = match reader.bytes.len() {

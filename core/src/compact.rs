@@ -47,7 +47,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::algorithms::{Algorithm, Limiter, Params, State};
+use crate::algorithms::{Algorithm, Kind, Limiter, Params, State};
 
 /// The first three bits of a compact word.
 const TAG: u64 = 6;
@@ -139,7 +139,7 @@ impl Shape {
                 2,
                 2 * u128::from(params.period_ms),
             ),
-            Algorithm::SlidingLog | Algorithm::Concurrency => return None,
+            Algorithm::SlidingLog => return None,
         };
         let time_bits = PAYLOAD_BITS.checked_sub(amount_bits * fields)?;
         (width(lifetime_ms) <= time_bits + MAX_EPOCH_SPREAD_BITS).then_some(Shape {
@@ -209,7 +209,7 @@ impl Entry {
             return None;
         }
         let shape = self.shape()?;
-        if shape.algorithm != limiter.algorithm() || self.params() != limiter.params {
+        if Kind::Rate(shape.algorithm) != limiter.kind() || self.params() != limiter.params {
             return None;
         }
         let since = limiter
@@ -238,7 +238,10 @@ pub fn compact(limiter: &Limiter) -> Option<u64> {
     let word = match TABLE[recent].word(recent, limiter) {
         Some(word) => word,
         None => {
-            let shape = Shape::of(limiter.algorithm(), &limiter.params)?;
+            let Kind::Rate(algorithm) = limiter.kind() else {
+                return None;
+            };
+            let shape = Shape::of(algorithm, &limiter.params)?;
             shape.amount(limiter)?;
             let epoch_ms = limiter.last_ms & !mask(shape.time_bits);
             let index = assign(shape, limiter.params, epoch_ms)?;
@@ -323,8 +326,8 @@ pub fn expand(word: u64) -> Limiter {
             current: amount & mask(shape.amount_bits),
             previous: amount >> shape.amount_bits,
         },
-        Algorithm::SlidingLog | Algorithm::Concurrency => {
-            unreachable!("a log or a lease set is never compact (Shape::of)")
+        Algorithm::SlidingLog => {
+            unreachable!("a log is never compact (Shape::of)")
         }
     };
     Limiter {

@@ -1,6 +1,6 @@
 //! Argument parsing: pure functions over byte slices, so they can be fuzzed without Redis.
 
-use crate::algorithms::{Algorithm, Params, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
+use crate::algorithms::{Algorithm, Kind, Params, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
 use crate::error::{ArgError, Options as Expected};
 use crate::policy;
 
@@ -54,45 +54,57 @@ fn amount(bytes: &[u8], min: u64, error: ArgError) -> Result<u64, ArgError> {
         .ok_or(error)
 }
 
-/// `algorithm limit period` at the front of `args`.
-fn parse_spec_head(args: &[&[u8]]) -> Result<(Algorithm, u64, u64), ArgError> {
-    let [algorithm, limit, period, ..] = args else {
+/// `kind limit period` at the front of `args` (`kind`: an algorithm, or `concurrency`).
+fn parse_spec_head(args: &[&[u8]]) -> Result<(Kind, u64, u64), ArgError> {
+    let [kind, limit, period, ..] = args else {
         return Err(ArgError::WrongArity);
     };
-    let algorithm = Algorithm::parse(algorithm).ok_or(ArgError::UnknownAlgorithm {
+    let kind = Kind::parse(kind).ok_or(ArgError::UnknownAlgorithm {
         at: 0,
         after_period: false,
     })?;
     let limit = amount(limit, 1, ArgError::Limit)?;
     let period = parse_period(period).ok_or(ArgError::Period)?;
-    Ok((algorithm, limit, period))
+    Ok((kind, limit, period))
 }
 
-/// Builds the spec, applying the BURST rules and the sliding-log bound.
-fn finish_spec(
-    algorithm: Algorithm,
+/// The parameters of a limit of `kind`, applying the BURST and BLOCK rules and the sliding-log
+/// bound.
+fn finish_params(
+    kind: Kind,
     limit: u64,
     period_ms: u64,
     (burst, block_ms): (Option<u64>, Option<u64>),
     max_log_limit: u64,
-) -> Result<LimitSpec, ArgError> {
-    if burst.is_some() && !algorithm.is_bucket() {
+) -> Result<Params, ArgError> {
+    if burst.is_some() && !kind.is_bucket() {
         return Err(ArgError::BurstOnWindow);
     }
-    if block_ms.is_some() && algorithm == Algorithm::Concurrency {
+    if block_ms.is_some() && kind == Kind::Leases {
         return Err(ArgError::BlockOnConcurrency);
     }
-    if algorithm == Algorithm::SlidingLog && limit > max_log_limit {
+    if kind == Kind::Rate(Algorithm::SlidingLog) && limit > max_log_limit {
         return Err(ArgError::LogLimit {
             limit,
             max: max_log_limit,
         });
     }
-    let params = Params::new(limit, period_ms, burst)?;
+    Ok(Params::new(limit, period_ms, burst)?)
+}
+
+/// Builds a rate limit's spec (see [`finish_params`]).
+fn finish_spec(
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    options: (Option<u64>, Option<u64>),
+    max_log_limit: u64,
+) -> Result<LimitSpec, ArgError> {
+    let params = finish_params(algorithm.into(), limit, period_ms, options, max_log_limit)?;
     Ok(LimitSpec {
         algorithm,
         params,
-        block_ms,
+        block_ms: options.1,
     })
 }
 
@@ -169,11 +181,10 @@ impl OptionValues {
 /// leases are taken by RATELIMIT.ACQUIRE).
 #[inline(always)]
 fn parse_rate_head(args: &[&[u8]]) -> Result<(Algorithm, u64, u64), ArgError> {
-    let head = parse_spec_head(args)?;
-    if head.0 == Algorithm::Concurrency {
-        return Err(ArgError::ConcurrencyCall);
+    match parse_spec_head(args)? {
+        (Kind::Rate(algorithm), limit, period_ms) => Ok((algorithm, limit, period_ms)),
+        (Kind::Leases, ..) => Err(ArgError::ConcurrencyCall),
     }
-    Ok(head)
 }
 
 /// `algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`, options in any order.
@@ -336,7 +347,12 @@ pub fn parse_take<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyDefinition<'a> {
     pub name: &'a [u8],
-    pub spec: LimitSpec,
+    /// What the policy limits: a rate of one algorithm, or leases (`concurrency`).
+    pub kind: Kind,
+    /// `limit` and `period_ms` (the lease duration for leases) and the capacity.
+    pub params: Params,
+    /// `BLOCK duration`, in ms (rate limits only).
+    pub block_ms: Option<u64>,
     pub shadow: bool,
 }
 
@@ -351,7 +367,7 @@ pub fn parse_policy_set<'a>(
     if !policy::valid_name(name) {
         return Err(ArgError::PolicyName);
     }
-    let (algorithm, limit, period_ms) = parse_spec_head(spec_args).map_err(|e| e.shifted(1))?;
+    let (kind, limit, period_ms) = parse_spec_head(spec_args).map_err(|e| e.shifted(1))?;
     let mut options = OptionValues::default();
     let mut shadow = false;
     let mut i = 4;
@@ -380,13 +396,15 @@ pub fn parse_policy_set<'a>(
     }
     Ok(PolicyDefinition {
         name,
-        spec: finish_spec(
-            algorithm,
+        kind,
+        params: finish_params(
+            kind,
             limit,
             period_ms,
             (options.burst, options.block_ms),
             max_log_limit,
         )?,
+        block_ms: options.block_ms,
         shadow,
     })
 }
@@ -738,14 +756,14 @@ mod tests {
 
     #[test]
     fn algorithm_names_are_whole_and_case_insensitive() {
-        for algorithm in Algorithm::EVERY {
-            let name = algorithm.name();
-            assert_eq!(Algorithm::parse(name.as_bytes()), Some(algorithm));
+        for kind in Kind::EVERY {
+            let name = kind.name();
+            assert_eq!(Kind::parse(name.as_bytes()), Some(kind));
             let upper = name.to_ascii_uppercase();
-            assert_eq!(Algorithm::parse(upper.as_bytes()), Some(algorithm));
+            assert_eq!(Kind::parse(upper.as_bytes()), Some(kind));
             // A prefix or an extension of a name is no name.
-            assert_eq!(Algorithm::parse(&name.as_bytes()[..name.len() - 1]), None);
-            assert_eq!(Algorithm::parse(format!("{name}s").as_bytes()), None);
+            assert_eq!(Kind::parse(&name.as_bytes()[..name.len() - 1]), None);
+            assert_eq!(Kind::parse(format!("{name}s").as_bytes()), None);
         }
         for bad in [
             &b""[..],
@@ -763,19 +781,19 @@ mod tests {
             b"gcrb",
             b"Tokenxbucket",
         ] {
-            assert_eq!(Algorithm::parse(bad), None, "{bad:?}");
+            assert_eq!(Kind::parse(bad), None, "{bad:?}");
         }
     }
 
     #[test]
     fn algorithm_names_parse_as_a_linear_search_would() {
         let reference = |name: &[u8]| {
-            Algorithm::EVERY
+            Kind::EVERY
                 .into_iter()
                 .find(|a| a.name().as_bytes().eq_ignore_ascii_case(name))
         };
-        for algorithm in Algorithm::EVERY {
-            let name = algorithm.name().as_bytes();
+        for kind in Kind::EVERY {
+            let name = kind.name().as_bytes();
             // What the fast comparison relies on: lowercase letters and '-', at most 16 bytes.
             assert!(name.len() <= 16);
             assert!(name.iter().all(|b| b.is_ascii_lowercase() || *b == b'-'));
@@ -784,17 +802,13 @@ mod tests {
                 for byte in 0..=255u8 {
                     let mut changed = name.to_vec();
                     changed[at] = byte;
-                    assert_eq!(
-                        Algorithm::parse(&changed),
-                        reference(&changed),
-                        "{changed:?}"
-                    );
+                    assert_eq!(Kind::parse(&changed), reference(&changed), "{changed:?}");
                 }
             }
-            for other in Algorithm::EVERY {
+            for other in Kind::EVERY {
                 let mut mixed = other.name().as_bytes().to_vec();
                 mixed.resize(name.len(), b'-');
-                assert_eq!(Algorithm::parse(&mixed), reference(&mixed), "{mixed:?}");
+                assert_eq!(Kind::parse(&mixed), reference(&mixed), "{mixed:?}");
             }
         }
     }

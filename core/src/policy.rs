@@ -14,7 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::algorithms::{Algorithm, Decision, Params};
+use crate::algorithms::{Decision, Kind, Params};
 
 /// The longest policy name.
 pub const MAX_NAME_LEN: usize = 64;
@@ -50,7 +50,8 @@ impl Mode {
 /// A policy's definition: the limit a call through it applies, and its mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
-    pub algorithm: Algorithm,
+    /// What it limits: a rate of one algorithm, or leases (`concurrency`).
+    pub kind: Kind,
     pub params: Params,
     pub mode: Mode,
     /// `BLOCK duration`, in ms: how long a rejection through the policy blocks its key.
@@ -353,7 +354,7 @@ mod tests {
 
     fn policy(limit: u64, mode: Mode) -> Policy {
         Policy {
-            algorithm: Algorithm::SlidingWindow,
+            kind: Kind::Rate(crate::algorithms::Algorithm::SlidingWindow),
             params: Params::new(limit, 60_000, None).unwrap(),
             mode,
             block_ms: None,

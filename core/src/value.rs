@@ -28,7 +28,7 @@
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
-use crate::algorithms::{Algorithm, Limiter, Params, State};
+use crate::algorithms::{Algorithm, Kind, Limiter, Params, State};
 use crate::compact;
 
 const ALGORITHM_BITS: u32 = 3;
@@ -131,7 +131,7 @@ pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
         &mut bits,
         ALGORITHM_AT,
         ALGORITHM_BITS,
-        limiter.algorithm().index() as u128,
+        limiter.kind().index() as u128,
     ) | put(&mut bits, LAST_AT, TIME_BITS, limiter.last_ms.into())
         | put(&mut bits, LIMIT_AT, AMOUNT_BITS, params.limit.into())
         | put(&mut bits, PERIOD_AT, PERIOD_BITS, params.period_ms.into());
@@ -224,7 +224,7 @@ pub fn unpacked(words: &[u64; 4]) -> Option<Limiter> {
     let bits = halves(words);
     let field = |at, width| get(&bits, at, width) as u64;
     let algorithm = Algorithm::from_index(field(ALGORITHM_AT, ALGORITHM_BITS) as u8)?;
-    if matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency) {
+    if algorithm == Algorithm::SlidingLog {
         return None;
     }
     let burst = algorithm.is_bucket().then(|| field(FIRST_AT, AMOUNT_BITS));
@@ -342,13 +342,15 @@ impl Value {
         self.read().into_owned()
     }
 
-    /// The algorithm, without unpacking.
-    pub fn algorithm(&self) -> Algorithm {
+    /// What the limiter holds, without unpacking.
+    pub fn kind(&self) -> Kind {
         match self.boxed() {
             // SAFETY: as in `limiter`.
-            Some(pointer) => unsafe { (*pointer).algorithm() },
-            None => Algorithm::from_index((self.head & BOXED as u64) as u8)
-                .unwrap_or(Algorithm::TokenBucket),
+            Some(pointer) => unsafe { (*pointer).kind() },
+            None => Kind::Rate(
+                Algorithm::from_index((self.head & BOXED as u64) as u8)
+                    .unwrap_or(Algorithm::TokenBucket),
+            ),
         }
     }
 
@@ -636,7 +638,7 @@ mod tests {
                 }
                 let mut value = Value::new(original.clone());
                 assert_eq!(value.to_limiter(), original, "{}", algorithm.name());
-                assert_eq!(value.algorithm(), algorithm);
+                assert_eq!(value.kind(), Kind::Rate(algorithm));
                 assert_eq!(*value.limiter(), original);
                 assert_eq!(
                     value.boxed().is_some(),

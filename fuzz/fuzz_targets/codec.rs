@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use redis_ratelimit_core::algorithms::concurrency::{self, Acquire, Released};
 use redis_ratelimit_core::algorithms::{
     block::{self, Blocking},
-    sliding_log, Algorithm, Limiter, Params, Request, State, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    sliding_log, Kind, Limiter, Params, Request, State, Write, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 use redis_ratelimit_core::codec::{self, Change};
 use redis_ratelimit_core::compact;
@@ -115,9 +115,9 @@ fuzz_target!(|data: &[u8]| {
 
 /// Calls on a decoded limiter with its own parameters and with changed ones, now and later.
 fn exercise(limiter: Limiter) {
-    if limiter.algorithm() == Algorithm::Concurrency {
+    let Kind::Rate(algorithm) = limiter.kind() else {
         return exercise_leases(limiter);
-    }
+    };
     let own = limiter.params;
     let half = Params::new(
         own.limit,
@@ -134,7 +134,6 @@ fn exercise(limiter: Limiter) {
         ),
     );
     let double = double.unwrap_or(own);
-    let algorithm = limiter.algorithm();
     let last = limiter.last_ms;
     let calls = [
         (own, 1, last),
@@ -188,7 +187,7 @@ fn exercise(limiter: Limiter) {
 
 /// The `BURST` to pass for this limiter's algorithm (windows and the log take none).
 fn burst(limiter: &Limiter, capacity: u64) -> Option<u64> {
-    limiter.algorithm().is_bucket().then_some(capacity.max(1))
+    limiter.kind().is_bucket().then_some(capacity.max(1))
 }
 
 /// ACQUIREs and RELEASEs on a decoded lease set: renewals of its leases, new ones, changed

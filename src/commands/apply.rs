@@ -17,7 +17,7 @@ use redis_module::raw;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
 use super::{handler, replicate_verbatim, Call};
 use crate::algorithms::concurrency::{self, Acquire, Released};
-use crate::algorithms::{sliding_log, Algorithm, Limiter, Refunded, Write};
+use crate::algorithms::{sliding_log, Algorithm, Kind, Limiter, Refunded, Write};
 use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
@@ -90,7 +90,7 @@ fn run(call: &Call) -> c_int {
             };
             let fits = params.limit <= bound
                 && match &stored {
-                    Some(limiter) if limiter.algorithm() != Algorithm::SlidingLog => false,
+                    Some(limiter) if limiter.kind() != Kind::Rate(Algorithm::SlidingLog) => false,
                     other => sliding_log::append_fits(other.as_deref(), &params, t_ms, cost),
                 };
             if !fits {
@@ -106,7 +106,7 @@ fn run(call: &Call) -> c_int {
         Change::LogRefund { t_ms, cost } => {
             // Only onto a log last written at or before the refund, as the master's was.
             let Some(limiter) = stored.as_deref_mut().filter(|limiter| {
-                limiter.algorithm() == Algorithm::SlidingLog && limiter.last_ms <= t_ms
+                limiter.kind() == Kind::Rate(Algorithm::SlidingLog) && limiter.last_ms <= t_ms
             }) else {
                 return call.error(error::STATE);
             };
@@ -125,9 +125,10 @@ fn run(call: &Call) -> c_int {
         Change::Block { until_ms } => {
             // Only onto a limiter the block starts after, as the master's did (never a lease
             // set: ACQUIRE has no BLOCK, and a blocked lease set could not be stored).
-            let Some(limiter) = stored.as_deref_mut().filter(|limiter| {
-                limiter.last_ms < until_ms && limiter.algorithm() != Algorithm::Concurrency
-            }) else {
+            let Some(limiter) = stored
+                .as_deref_mut()
+                .filter(|limiter| limiter.last_ms < until_ms && limiter.kind() != Kind::Leases)
+            else {
                 return call.error(error::STATE);
             };
             limiter.blocked_until_ms = until_ms;
@@ -147,7 +148,7 @@ fn run(call: &Call) -> c_int {
             // for the sliding log above).
             if stored
                 .as_deref()
-                .is_some_and(|l| l.algorithm() != Algorithm::Concurrency || l.last_ms > t_ms)
+                .is_some_and(|l| l.kind() != Kind::Leases || l.last_ms > t_ms)
             {
                 return call.error(error::STATE);
             }
@@ -180,9 +181,10 @@ fn run(call: &Call) -> c_int {
         }
         Change::LeaseRelease { t_ms, id } => {
             // Only the release of a live lease, on a lease set last written at or before it.
-            let Some(limiter) = stored.as_deref_mut().filter(|limiter| {
-                limiter.algorithm() == Algorithm::Concurrency && limiter.last_ms <= t_ms
-            }) else {
+            let Some(limiter) = stored
+                .as_deref_mut()
+                .filter(|limiter| limiter.kind() == Kind::Leases && limiter.last_ms <= t_ms)
+            else {
                 return call.error(error::STATE);
             };
             match concurrency::release(limiter, &id, t_ms) {

@@ -12,7 +12,7 @@ use redis_module::raw;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ};
 use super::{handler, now_ms, Call};
 use crate::algorithms::block::check_blocking;
-use crate::algorithms::{ceil_div, concurrency, to_u64, Algorithm, Limiter, Request, State};
+use crate::algorithms::{ceil_div, concurrency, to_u64, Kind, Limiter, Request, State};
 use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
@@ -95,28 +95,30 @@ fn run(call: &Call) -> c_int {
     let limiter = match key.slot() {
         Slot::Empty => None,
         Slot::WrongType => return call.error(error::WRONG_TYPE),
-        // Read in place: a lease set is not copied to be described.
-        Slot::Limiter(handle) if handle.algorithm() == Algorithm::Concurrency => {
-            if let Some(held) = concurrency::held(&handle, now_ms()) {
-                reply_concurrency(call, &handle, &held);
+        Slot::Limiter(handle) => match handle.kind() {
+            // Read in place: a lease set is not copied to be described.
+            Kind::Leases => {
+                if let Some(held) = concurrency::held(&handle, now_ms()) {
+                    reply_concurrency(call, &handle, &held);
+                }
+                handle.unchanged();
+                return raw::REDISMODULE_OK as c_int;
             }
-            handle.unchanged();
-            return raw::REDISMODULE_OK as c_int;
-        }
-        Slot::Limiter(handle) => {
-            let limiter = Limiter::clone(&handle);
-            handle.unchanged();
-            Some(limiter)
-        }
+            Kind::Rate(algorithm) => {
+                let limiter = Limiter::clone(&handle);
+                handle.unchanged();
+                Some((algorithm, limiter))
+            }
+        },
     };
     drop(key);
-    let Some(mut limiter) = limiter else {
+    let Some((algorithm, mut limiter)) = limiter else {
         call.reply_null();
         return raw::REDISMODULE_OK as c_int;
     };
     let now = now_ms();
     let request = Request {
-        algorithm: limiter.algorithm(),
+        algorithm,
         params: limiter.params,
         cost: 0,
         now_ms: now,
@@ -135,7 +137,7 @@ fn run(call: &Call) -> c_int {
     let resp3 = call.resp3();
     call.reply_map(7 + own.len(), resp3);
     call.reply_name(c"algorithm");
-    let algorithm = CString::new(limiter.algorithm().name()).unwrap_or_default();
+    let algorithm = CString::new(algorithm.name()).unwrap_or_default();
     call.reply_name(&algorithm);
     let common = [
         (c"limit", limiter.params.limit),

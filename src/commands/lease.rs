@@ -25,7 +25,7 @@ use super::policy::resolve_lease;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
 use super::{handler, notify_rejected, notify_shadow_rejected, now_ms, replicate_apply, Call};
 use crate::algorithms::concurrency::{self, Acquire, AcquireError, Released};
-use crate::algorithms::{Algorithm, Limiter, Write};
+use crate::algorithms::{Kind, Limiter, Write};
 use crate::config::{max_leases, MAX_MAX_LEASES};
 use crate::error::{self, ArgError};
 use crate::policy::Mode;
@@ -137,7 +137,7 @@ impl Sink for LeasePayload {
 fn acquire_error(error: AcquireError) -> String {
     match error {
         AcquireError::Mismatch(stored) => {
-            error::algorithm_mismatch(stored.name(), Algorithm::Concurrency.name())
+            error::algorithm_mismatch(stored.name(), Kind::Leases.name())
         }
         AcquireError::TooManyLeases { max } => error::too_many_leases(max),
         AcquireError::Invalid => error::INTERNAL.to_string(),
@@ -217,7 +217,7 @@ fn run_acquire(call: &Call) -> c_int {
     drop(key);
     let mode = through.as_ref().map_or(Mode::Enforce, |(mode, _)| *mode);
     let (answer, shadowed) = crate::policy::answer(acquired.decision, mode);
-    stats::count_decision(Algorithm::Concurrency, answer.allowed);
+    stats::count_decision(Kind::Leases, answer.allowed);
     if shadowed {
         notify_shadow_rejected(call, key_name);
     } else if !answer.allowed {

@@ -24,7 +24,7 @@ use redis_module::raw;
 use super::parse::{parse_policy_set, LeaseLimit, LimitArg};
 use super::registry::{Arg, ArgType, Command, Container, Keys, LIMIT_SPEC};
 use super::{handler, replicate_verbatim, Call};
-use crate::algorithms::{Algorithm, Params};
+use crate::algorithms::{Algorithm, Kind, Params};
 use crate::api::{has, rm};
 use crate::config::{max_log_limit, max_policies, MAX_MAX_LOG_LIMIT, MAX_MAX_POLICIES};
 use crate::error::{self, ArgError};
@@ -134,16 +134,16 @@ pub(crate) fn resolve(limit: &LimitArg) -> Result<Resolved, String> {
                     ArgError::PolicyName.message("", &[])
                 });
             };
-            if found.algorithm == Algorithm::Concurrency {
-                return Err(error::policy_kind(name, found.algorithm.name()));
-            }
+            let Kind::Rate(algorithm) = found.kind else {
+                return Err(error::policy_kind(name, found.kind.name()));
+            };
             let max = max_log_limit();
-            if found.algorithm == Algorithm::SlidingLog && found.params.limit > max {
+            if algorithm == Algorithm::SlidingLog && found.params.limit > max {
                 let limit = found.params.limit;
                 return Err(ArgError::LogLimit { limit, max }.message("", &[]));
             }
             Ok(Resolved {
-                algorithm: found.algorithm,
+                algorithm,
                 params: found.params,
                 block_ms: found.block_ms,
                 through: Some((found.mode, counters)),
@@ -166,8 +166,8 @@ pub(crate) fn resolve_lease(limit: &LeaseLimit) -> Result<(Params, Through), Str
                     ArgError::PolicyName.message("", &[])
                 });
             };
-            if found.algorithm != Algorithm::Concurrency {
-                return Err(error::policy_kind(name, found.algorithm.name()));
+            if found.kind != Kind::Leases {
+                return Err(error::policy_kind(name, found.kind.name()));
             }
             Ok((found.params, Some((found.mode, counters))))
         }
@@ -195,14 +195,14 @@ fn run_set(call: &Call) -> c_int {
         Err(error) => return call.error(&error.message("ratelimit.policy|set", &args)),
     };
     let policy = Policy {
-        algorithm: definition.spec.algorithm,
-        params: definition.spec.params,
+        kind: definition.kind,
+        params: definition.params,
         mode: if definition.shadow {
             Mode::Shadow
         } else {
             Mode::Enforce
         },
-        block_ms: definition.spec.block_ms,
+        block_ms: definition.block_ms,
     };
     let max = if replayed {
         MAX_MAX_POLICIES as u64
@@ -233,10 +233,10 @@ fn run_get(call: &Call) -> c_int {
         return raw::REDISMODULE_OK as c_int;
     };
     let resp3 = call.resp3();
-    if policy.algorithm == Algorithm::Concurrency {
+    if policy.kind == Kind::Leases {
         call.reply_map(4, resp3);
         call.reply_name(c"algorithm");
-        reply_text(call, policy.algorithm.name());
+        reply_text(call, policy.kind.name());
         for (field, value) in [
             (c"limit", policy.params.limit),
             (c"lease_ms", policy.params.period_ms),
@@ -250,7 +250,7 @@ fn run_get(call: &Call) -> c_int {
     }
     call.reply_map(6, resp3);
     call.reply_name(c"algorithm");
-    reply_text(call, policy.algorithm.name());
+    reply_text(call, policy.kind.name());
     for (field, value) in [
         (c"limit", policy.params.limit),
         (c"period_ms", policy.params.period_ms),
@@ -308,11 +308,11 @@ pub(crate) fn set_arguments(name: &[u8], policy: &Policy) -> Vec<Vec<u8>> {
     let mut args = vec![
         b"SET".to_vec(),
         name.to_vec(),
-        policy.algorithm.name().as_bytes().to_vec(),
+        policy.kind.name().as_bytes().to_vec(),
         policy.params.limit.to_string().into_bytes(),
         format!("{}ms", policy.params.period_ms).into_bytes(),
     ];
-    if policy.algorithm.is_bucket() {
+    if policy.kind.is_bucket() {
         args.push(b"BURST".to_vec());
         args.push(policy.params.capacity.to_string().into_bytes());
     }

@@ -17,7 +17,7 @@ use super::parse::parse_refund;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::{encode_update, handler, now_ms, replicate_apply, Call};
-use crate::algorithms::{self, Algorithm, Refunded, Request};
+use crate::algorithms::{self, Algorithm, Kind, Refunded, Request};
 use crate::api::rm;
 use crate::error;
 use crate::log::log_warning;
@@ -91,7 +91,7 @@ fn run(call: &Call) -> c_int {
             }
             (Ok((outcome, Refunded::Updated)), Some(mut handle)) => {
                 let expires_at_ms = handle.expires_at_ms();
-                if handle.algorithm() == Algorithm::SlidingLog {
+                if handle.kind() == Kind::Rate(Algorithm::SlidingLog) {
                     Change::LogRefund {
                         t_ms: outcome.t_ms,
                         cost: request.cost,

@@ -16,7 +16,7 @@ use std::ptr;
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::algorithms::{Algorithm, Limiter};
+use crate::algorithms::{Kind, Limiter};
 use crate::api::rm;
 use crate::log::log_warning;
 use crate::stats;
@@ -78,7 +78,7 @@ pub(crate) fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
 /// Hands a new limiter to Redis as a module value pointer: a compact word when it fits one (the
 /// word itself, in place of a pointer: see `compact.rs`), else a pointer to a 32-byte [`Value`].
 pub(crate) fn into_value(limiter: Limiter) -> *mut c_void {
-    stats::key_created(limiter.algorithm());
+    stats::key_created(limiter.kind());
     match compact::compact(&limiter) {
         Some(word) => word_value(word),
         None => Box::into_raw(Box::new(Value::new(limiter))).cast(),
@@ -156,23 +156,23 @@ unsafe fn stored<'a>(value: *const c_void) -> Stored<'a> {
     }
 }
 
-/// Frees a value made by [`into_value`] and returns its algorithm.
+/// Frees a value made by [`into_value`] and returns what it held.
 ///
 /// # Safety
 /// `value` must be a pointer made by [`into_value`], no longer used by anyone.
-unsafe fn free_value(value: *mut c_void) -> Algorithm {
+unsafe fn free_value(value: *mut c_void) -> Kind {
     // SAFETY: guaranteed by the caller.
     match unsafe { stored(value) } {
         Stored::Compact(word) => {
             // Read before the release: once released, the entry may be reassigned.
             let algorithm = compact::algorithm(word);
             compact::release(word);
-            algorithm
+            Kind::Rate(algorithm)
         }
         Stored::Full(_) => {
             // SAFETY: a `Box<Value>` made by `into_value`, released once here.
             let value = unsafe { Box::from_raw(value.cast::<Value>()) };
-            value.algorithm()
+            value.kind()
         }
     }
 }

@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use redis_module::raw;
 
-use crate::algorithms::{Algorithm, Params, MAX_PERIOD_MS};
+use crate::algorithms::{Algorithm, Kind, Params, MAX_PERIOD_MS};
 use crate::api::rm;
 use crate::config::MAX_MAX_LOG_LIMIT;
 use crate::policy::{self, Definitions, Mode, Policy, Table};
@@ -39,7 +39,7 @@ pub fn encode(definitions: &[(Box<[u8]>, Policy)]) -> Vec<u8> {
     for (name, policy) in definitions {
         out.push(name.len() as u8);
         out.extend_from_slice(name);
-        out.push(policy.algorithm.index() as u8);
+        out.push(policy.kind.index() as u8);
         for value in [
             policy.params.limit,
             policy.params.period_ms,
@@ -89,12 +89,12 @@ pub fn decode(bytes: &[u8]) -> Result<Definitions, DecodeError> {
         if !policy::valid_name(name) {
             return Err(DecodeError::Name);
         }
-        let algorithm = Algorithm::from_index(take(1)?[0]).ok_or(DecodeError::Algorithm)?;
+        let kind = Kind::from_index(take(1)?[0]).ok_or(DecodeError::Algorithm)?;
         let (limit, period_ms, capacity) = (word(take(8)?), word(take(8)?), word(take(8)?));
-        let burst = algorithm.is_bucket().then_some(capacity);
+        let burst = kind.is_bucket().then_some(capacity);
         let params = Params::new(limit, period_ms, burst).map_err(|_| DecodeError::Params)?;
         if params.capacity != capacity
-            || (algorithm == Algorithm::SlidingLog && limit > MAX_MAX_LOG_LIMIT as u64)
+            || (kind == Kind::Rate(Algorithm::SlidingLog) && limit > MAX_MAX_LOG_LIMIT as u64)
         {
             return Err(DecodeError::Params);
         }
@@ -119,7 +119,7 @@ pub fn decode(bytes: &[u8]) -> Result<Definitions, DecodeError> {
         definitions.push((
             name.into(),
             Policy {
-                algorithm,
+                kind,
                 params,
                 mode,
                 block_ms,
@@ -239,7 +239,7 @@ mod tests {
             (
                 b"api.read"[..].into(),
                 Policy {
-                    algorithm: Algorithm::TokenBucket,
+                    kind: Kind::Rate(Algorithm::TokenBucket),
                     params: Params::new(10, 1000, Some(20)).unwrap(),
                     mode: Mode::Enforce,
                     block_ms: None,
@@ -248,7 +248,7 @@ mod tests {
             (
                 b"login"[..].into(),
                 Policy {
-                    algorithm: Algorithm::SlidingLog,
+                    kind: Kind::Rate(Algorithm::SlidingLog),
                     params: Params::new(3, 3_600_000, None).unwrap(),
                     mode: Mode::Shadow,
                     block_ms: None,

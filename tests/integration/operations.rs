@@ -13,7 +13,7 @@ use common::{
     Server,
 };
 use redis::{Connection, RedisResult, Value};
-use redis_ratelimit_core::algorithms::Algorithm;
+use redis_ratelimit_core::algorithms::{Algorithm, Kind};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -74,7 +74,7 @@ fn info_section_has_every_field() {
     let fields = parse_info(&text);
     // The server and its optional APIs, five counters per algorithm, and the count of policies
     // (a line each follows when there are some).
-    assert_eq!(fields.len(), 3 + 5 * Algorithm::EVERY.len(), "{text}");
+    assert_eq!(fields.len(), 3 + 5 * Kind::EVERY.len(), "{text}");
     assert_eq!(fields["ratelimit_policies"], "0");
     assert!(
         fields["ratelimit_server"].starts_with("redis ")
@@ -84,7 +84,7 @@ fn info_section_has_every_field() {
         fields["ratelimit_apis"].contains("SetCommandInfo"),
         "{text}"
     );
-    for algorithm in Algorithm::EVERY.map(Algorithm::name) {
+    for algorithm in Kind::EVERY.map(Kind::name) {
         for name in ["calls", "allowed", "rejected", "blocked", "keys"] {
             assert_eq!(
                 fields.get(&field(algorithm, name)).map(String::as_str),

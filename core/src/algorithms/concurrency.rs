@@ -19,7 +19,7 @@ pub use leases::{Lease, Leases, MAX_ID_LEN};
 /// of that config, and what a stored or replicated state is held to).
 pub const LEASES_CAP: u64 = 1_000_000;
 
-use super::{Algorithm, Decision, Limiter, Params, State, Write, MAX_AMOUNT};
+use super::{Decision, Kind, Limiter, Params, State, Write, MAX_AMOUNT};
 
 /// One ACQUIRE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub struct Acquired {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AcquireError {
     /// The key holds another algorithm.
-    Mismatch(Algorithm),
+    Mismatch(Kind),
     /// Admitting it would store more than `max` live leases.
     TooManyLeases { max: u64 },
     /// An id of no accepted length, or a cost of 0 or above 10^12.
@@ -100,7 +100,7 @@ fn live(leases: Option<&Leases>, id: &[u8], t_ms: u64) -> Live {
 fn leases_of(limiter: &Limiter) -> Result<&Leases, AcquireError> {
     match &limiter.state {
         State::Concurrency(leases) => Ok(leases),
-        _ => Err(AcquireError::Mismatch(limiter.algorithm())),
+        _ => Err(AcquireError::Mismatch(limiter.kind())),
     }
 }
 
@@ -222,7 +222,7 @@ pub fn release(
 ) -> Result<(u64, Released), AcquireError> {
     let t_ms = now_ms.max(limiter.last_ms);
     let State::Concurrency(leases) = &mut limiter.state else {
-        return Err(AcquireError::Mismatch(limiter.algorithm()));
+        return Err(AcquireError::Mismatch(limiter.kind()));
     };
     if leases.get(id).is_none_or(|lease| lease.expiry_ms <= t_ms) {
         return Ok((t_ms, Released::Nothing));
@@ -276,7 +276,7 @@ pub fn reset_after(leases: &Leases, last_ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::{MAX_PERIOD_MS, TIME_LIMIT_MS};
+    use crate::algorithms::{Algorithm, MAX_PERIOD_MS, TIME_LIMIT_MS};
     use proptest::prelude::*;
 
     /// The leases written out as a list, and the definitions of the module documentation applied
@@ -535,11 +535,11 @@ mod tests {
         };
         assert_eq!(
             acquire(Some(&mut window), &request, 10, true).err(),
-            Some(AcquireError::Mismatch(Algorithm::FixedWindow))
+            Some(AcquireError::Mismatch(Kind::Rate(Algorithm::FixedWindow)))
         );
         assert_eq!(
             release(&mut window, b"x", 5),
-            Err(AcquireError::Mismatch(Algorithm::FixedWindow))
+            Err(AcquireError::Mismatch(Kind::Rate(Algorithm::FixedWindow)))
         );
         for bad in [
             Acquire { id: b"", ..request },

@@ -30,7 +30,9 @@ pub const MAX_PERIOD_MS: u64 = 3650 * 86_400_000;
 /// `AT` (and every time) must stay below 2^53 ms.
 pub const TIME_LIMIT_MS: u64 = 1 << 53;
 
-/// The algorithms, in the order used for statistics and encodings.
+/// The rate-limiting algorithms, in the order used for statistics and encodings. Leases
+/// (`RATELIMIT.ACQUIRE`/`RELEASE`) are no rate and no algorithm of these: a key holding them is
+/// of [`Kind::Leases`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     TokenBucket = 0,
@@ -39,13 +41,11 @@ pub enum Algorithm {
     SlidingWindow = 3,
     SlidingLog = 4,
     Gcra = 5,
-    /// Leases in flight (`RATELIMIT.ACQUIRE`/`RELEASE`), not a rate: CHECK refuses it.
-    Concurrency = 6,
 }
 
 impl Algorithm {
-    /// The six rate limits, the algorithms CHECK, PEEK, CHECKALL and REFUND name, indexed by
-    /// their discriminant.
+    /// The six rate limits, the algorithms CHECK, PEEK, CHECKALL, TAKE and REFUND name, indexed
+    /// by their discriminant.
     pub const ALL: [Algorithm; 6] = [
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
@@ -53,18 +53,6 @@ impl Algorithm {
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
         Algorithm::Gcra,
-    ];
-
-    /// Every algorithm a key can hold ([`Algorithm::ALL`] and concurrency), indexed by their
-    /// discriminant: statistics and encodings.
-    pub const EVERY: [Algorithm; 7] = [
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-        Algorithm::Gcra,
-        Algorithm::Concurrency,
     ];
 
     /// The name used on the command line and in replies.
@@ -76,7 +64,6 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding-window",
             Algorithm::SlidingLog => "sliding-log",
             Algorithm::Gcra => "gcra",
-            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -92,7 +79,6 @@ impl Algorithm {
             (14, b's') => Algorithm::SlidingWindow,
             (11, b's') => Algorithm::SlidingLog,
             (4, b'g') => Algorithm::Gcra,
-            (11, b'c') => Algorithm::Concurrency,
             _ => return None,
         };
         same_name(name, candidate.name().as_bytes()).then_some(candidate)
@@ -100,7 +86,7 @@ impl Algorithm {
 
     /// Decodes the discriminant written by [`Algorithm::index`].
     pub fn from_index(index: u8) -> Option<Algorithm> {
-        Algorithm::EVERY.get(usize::from(index)).copied()
+        Algorithm::ALL.get(usize::from(index)).copied()
     }
 
     /// The discriminant, for statistics tables and encodings.
@@ -114,6 +100,72 @@ impl Algorithm {
             self,
             Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
         )
+    }
+}
+
+/// What a key holds, and what a policy limits: a rate of one of the [`Algorithm`]s, or leases in
+/// flight (docs/algorithms.md, "Concurrency"). Only the places that take both (statistics, the
+/// stored encodings, policies, key introspection) name a `Kind`; the rate commands name an
+/// [`Algorithm`] and the lease commands [`concurrency`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Rate(Algorithm),
+    /// Leases in flight (`RATELIMIT.ACQUIRE`/`RELEASE`), not a rate: CHECK refuses it.
+    Leases,
+}
+
+impl Kind {
+    /// Every kind a key can hold, indexed by [`Kind::index`]: the six rate algorithms in
+    /// [`Algorithm::ALL`] order, then leases (statistics and encodings).
+    pub const EVERY: [Kind; 7] = [
+        Kind::Rate(Algorithm::TokenBucket),
+        Kind::Rate(Algorithm::LeakyBucket),
+        Kind::Rate(Algorithm::FixedWindow),
+        Kind::Rate(Algorithm::SlidingWindow),
+        Kind::Rate(Algorithm::SlidingLog),
+        Kind::Rate(Algorithm::Gcra),
+        Kind::Leases,
+    ];
+
+    /// The name used on the command line and in replies (`concurrency` for leases).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Rate(algorithm) => algorithm.name(),
+            Kind::Leases => "concurrency",
+        }
+    }
+
+    /// Parses a name case-insensitively: an algorithm's, or `concurrency`.
+    pub fn parse(name: &[u8]) -> Option<Kind> {
+        match Algorithm::parse(name) {
+            Some(algorithm) => Some(Kind::Rate(algorithm)),
+            None => same_name(name, b"concurrency").then_some(Kind::Leases),
+        }
+    }
+
+    /// The index in [`Kind::EVERY`]: an algorithm's discriminant, 6 for leases (statistics
+    /// tables and encodings).
+    pub fn index(self) -> usize {
+        match self {
+            Kind::Rate(algorithm) => algorithm.index(),
+            Kind::Leases => Algorithm::ALL.len(),
+        }
+    }
+
+    /// Decodes the index written by [`Kind::index`].
+    pub fn from_index(index: u8) -> Option<Kind> {
+        Kind::EVERY.get(usize::from(index)).copied()
+    }
+
+    /// Buckets and GCRA take a `BURST` capacity; windows, the log and leases do not.
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Kind::Rate(algorithm) if algorithm.is_bucket())
+    }
+}
+
+impl From<Algorithm> for Kind {
+    fn from(algorithm: Algorithm) -> Kind {
+        Kind::Rate(algorithm)
     }
 }
 
@@ -273,18 +325,25 @@ pub struct Limiter {
     pub blocked_until_ms: u64,
 }
 
-impl Limiter {
-    /// Which algorithm this limiter runs.
-    pub fn algorithm(&self) -> Algorithm {
-        match self.state {
+impl State {
+    /// What this state limits: its algorithm's rate, or leases.
+    pub fn kind(&self) -> Kind {
+        Kind::Rate(match self {
             State::TokenBucket { .. } => Algorithm::TokenBucket,
             State::LeakyBucket { .. } => Algorithm::LeakyBucket,
             State::FixedWindow { .. } => Algorithm::FixedWindow,
             State::SlidingWindow { .. } => Algorithm::SlidingWindow,
             State::SlidingLog(_) => Algorithm::SlidingLog,
             State::Gcra { .. } => Algorithm::Gcra,
-            State::Concurrency(_) => Algorithm::Concurrency,
-        }
+            State::Concurrency(_) => return Kind::Leases,
+        })
+    }
+}
+
+impl Limiter {
+    /// What this limiter holds: a rate of one algorithm, or leases.
+    pub fn kind(&self) -> Kind {
+        self.state.kind()
     }
 
     /// ms after `last` at which the state becomes equivalent to a fresh key's: the key's expiry is
@@ -344,10 +403,10 @@ impl Outcome {
     }
 }
 
-/// The key holds another algorithm than the call names.
+/// The key holds another algorithm than the call names, or leases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AlgorithmMismatch {
-    pub stored: Algorithm,
+    pub stored: Kind,
 }
 
 /// What [`check`] did to the stored value.
@@ -372,9 +431,9 @@ pub fn check(
     commit: bool,
 ) -> Result<(Outcome, Write), AlgorithmMismatch> {
     if let Some(limiter) = &stored {
-        let algorithm = limiter.algorithm();
-        if algorithm != request.algorithm {
-            return Err(AlgorithmMismatch { stored: algorithm });
+        let kind = limiter.kind();
+        if kind != Kind::Rate(request.algorithm) {
+            return Err(AlgorithmMismatch { stored: kind });
         }
     }
     let result = match request.algorithm {
@@ -384,12 +443,6 @@ pub fn check(
         Algorithm::SlidingWindow => drive::<sliding_window::SlidingWindow>(stored, request, commit),
         Algorithm::SlidingLog => sliding_log::check(stored, request, commit),
         Algorithm::Gcra => drive::<gcra::Gcra>(stored, request, commit),
-        // Leases are acquired and released (`concurrency::acquire`), never checked.
-        Algorithm::Concurrency => {
-            return Err(AlgorithmMismatch {
-                stored: Algorithm::Concurrency,
-            })
-        }
     };
     Ok(result)
 }
@@ -521,12 +574,12 @@ pub fn refund(
         };
         return Ok((check(None, &peek, false)?.0, Refunded::Nothing));
     };
-    let algorithm = limiter.algorithm();
-    if algorithm != request.algorithm {
-        return Err(AlgorithmMismatch { stored: algorithm });
+    let kind = limiter.kind();
+    if kind != Kind::Rate(request.algorithm) {
+        return Err(AlgorithmMismatch { stored: kind });
     }
     let t_ms = request.now_ms.max(limiter.last_ms);
-    let refunded = match algorithm {
+    let refunded = match request.algorithm {
         Algorithm::TokenBucket => {
             give_back::<token_bucket::TokenBucket>(limiter, request.cost, t_ms)
         }
@@ -541,7 +594,6 @@ pub fn refund(
         }
         Algorithm::SlidingLog => sliding_log::refund(limiter, request.cost, t_ms),
         Algorithm::Gcra => give_back::<gcra::Gcra>(limiter, request.cost, t_ms),
-        Algorithm::Concurrency => Refunded::Nothing,
     };
     let peek = Request {
         cost: 0,

@@ -18,8 +18,8 @@ use proptest::test_runner::TestCaseError;
 
 use super::testing::peek;
 use super::{
-    check, largest_grant, refund, Algorithm, AlgorithmMismatch, Limiter, Outcome, Params, Refunded,
-    Request, State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    check, largest_grant, refund, Algorithm, AlgorithmMismatch, Kind, Limiter, Outcome, Params,
+    Refunded, Request, State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 
 /// Cases per property. A case is up to `MAX_STEPS` calls, each with a few probes.
@@ -393,8 +393,11 @@ fn other_algorithm_refused(call: &Call) -> Result<(), TestCaseError> {
     let Some(stored) = call.after else {
         return Ok(());
     };
-    let held = stored.algorithm();
-    for algorithm in Algorithm::ALL.into_iter().filter(|a| *a != held) {
+    let held = stored.kind();
+    for algorithm in Algorithm::ALL
+        .into_iter()
+        .filter(|a| Kind::Rate(*a) != held)
+    {
         let mut copy = call.after.clone();
         let request = Request {
             algorithm,

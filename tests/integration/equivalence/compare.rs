@@ -255,7 +255,6 @@ pub fn compare_state(
                 expect("tat", get("tat"), tat);
             }
             Algorithm::SlidingLog => unreachable!("no hash state"),
-            Algorithm::Concurrency => unreachable!("no reference script: not a rate limit"),
         }
     }
     expect("limit", get("limit"), limit);

@@ -27,7 +27,6 @@ impl LuaReference for Algorithm {
             Algorithm::SlidingWindow => "lua-reference/sliding_window.lua",
             Algorithm::SlidingLog => "lua-reference/sliding_log.lua",
             Algorithm::Gcra => "lua-reference/gcra.lua",
-            Algorithm::Concurrency => unreachable!("no reference script: not a rate limit"),
         }
     }
 
@@ -39,7 +38,6 @@ impl LuaReference for Algorithm {
             Algorithm::SlidingWindow => include_str!("../../../lua-reference/sliding_window.lua"),
             Algorithm::SlidingLog => include_str!("../../../lua-reference/sliding_log.lua"),
             Algorithm::Gcra => include_str!("../../../lua-reference/gcra.lua"),
-            Algorithm::Concurrency => unreachable!("no reference script: not a rate limit"),
         }
     }
 
