@@ -88,9 +88,13 @@ impl Sink for Vec<u8> {
     }
 }
 
+/// The largest change a command replicates: a lease's (a kind byte, four words and an id of up
+/// to [`MAX_ID_LEN`] bytes).
+const STACK_BUF_LEN: usize = 1 + 32 + MAX_ID_LEN;
+
 /// A fixed stack buffer, large enough for every change a command replicates.
 pub struct StackBuf {
-    bytes: [u8; 80],
+    bytes: [u8; STACK_BUF_LEN],
     len: usize,
     overflowed: bool,
 }
@@ -98,7 +102,7 @@ pub struct StackBuf {
 impl Default for StackBuf {
     fn default() -> Self {
         StackBuf {
-            bytes: [0; 80],
+            bytes: [0; STACK_BUF_LEN],
             len: 0,
             overflowed: false,
         }

@@ -313,7 +313,7 @@ impl Value {
         }
     }
 
-    /// The limiter, to read or change; changes are stored back when the returned handle drops.
+    /// The limiter, to read or change; a change is stored by [`LimiterRef::store`].
     pub fn limiter(&mut self) -> LimiterRef<'_> {
         match self.form() {
             // SAFETY: the pointer was made by `Box::into_raw` in `new` and is owned by this value,
@@ -322,7 +322,6 @@ impl Value {
             Form::Packed(words) => LimiterRef::Packed {
                 limiter: unpack(&words),
                 value: self,
-                write_back: true,
             },
         }
     }
@@ -390,24 +389,31 @@ pub trait Holder {
     /// [`compact::rewrite`]); false if the key refused it.
     fn store_word(&self, word: u64) -> bool;
     /// Replaces the key's word with `value` (the same limiter, in the wider form), releasing the
-    /// word.
-    fn store_full(&self, value: Value);
+    /// word; false if the key refused it (the key keeps its word, `value` is dropped).
+    fn store_full(&self, value: Value) -> bool;
 }
 
-/// A limiter borrowed from a stored value; a packed or compact one is written back when this
-/// drops, unless [`LimiterRef::unchanged`] says there is nothing to write.
+/// The key refused a changed limiter: it keeps what it held before the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused;
+
+/// A limiter borrowed from a stored value, to read or change.
+///
+/// Nothing is written back when it drops: a change is stored by [`LimiterRef::store`], the one
+/// write of a changed limiter (the commands' write path calls it). A packed or compact limiter
+/// is changed on a copy, which a handle dropped without `store` leaves unwritten; a boxed one
+/// (a sliding log, a lease set, a blocked limiter) is changed where it lives, which `store`
+/// then has nothing more to do for.
 pub enum LimiterRef<'a> {
     Packed {
         value: &'a mut Value,
         limiter: Limiter,
-        write_back: bool,
     },
     Boxed(&'a mut Limiter),
     /// A compact word (`compact.rs`), the key's value itself.
     Compact {
         word: u64,
         limiter: Limiter,
-        write_back: bool,
         holder: &'a dyn Holder,
     },
 }
@@ -418,69 +424,58 @@ impl<'a> LimiterRef<'a> {
         LimiterRef::Compact {
             word,
             limiter: compact::expand(word),
-            write_back: true,
             holder,
-        }
-    }
-
-    /// Closes the handle without packing the limiter again: the caller did not change it (a
-    /// rejected call, `COST 0`, PEEK). A change made through a boxed limiter is already in place.
-    pub fn unchanged(mut self) {
-        if let LimiterRef::Packed { write_back, .. } | LimiterRef::Compact { write_back, .. } =
-            &mut self
-        {
-            *write_back = false;
         }
     }
 }
 
 /// Stores `limiter`, changed from what `word` held, in its key: as a word when it still fits one,
 /// else in the 32-byte form.
-fn store_compact(word: u64, limiter: &Limiter, holder: &dyn Holder) {
+fn store_compact(word: u64, limiter: &Limiter, holder: &dyn Holder) -> Result<(), Refused> {
     match compact::rewrite(word, limiter) {
-        Some(same) if same == word => {}
+        Some(same) if same == word => Ok(()),
         Some(changed) => {
-            if !holder.store_word(changed) {
-                // The key keeps `word`: its reference comes back, the new word's goes.
-                compact::retain(word);
-                compact::release(changed);
+            if holder.store_word(changed) {
+                return Ok(());
             }
+            // The key keeps `word`: its reference comes back, the new word's goes.
+            compact::retain(word);
+            compact::release(changed);
+            Err(Refused)
         }
-        None => holder.store_full(Value::new(limiter.clone())),
+        None => match holder.store_full(Value::new(limiter.clone())) {
+            true => Ok(()),
+            false => Err(Refused),
+        },
     }
 }
 
 impl LimiterRef<'_> {
-    /// Stores a changed packed or compact limiter now and returns its packed form, to replicate
-    /// as it is. `None` for a boxed limiter (changed in place already) or one that no longer packs
-    /// (never, for one the commands changed), which the drop stores as usual.
-    pub fn commit_packed(&mut self) -> Option<[u64; 4]> {
+    /// Stores the limiter as changed through this handle, in the smallest form it fits where it
+    /// is packed or compact (a limiter a block started on takes the boxed form), and returns its
+    /// packed form, to replicate as it is. `None` for a boxed limiter (changed in place already)
+    /// or one that no longer packs. [`Refused`] if the key refused the changed value: it keeps
+    /// the old one.
+    pub fn store(&mut self) -> Result<Option<[u64; 4]>, Refused> {
         match self {
-            LimiterRef::Packed {
-                value,
-                limiter,
-                write_back,
-            } => {
-                *write_back = false;
+            LimiterRef::Packed { value, limiter } => {
                 let Some(packed) = pack(limiter) else {
                     // No longer packable (a block started): the boxed form, in place.
                     **value = Value::new(limiter.clone());
-                    return None;
+                    return Ok(None);
                 };
                 value.set_words(packed);
-                Some(packed)
+                Ok(Some(packed))
             }
             LimiterRef::Compact {
                 word,
                 limiter,
-                write_back,
                 holder,
             } => {
-                store_compact(*word, limiter, *holder);
-                *write_back = false;
-                pack(limiter)
+                store_compact(*word, limiter, *holder)?;
+                Ok(pack(limiter))
             }
-            LimiterRef::Boxed(_) => None,
+            LimiterRef::Boxed(_) => Ok(None),
         }
     }
 }
@@ -501,33 +496,6 @@ impl DerefMut for LimiterRef<'_> {
         match self {
             LimiterRef::Packed { limiter, .. } | LimiterRef::Compact { limiter, .. } => limiter,
             LimiterRef::Boxed(limiter) => limiter,
-        }
-    }
-}
-
-impl Drop for LimiterRef<'_> {
-    fn drop(&mut self) {
-        if let LimiterRef::Packed {
-            value,
-            limiter,
-            write_back: true,
-        } = self
-        {
-            // A packed limiter stays packable (commands keep its algorithm and the bounds of
-            // docs/algorithms.md) but for a block, which takes the boxed form, in place.
-            match pack(limiter) {
-                Some(packed) => value.set_words(packed),
-                None => **value = Value::new(limiter.clone()),
-            }
-        }
-        if let LimiterRef::Compact {
-            word,
-            limiter,
-            write_back: true,
-            holder,
-        } = self
-        {
-            store_compact(*word, limiter, *holder);
         }
     }
 }
@@ -653,10 +621,13 @@ mod tests {
     #[test]
     fn changes_through_the_handle_are_stored() {
         let mut value = Value::new(limiter(Algorithm::TokenBucket, 10, 1000, Some(20)));
-        value.limiter().last_ms += 5;
-        if let State::TokenBucket { tokens_scaled } = &mut value.limiter().state {
+        let mut handle = value.limiter();
+        handle.last_ms += 5;
+        if let State::TokenBucket { tokens_scaled } = &mut handle.state {
             *tokens_scaled = 1234;
         }
+        let expected = handle.clone();
+        assert_eq!(handle.store(), Ok(pack(&expected)));
         let stored = value.to_limiter();
         assert_eq!(
             stored.state,
@@ -677,36 +648,52 @@ mod tests {
     }
 
     #[test]
-    fn an_unchanged_handle_is_not_written_back() {
+    fn a_handle_writes_only_when_stored() {
         let original = limiter(Algorithm::FixedWindow, 10, 1000, None);
         let mut value = Value::new(original.clone());
         let words = value.words();
-        let mut handle = value.limiter();
-        // A handle declared unchanged skips the pack, even if something was touched.
-        handle.last_ms += 1;
-        handle.unchanged();
+        // A handle dropped without `store` writes nothing, even if something was touched.
+        value.limiter().last_ms += 1;
         assert_eq!(value.words(), words);
         assert_eq!(value.to_limiter(), original);
-        // Dropped normally, the same change is stored.
-        value.limiter().last_ms += 1;
+        // Stored, the same change is in the value.
+        let mut handle = value.limiter();
+        handle.last_ms += 1;
+        assert!(handle.store().is_ok());
         assert_eq!(value.to_limiter().last_ms, original.last_ms + 1);
+        // A block takes the boxed form, in place.
+        let mut handle = value.limiter();
+        handle.blocked_until_ms = handle.last_ms + 10;
+        let blocked = handle.clone();
+        assert_eq!(handle.store(), Ok(None));
+        assert!(value.boxed().is_some());
+        assert_eq!(value.to_limiter(), blocked);
     }
 
     /// A key holding a compact word, as `Key` does in Redis.
     struct TestKey {
         word: std::cell::Cell<u64>,
         full: std::cell::RefCell<Option<Limiter>>,
+        /// Refuses every value, as a key Redis would not write.
+        refuses: std::cell::Cell<bool>,
     }
 
     impl Holder for TestKey {
         fn store_word(&self, word: u64) -> bool {
+            if self.refuses.get() {
+                return false;
+            }
             self.word.set(word);
             true
         }
 
-        fn store_full(&self, value: Value) {
+        fn store_full(&self, value: Value) -> bool {
+            if self.refuses.get() {
+                return false;
+            }
             compact::release(self.word.get());
             *self.full.borrow_mut() = Some(value.to_limiter());
+            true
         }
     }
 
@@ -717,34 +704,39 @@ mod tests {
         let key = TestKey {
             word: compact::compact(&original).unwrap().into(),
             full: None.into(),
+            refuses: false.into(),
         };
         let handle = || LimiterRef::compact(key.word.get(), &key);
-        // Read and left unchanged, or written back unchanged: the word stays as it was.
+        // Read, or changed and dropped without `store`: the word stays as it was.
         let before = key.word.get();
         assert_eq!(*handle(), original);
-        handle().unchanged();
-        drop(handle());
-        assert_eq!(key.word.get(), before);
-        // Changed within its bounds: written back on drop, or by commit_packed (which returns
-        // the 32-byte form to replicate).
         handle().last_ms += 7;
-        assert_eq!(
-            compact::expand(key.word.get()).last_ms,
-            original.last_ms + 7
-        );
+        assert_eq!(key.word.get(), before);
+        // Changed within its bounds and stored: the new word, and the 32-byte form to replicate.
         let mut changed = handle();
-        changed.last_ms += 1;
+        changed.last_ms += 7;
         let expected = changed.clone();
-        assert_eq!(changed.commit_packed(), pack(&expected));
+        assert_eq!(changed.store(), Ok(pack(&expected)));
         drop(changed);
         assert_eq!(compact::expand(key.word.get()), expected);
         assert!(key.full.borrow().is_none());
+        // A key that refuses the change keeps its word, and says so.
+        key.refuses.set(true);
+        let kept = key.word.get();
+        let mut changed = handle();
+        changed.last_ms += 1;
+        assert_eq!(changed.store(), Err(Refused));
+        drop(changed);
+        assert_eq!(key.word.get(), kept);
+        assert_eq!(compact::expand(kept), expected);
+        key.refuses.set(false);
         // A TAT far beyond what a word holds: the key takes the wider form.
         let mut changed = handle();
         changed.state = State::Gcra {
             ahead_scaled: 1 << 60,
         };
         let wide = changed.clone();
+        assert_eq!(changed.store(), Ok(pack(&wide)));
         drop(changed);
         assert_eq!(*key.full.borrow(), Some(wide));
     }

@@ -15,13 +15,15 @@ use std::ffi::c_int;
 use redis_module::raw;
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
-use super::{handler, replicate_verbatim, Call};
+use super::txn::Txn;
+use super::{handler, refused, Call};
 use crate::algorithms::concurrency::{self, Acquire, Released};
 use crate::algorithms::{sliding_log, Algorithm, Kind, Limiter, Refunded, Write};
 use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
 use crate::error::{self, ArgError};
 use crate::store::codec::Change;
-use crate::store::{Key, Slot, APPLY_COMMAND};
+use crate::store::value::LimiterRef;
+use crate::store::{Slot, APPLY_COMMAND};
 
 const ARGS: [Arg; 2] = [
     Arg::new(c"key", ArgType::Key),
@@ -63,9 +65,23 @@ fn run(call: &Call) -> c_int {
     let Ok(change) = Change::decode(call.bytes(2)) else {
         return call.error(error::STATE);
     };
-    let mut key = Key::open(call.ctx, call.raw_arg(1), true);
-    let mut stored = match key.slot() {
-        Slot::WrongType => return call.error(error::WRONG_TYPE),
+    let mut txn = Txn::open(call, call.raw_arg(1), true);
+    if let Err(message) = apply(call, &mut txn, change) {
+        return call.error(&message);
+    }
+    txn.replicate_verbatim();
+    txn.commit();
+    call.reply_name(c"OK");
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Stores `change` in the transaction's key and stages its expiry (or deletion). The error is
+/// the reply (a change no admitted call could have made, or a wrong type); nothing is stored
+/// then.
+fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
+    let state = || error::STATE.to_string();
+    let mut stored = match txn.slot() {
+        Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
         Slot::Empty => None,
         Slot::Limiter(limiter) => Some(limiter),
     };
@@ -73,7 +89,7 @@ fn run(call: &Call) -> c_int {
         Change::Replace(limiter) => {
             drop(stored);
             let expires_at_ms = limiter.expires_at_ms();
-            key.set(limiter);
+            txn.create(limiter).map_err(refused)?;
             Some(expires_at_ms)
         }
         Change::LogAppend { params, t_ms, cost } => {
@@ -94,47 +110,48 @@ fn run(call: &Call) -> c_int {
                     other => sliding_log::append_fits(other.as_deref(), &params, t_ms, cost),
                 };
             if !fits {
-                return call.error(error::STATE);
+                return Err(state());
             }
-            let write = sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost);
-            drop(stored);
-            if let Write::Created(limiter) = write {
-                key.set(limiter);
+            match sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost) {
+                Write::Created(limiter) => {
+                    drop(stored);
+                    txn.create(limiter).map_err(refused)?;
+                }
+                _ => store(stored)?,
             }
             Some(t_ms + params.period_ms)
         }
         Change::LogRefund { t_ms, cost } => {
             // Only onto a log last written at or before the refund, as the master's was.
-            let Some(limiter) = stored.as_deref_mut().filter(|limiter| {
+            let Some(mut handle) = stored.filter(|limiter| {
                 limiter.kind() == Kind::Rate(Algorithm::SlidingLog) && limiter.last_ms <= t_ms
             }) else {
-                return call.error(error::STATE);
+                return Err(state());
             };
-            let refunded = sliding_log::refund(limiter, cost, t_ms);
-            let expires_at_ms = limiter.expires_at_ms();
-            drop(stored);
-            match refunded {
-                Refunded::Updated => Some(expires_at_ms),
+            match sliding_log::refund(&mut handle, cost, t_ms) {
+                Refunded::Updated => {
+                    handle.store().map_err(refused)?;
+                    Some(handle.expires_at_ms())
+                }
                 Refunded::Emptied => {
-                    key.delete();
+                    drop(handle);
+                    txn.delete();
                     None
                 }
-                Refunded::Nothing => return call.error(error::STATE),
+                Refunded::Nothing => return Err(state()),
             }
         }
         Change::Block { until_ms } => {
             // Only onto a limiter the block starts after, as the master's did (never a lease
             // set: ACQUIRE has no BLOCK, and a blocked lease set could not be stored).
-            let Some(limiter) = stored
-                .as_deref_mut()
+            let Some(mut handle) = stored
                 .filter(|limiter| limiter.last_ms < until_ms && limiter.kind() != Kind::Leases)
             else {
-                return call.error(error::STATE);
+                return Err(state());
             };
-            limiter.blocked_until_ms = until_ms;
-            let expires_at_ms = limiter.expires_at_ms();
-            drop(stored);
-            Some(expires_at_ms)
+            handle.blocked_until_ms = until_ms;
+            handle.store().map_err(refused)?;
+            Some(handle.expires_at_ms())
         }
         Change::LeaseAcquire {
             params,
@@ -150,7 +167,7 @@ fn run(call: &Call) -> c_int {
                 .as_deref()
                 .is_some_and(|l| l.kind() != Kind::Leases || l.last_ms > t_ms)
             {
-                return call.error(error::STATE);
+                return Err(state());
             }
             let bound = if call.replayed() {
                 MAX_MAX_LEASES as u64
@@ -166,47 +183,53 @@ fn run(call: &Call) -> c_int {
             let (acquired, write) =
                 match concurrency::acquire(stored.as_deref_mut(), &request, bound, true) {
                     Ok(result) if result.0.decision.allowed => result,
-                    _ => return call.error(error::STATE),
+                    _ => return Err(state()),
                 };
-            let expires_at_ms = stored.as_deref().map(Limiter::expires_at_ms);
-            drop(stored);
             match write {
                 Write::Created(limiter) => {
+                    drop(stored);
                     let expires_at_ms = limiter.expires_at_ms();
-                    key.set(limiter);
+                    txn.create(limiter).map_err(refused)?;
                     Some(expires_at_ms)
                 }
-                _ => expires_at_ms.or(Some(acquired.expiry_ms)),
+                _ => {
+                    let expires_at_ms = stored.as_deref().map(Limiter::expires_at_ms);
+                    store(stored)?;
+                    expires_at_ms.or(Some(acquired.expiry_ms))
+                }
             }
         }
         Change::LeaseRelease { t_ms, id } => {
             // Only the release of a live lease, on a lease set last written at or before it.
-            let Some(limiter) = stored
-                .as_deref_mut()
-                .filter(|limiter| limiter.kind() == Kind::Leases && limiter.last_ms <= t_ms)
+            let Some(mut handle) =
+                stored.filter(|limiter| limiter.kind() == Kind::Leases && limiter.last_ms <= t_ms)
             else {
-                return call.error(error::STATE);
+                return Err(state());
             };
-            match concurrency::release(limiter, &id, t_ms) {
+            match concurrency::release(&mut handle, &id, t_ms) {
                 Ok((_, Released::Updated)) => {
-                    let expires_at_ms = limiter.expires_at_ms();
-                    drop(stored);
-                    Some(expires_at_ms)
+                    handle.store().map_err(refused)?;
+                    Some(handle.expires_at_ms())
                 }
                 Ok((_, Released::Emptied)) => {
-                    drop(stored);
-                    key.delete();
+                    drop(handle);
+                    txn.delete();
                     None
                 }
-                _ => return call.error(error::STATE),
+                _ => return Err(state()),
             }
         }
     };
     if let Some(expires_at_ms) = expires_at_ms {
-        key.expire_at(expires_at_ms);
+        txn.expire_at(expires_at_ms);
     }
-    drop(key);
-    replicate_verbatim(call);
-    call.reply_name(c"OK");
-    raw::REDISMODULE_OK as c_int
+    Ok(())
+}
+
+/// Stores a limiter changed through `handle`, if the key held one.
+fn store(handle: Option<LimiterRef>) -> Result<(), String> {
+    match handle {
+        Some(mut handle) => handle.store().map(drop).map_err(refused),
+        None => Ok(()),
+    }
 }

@@ -10,12 +10,10 @@ use super::parse::{parse_call as parse_args, CallArgs};
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT};
 use super::{decide, handler, now_ms, Call};
-use crate::algorithms::block::Blocking;
 use crate::algorithms::Request;
 use crate::config::max_log_limit;
 use crate::error::ArgError;
 use crate::policy::Mode;
-use crate::stats;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
 const MAX_ARGS: usize = 11;
@@ -91,10 +89,6 @@ fn run(call: &Call, commit: bool) -> c_int {
     } else {
         "ratelimit.peek"
     };
-    if commit {
-        // Every call Redis counts in this command's `calls` (see `stats::count_call`).
-        stats::count_call();
-    }
     let args = match parse_call(call, 2, name) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
@@ -113,14 +107,19 @@ fn run(call: &Call, commit: bool) -> c_int {
         .through
         .as_ref()
         .map_or(Mode::Enforce, |(mode, _)| *mode);
-    let (decision, shadowed, blocking) =
-        match decide(call, &request, commit, mode, resolved.block_ms) {
-            Ok(decided) => decided,
-            Err(message) => return call.error(&message),
-        };
-    if let (true, Some((_, counters))) = (commit, &resolved.through) {
-        counters.count(decision.allowed, shadowed, blocking == Blocking::Blocked);
-    }
-    call.reply_decision(&decision, call.resp3(), 0);
+    let through = resolved.through.as_ref().map(|(_, counters)| counters);
+    let decided = match decide(
+        call,
+        &request,
+        commit,
+        mode,
+        resolved.block_ms,
+        through,
+        false,
+    ) {
+        Ok(decided) => decided,
+        Err(message) => return call.error(&message),
+    };
+    call.reply_decision(&decided, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }

@@ -20,26 +20,23 @@
 //! arguments, `2 ..= numkeys + 1`.
 
 use std::ffi::c_int;
+use std::sync::Arc;
 
 use redis_module::raw;
 
 use super::parse::{parse_checkall, parse_integer};
 use super::policy::{resolve, Resolved};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
-use super::{
-    evaluate, handler, notify, notify_rejected, notify_shadow_rejected, now_ms, replicate_apply,
-    Call, KeyGroups,
-};
+use super::txn::{Event, Txn};
+use super::{evaluate, handler, now_ms, refused, Call, KeyGroups};
 use crate::algorithms::block::{blocked_answer, check_blocking, Blocking};
 use crate::algorithms::{Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
 use crate::error;
 use crate::policy::{self, Mode};
-use crate::stats;
 use crate::store::codec::Change;
-use crate::store::codec::StackBuf;
-use crate::store::{Key, Slot};
+use crate::store::Slot;
 
 /// The first key is argument 2, after `numkeys`.
 const FIRST_KEY: usize = 2;
@@ -73,8 +70,6 @@ fn run(call: &Call) -> c_int {
         report_keys(call);
         return raw::REDISMODULE_OK as c_int;
     }
-    // Every call Redis counts in this command's `calls` (see `stats::count_call`).
-    stats::count_call();
     let args: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
     let parsed = match parse_checkall(&args, max_log_limit()) {
         Ok(parsed) => parsed,
@@ -110,17 +105,17 @@ fn run(call: &Call) -> c_int {
         })
         .collect();
     let key_name = |i: usize| call.raw_arg(FIRST_KEY + i);
-    // One handle per distinct key (see `KeyGroups`); a key named twice takes both its specs.
+    // One transaction per distinct key (see `KeyGroups`); a key named twice takes both its specs.
     let groups = KeyGroups::of(&args[1..=count]);
-    let mut keys: Vec<Key> = groups
+    let mut txns: Vec<Txn> = groups
         .first
         .iter()
-        .map(|&i| Key::open(call.ctx, key_name(i), true))
+        .map(|&i| Txn::open(call, key_name(i), true))
         .collect();
 
     // First pass: decide every limit without writing. An error (WRONGTYPE, another algorithm)
     // is the reply, and nothing has changed.
-    let (outcomes, blockings) = match decide(&mut keys, &groups, &requests) {
+    let (outcomes, blockings) = match decide(&mut txns, &groups, &requests) {
         Ok(decided) => decided,
         Err(message) => return call.error(&message),
     };
@@ -139,17 +134,13 @@ fn run(call: &Call) -> c_int {
             if !outcomes[i].decision.allowed {
                 continue;
             }
-            let key = &mut keys[groups.group[i]];
-            let mut payload = StackBuf::default();
-            let (outcome, written, _) = match evaluate(key, request, true, None, &mut payload) {
-                Ok(evaluated) => evaluated,
+            let txn = &mut txns[groups.group[i]];
+            let evaluation = match evaluate(txn, request, true, None) {
+                Ok(evaluation) => evaluation,
                 Err(message) => return call.error(&message),
             };
-            debug_assert_eq!(outcome.decision, outcomes[i].decision);
-            if let Some(payload) = payload.as_slice().filter(|_| written) {
-                replicate_apply(call, key_name(i), payload);
-            }
-            outcomes[i] = outcome;
+            debug_assert_eq!(evaluation.outcome.decision, outcomes[i].decision);
+            outcomes[i] = evaluation.outcome;
         }
     }
     // Blocks: a limit with BLOCK that its algorithm rejected (a cost it can ever admit, on a key
@@ -168,13 +159,35 @@ fn run(call: &Call) -> c_int {
             continue;
         };
         let until_ms = outcome.t_ms.saturating_add(block_ms);
-        if block_key(call, &mut keys[group], key_name(i), until_ms) {
-            blocked[group] = true;
-            outcomes[i].decision = blocked_answer(&outcome.decision, until_ms, outcome.t_ms);
+        match block_key(&mut txns[group], until_ms) {
+            Ok(true) => {
+                blocked[group] = true;
+                outcomes[i].decision = blocked_answer(&outcome.decision, until_ms, outcome.t_ms);
+            }
+            Ok(false) => {}
+            Err(message) => return call.error(&message),
         }
     }
-    // Closed before the events: a subscriber to keyspace events may touch the keys.
-    drop(keys);
+    // One decision per limit, counted by its key's transaction: admitted (consumed) or not,
+    // whatever the key alone would say; a policy also counts what its own limit would have
+    // rejected in shadow mode. A limit its key's block rejected counts as blocked too.
+    for (i, ((request, limit), outcome)) in
+        requests.iter().zip(&resolved).zip(&outcomes).enumerate()
+    {
+        let shadowed = limit
+            .through
+            .as_ref()
+            .is_some_and(|(mode, _)| *mode == Mode::Shadow && !outcome.decision.allowed);
+        txns[groups.group[i]].count(
+            request.algorithm.into(),
+            admitted,
+            blockings[i] == Blocking::Blocked,
+            limit
+                .through
+                .as_ref()
+                .map(|(_, counters)| (Arc::clone(counters), shadowed)),
+        );
+    }
     // Once per key: `ratelimit.rejected` for the keys with an enforced limit that rejected (when
     // the request is rejected), `ratelimit.shadow-rejected` for those with a shadow limit that
     // would have.
@@ -185,39 +198,18 @@ fn run(call: &Call) -> c_int {
         rejected[group] |= refused && *mode == Mode::Enforce;
         shadowed[group] |= refused && *mode == Mode::Shadow;
     }
-    for (i, &first) in groups.first.iter().enumerate() {
+    for (i, txn) in txns.iter_mut().enumerate() {
         if rejected[i] && !admitted {
-            notify_rejected(call, key_name(first));
+            txn.notify(Event::Rejected);
         }
         if shadowed[i] {
-            notify_shadow_rejected(call, key_name(first));
+            txn.notify(Event::ShadowRejected);
         }
         if blocked[i] {
-            notify(call, key_name(first), c"ratelimit.blocked");
+            txn.notify(Event::Blocked);
         }
     }
-    // One decision per limit: admitted (consumed) or not, whatever the key alone would say; a
-    // policy also counts what its own limit would have rejected in shadow mode. A limit its
-    // key's block rejected counts as blocked too.
-    for (((request, limit), outcome), blocking) in requests
-        .iter()
-        .zip(&resolved)
-        .zip(&outcomes)
-        .zip(&blockings)
-    {
-        let by_block = *blocking == Blocking::Blocked;
-        stats::count_decision(request.algorithm, admitted);
-        if by_block {
-            stats::count_blocked(request.algorithm);
-        }
-        if let Some((mode, counters)) = &limit.through {
-            counters.count(
-                admitted,
-                *mode == Mode::Shadow && !outcome.decision.allowed,
-                by_block,
-            );
-        }
-    }
+    Txn::commit_all(txns);
 
     // Each limit's answer: its own decision, a shadow limit's rejection answered as admitted.
     let decisions: Vec<Decision> = outcomes
@@ -234,36 +226,31 @@ fn run(call: &Call) -> c_int {
 /// limit, each one seeing what the admitted ones before it consumed: what the same CHECKs in
 /// sequence would answer.
 fn decide(
-    keys: &mut [Key],
+    txns: &mut [Txn],
     groups: &KeyGroups,
     requests: &[Request],
 ) -> Result<(Vec<Outcome>, Vec<Blocking>), String> {
-    let mut occurrences = vec![0usize; keys.len()];
+    let mut occurrences = vec![0usize; txns.len()];
     for &group in &groups.group {
         occurrences[group] += 1;
     }
-    let mut copies: Vec<Option<Option<Limiter>>> = vec![None; keys.len()];
+    let mut copies: Vec<Option<Option<Limiter>>> = vec![None; txns.len()];
     let mut outcomes = Vec::with_capacity(requests.len());
     let mut blockings = Vec::with_capacity(requests.len());
     for (request, &group) in requests.iter().zip(&groups.group) {
-        let key = &mut keys[group];
+        let txn = &mut txns[group];
         if occurrences[group] == 1 {
-            let (outcome, _, blocking) =
-                evaluate(key, request, false, None, &mut StackBuf::default())?;
-            outcomes.push(outcome);
-            blockings.push(blocking);
+            let evaluation = evaluate(txn, request, false, None)?;
+            outcomes.push(evaluation.outcome);
+            blockings.push(evaluation.blocking);
             continue;
         }
         let copy = match &mut copies[group] {
             Some(copy) => copy,
-            empty => empty.insert(match key.slot() {
+            empty => empty.insert(match txn.slot() {
                 Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
                 Slot::Empty => None,
-                Slot::Limiter(limiter) => {
-                    let copy = Limiter::clone(&limiter);
-                    limiter.unchanged();
-                    Some(copy)
-                }
+                Slot::Limiter(limiter) => Some(Limiter::clone(&limiter)),
             }),
         };
         let (outcome, write, blocking) = check_blocking(copy.as_mut(), request, true, None)
@@ -279,28 +266,20 @@ fn decide(
     Ok((outcomes, blockings))
 }
 
-/// Blocks the limiter in `key` until `until_ms` (a rejection with BLOCK), and replicates it as
-/// such. False when the key holds no limiter.
-fn block_key(
-    call: &Call,
-    key: &mut Key,
-    key_name: *mut raw::RedisModuleString,
-    until_ms: u64,
-) -> bool {
-    let expires_at_ms = match key.slot() {
+/// Blocks the limiter in the transaction's key until `until_ms` (a rejection with BLOCK): stores
+/// it, and stages its expiry and its replication as such. False when the key holds no limiter.
+fn block_key(txn: &mut Txn, until_ms: u64) -> Result<bool, String> {
+    let expires_at_ms = match txn.slot() {
         Slot::Limiter(mut limiter) => {
             limiter.blocked_until_ms = until_ms;
+            limiter.store().map_err(refused)?;
             limiter.expires_at_ms()
         }
-        Slot::Empty | Slot::WrongType => return false,
+        Slot::Empty | Slot::WrongType => return Ok(false),
     };
-    key.expire_at(expires_at_ms);
-    let mut payload = StackBuf::default();
-    Change::Block { until_ms }.encode(&mut payload);
-    if let Some(bytes) = payload.as_slice() {
-        replicate_apply(call, key_name, bytes);
-    }
-    true
+    txn.expire_at(expires_at_ms);
+    Change::Block { until_ms }.encode(txn.replicate());
+    Ok(true)
 }
 
 /// The overall decision: allowed only if all allow; `remaining` the least; `retry_after_ms` the

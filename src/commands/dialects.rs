@@ -23,7 +23,6 @@ use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
 use super::{decide, handler, now_ms, Call};
 use crate::algorithms::{Algorithm, Decision, Params, Request, MAX_AMOUNT, MAX_PERIOD_MS};
 use crate::policy::Mode;
-use crate::stats;
 
 /// A dialect call, parsed: the limit and the cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,8 +201,6 @@ pub(crate) const COMMANDS: [&Command; 2] = [&THROTTLE, &GCRA];
 const MAX_ARGS: usize = 5;
 
 fn run(call: &Call, parse: fn(&[&[u8]]) -> Result<DialectCall, String>) -> c_int {
-    // Every call Redis counts in this command's `calls` (see `stats::count_call`).
-    stats::count_call();
     let count = call.argc().saturating_sub(2);
     let mut slices: [&[u8]; MAX_ARGS + 1] = [&[]; MAX_ARGS + 1];
     let count = count.min(slices.len());
@@ -225,8 +222,8 @@ fn run(call: &Call, parse: fn(&[&[u8]]) -> Result<DialectCall, String>) -> c_int
         cost: parsed.cost,
         now_ms: now_ms(),
     };
-    let decision = match decide(call, &request, true, Mode::Enforce, None) {
-        Ok((decision, _, _)) => decision,
+    let decision = match decide(call, &request, true, Mode::Enforce, None, None, false) {
+        Ok(decided) => decided,
         Err(message) => return call.error(&message),
     };
     let reply = dialect_reply(&decision);

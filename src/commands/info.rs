@@ -101,14 +101,9 @@ fn run(call: &Call) -> c_int {
                 if let Some(held) = concurrency::held(&handle, now_ms()) {
                     reply_concurrency(call, &handle, &held);
                 }
-                handle.unchanged();
                 return raw::REDISMODULE_OK as c_int;
             }
-            Kind::Rate(algorithm) => {
-                let limiter = Limiter::clone(&handle);
-                handle.unchanged();
-                Some((algorithm, limiter))
-            }
+            Kind::Rate(algorithm) => Some((algorithm, Limiter::clone(&handle))),
         },
     };
     drop(key);

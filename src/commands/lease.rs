@@ -23,15 +23,15 @@ use redis_module::raw;
 use super::parse::{parse_acquire, parse_release, LEASE_ID_MAX};
 use super::policy::resolve_lease;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
-use super::{handler, notify_rejected, notify_shadow_rejected, now_ms, replicate_apply, Call};
+use super::txn::{Event, Txn};
+use super::{handler, now_ms, refused, Call};
 use crate::algorithms::concurrency::{self, Acquire, AcquireError, Released};
-use crate::algorithms::{Kind, Limiter, Write};
+use crate::algorithms::{Kind, Write};
 use crate::config::{max_leases, MAX_MAX_LEASES};
 use crate::error::{self, ArgError};
 use crate::policy::Mode;
-use crate::stats;
-use crate::store::codec::{encode_lease_acquire, encode_lease_release, Sink};
-use crate::store::{Key, Slot};
+use crate::store::codec::{encode_lease_acquire, encode_lease_release};
+use crate::store::Slot;
 
 // The config's upper bound is what stored and replicated states are held to.
 const _: () = assert!(MAX_MAX_LEASES as u64 == concurrency::LEASES_CAP);
@@ -105,34 +105,6 @@ fn args_after_key<const N: usize>(call: &Call) -> ([&[u8]; N], usize) {
     (slices, count)
 }
 
-/// A replicated lease change: kind, four words and an id of up to 128 bytes, on the stack.
-struct LeasePayload {
-    bytes: [u8; 1 + 32 + LEASE_ID_MAX],
-    len: usize,
-}
-
-impl LeasePayload {
-    fn new() -> LeasePayload {
-        LeasePayload {
-            bytes: [0; 1 + 32 + LEASE_ID_MAX],
-            len: 0,
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-}
-
-impl Sink for LeasePayload {
-    fn put(&mut self, bytes: &[u8]) {
-        // Every change written here fits (one kind byte, at most four words, the id).
-        let end = (self.len + bytes.len()).min(self.bytes.len());
-        self.bytes[self.len..end].copy_from_slice(&bytes[..end - self.len]);
-        self.len = end;
-    }
-}
-
 /// The error reply for a core's refusal.
 fn acquire_error(error: AcquireError) -> String {
     match error {
@@ -145,8 +117,6 @@ fn acquire_error(error: AcquireError) -> String {
 }
 
 fn run_acquire(call: &Call) -> c_int {
-    // Every call Redis counts in this command's `calls` (see `stats::count_call`).
-    stats::count_call();
     let (slices, count) = args_after_key::<MAX_ARGS>(call);
     let args = &slices[..count];
     let parsed = if call.argc() < 6 {
@@ -168,64 +138,59 @@ fn run_acquire(call: &Call) -> c_int {
         cost: parsed.cost,
         now_ms: parsed.at_ms.unwrap_or_else(now_ms),
     };
-    let key_name = call.raw_arg(1);
-    let mut key = Key::open(call.ctx, key_name, true);
-    let mut payload = LeasePayload::new();
-    let decided = {
-        let mut stored = match key.slot() {
-            Slot::WrongType => return call.error(error::WRONG_TYPE),
-            Slot::Empty => None,
-            Slot::Limiter(handle) => Some(handle),
+    let mut txn = Txn::open(call, call.raw_arg(1), true);
+    let mut stored = match txn.slot() {
+        Slot::WrongType => return call.error(error::WRONG_TYPE),
+        Slot::Empty => None,
+        Slot::Limiter(handle) => Some(handle),
+    };
+    let (acquired, write) =
+        match concurrency::acquire(stored.as_deref_mut(), &request, max_leases(), true) {
+            Ok(decided) => decided,
+            Err(error) => return call.error(&acquire_error(error)),
         };
-        let result = concurrency::acquire(stored.as_deref_mut(), &request, max_leases(), true);
-        let written = match &result {
-            Ok((acquired, write)) if !matches!(write, Write::Nothing) => {
-                encode_lease_acquire(
-                    &params,
-                    acquired.t_ms,
-                    request.cost,
-                    request.id,
-                    &mut payload,
-                );
-                true
+    // A lease set is boxed: an update is in place already, and `store` keeps it there.
+    let expires_at_ms = match (write, stored) {
+        (Write::Nothing, _) => None,
+        (Write::Updated, Some(mut handle)) => {
+            if let Err(why) = handle.store() {
+                return call.error(&refused(why));
             }
-            _ => false,
-        };
-        let expires_at_ms = stored.as_deref().map(Limiter::expires_at_ms);
-        if let (Some(handle), false) = (stored, written) {
-            handle.unchanged();
+            Some(handle.expires_at_ms())
         }
-        result.map(|(acquired, write)| (acquired, write, expires_at_ms))
-    };
-    let (acquired, write, expires_at_ms) = match decided {
-        Ok(decided) => decided,
-        Err(error) => return call.error(&acquire_error(error)),
-    };
-    let expires_at_ms = match write {
-        Write::Nothing => None,
-        Write::Updated => expires_at_ms,
-        Write::Created(limiter) => {
+        (Write::Updated, None) => None,
+        (Write::Created(limiter), _) => {
             let expires_at_ms = limiter.expires_at_ms();
-            key.set(limiter).then_some(expires_at_ms)
+            if let Err(why) = txn.create(limiter) {
+                return call.error(&refused(why));
+            }
+            Some(expires_at_ms)
         }
     };
     if let Some(expires_at_ms) = expires_at_ms {
-        key.expire_at(expires_at_ms);
-        replicate_apply(call, key_name, payload.as_slice());
+        txn.expire_at(expires_at_ms);
+        encode_lease_acquire(
+            &params,
+            acquired.t_ms,
+            request.cost,
+            request.id,
+            txn.replicate(),
+        );
     }
-    // Closed before the event: a subscriber to keyspace events may touch the key.
-    drop(key);
     let mode = through.as_ref().map_or(Mode::Enforce, |(mode, _)| *mode);
     let (answer, shadowed) = crate::policy::answer(acquired.decision, mode);
-    stats::count_decision(Kind::Leases, answer.allowed);
+    txn.count(
+        Kind::Leases,
+        answer.allowed,
+        false,
+        through.map(|(_, counters)| (counters, shadowed)),
+    );
     if shadowed {
-        notify_shadow_rejected(call, key_name);
+        txn.notify(Event::ShadowRejected);
     } else if !answer.allowed {
-        notify_rejected(call, key_name);
+        txn.notify(Event::Rejected);
     }
-    if let Some((_, counters)) = &through {
-        counters.count(answer.allowed, shadowed, false);
-    }
+    txn.commit();
     call.reply_decision(&answer, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }
@@ -245,41 +210,38 @@ fn run_release(call: &Call) -> c_int {
         Err(error) => return call.error(&error.message("ratelimit.release", args)),
     };
     let now = parsed.at_ms.unwrap_or_else(now_ms);
-    let key_name = call.raw_arg(1);
-    let mut key = Key::open(call.ctx, key_name, true);
-    let mut payload = LeasePayload::new();
-    // What the key needs once the limiter's handle is closed: a new expiry, or deletion.
-    let after = {
-        let mut handle = match key.slot() {
-            Slot::WrongType => return call.error(error::WRONG_TYPE),
-            Slot::Empty => {
-                call.reply_integer(0);
-                return raw::REDISMODULE_OK as c_int;
+    let mut txn = Txn::open(call, call.raw_arg(1), true);
+    let mut handle = match txn.slot() {
+        Slot::WrongType => return call.error(error::WRONG_TYPE),
+        Slot::Empty => {
+            call.reply_integer(0);
+            return raw::REDISMODULE_OK as c_int;
+        }
+        Slot::Limiter(handle) => handle,
+    };
+    // What the key needs once the lease set is stored: a new expiry, or deletion.
+    let (t_ms, after) = match concurrency::release(&mut handle, parsed.id, now) {
+        Err(error) => return call.error(&acquire_error(error)),
+        Ok((_, Released::Nothing)) => {
+            call.reply_integer(0);
+            return raw::REDISMODULE_OK as c_int;
+        }
+        Ok((t_ms, released)) => {
+            if let Err(why) = handle.store() {
+                return call.error(&refused(why));
             }
-            Slot::Limiter(handle) => handle,
-        };
-        match concurrency::release(&mut handle, parsed.id, now) {
-            Err(error) => {
-                handle.unchanged();
-                return call.error(&acquire_error(error));
-            }
-            Ok((_, Released::Nothing)) => {
-                handle.unchanged();
-                call.reply_integer(0);
-                return raw::REDISMODULE_OK as c_int;
-            }
-            Ok((t_ms, released)) => {
-                encode_lease_release(t_ms, parsed.id, &mut payload);
-                (released == Released::Updated).then(|| handle.expires_at_ms())
-            }
+            (
+                t_ms,
+                (released == Released::Updated).then(|| handle.expires_at_ms()),
+            )
         }
     };
     match after {
-        Some(expires_at_ms) => key.expire_at(expires_at_ms),
-        None => key.delete(),
+        Some(expires_at_ms) => txn.expire_at(expires_at_ms),
+        None => txn.delete(),
     }
-    replicate_apply(call, key_name, payload.as_slice());
-    drop(key);
+    encode_lease_release(t_ms, parsed.id, txn.replicate());
+    txn.commit();
     call.reply_integer(1);
     raw::REDISMODULE_OK as c_int
 }

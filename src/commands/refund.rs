@@ -16,14 +16,13 @@ use super::check::parse_call_with;
 use super::parse::parse_refund;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
-use super::{encode_update, handler, now_ms, replicate_apply, Call};
+use super::txn::Txn;
+use super::{handler, now_ms, refused, Call};
 use crate::algorithms::{self, Algorithm, Kind, Refunded, Request};
-use crate::api::rm;
 use crate::error;
-use crate::log::log_warning;
 use crate::policy::Mode;
-use crate::store::codec::{Change, StackBuf};
-use crate::store::{Key, Slot};
+use crate::store::codec::{encode_packed, encode_write, Change, Sink, StackBuf};
+use crate::store::Slot;
 
 const ARGS: [Arg; 4] = [
     Arg::new(c"key", ArgType::Key),
@@ -62,64 +61,59 @@ fn run(call: &Call) -> c_int {
         cost: args.cost,
         now_ms: args.at_ms.unwrap_or_else(now_ms),
     };
-    let key_name = call.raw_arg(1);
-    let mut key = Key::open(call.ctx, key_name, true);
+    let mut txn = Txn::open(call, call.raw_arg(1), true);
+    let mut stored = match txn.slot() {
+        Slot::WrongType => return call.error(error::WRONG_TYPE),
+        Slot::Empty => None,
+        Slot::Limiter(limiter) => Some(limiter),
+    };
+    let refunded = algorithms::refund(stored.as_deref_mut(), &request);
     let mut payload = StackBuf::default();
-    // What the key needs once the limiter's handle is closed: a new expiry, or deletion.
-    let (outcome, after) = {
-        let mut stored = match key.slot() {
-            Slot::WrongType => return call.error(error::WRONG_TYPE),
-            Slot::Empty => None,
-            Slot::Limiter(limiter) => Some(limiter),
-        };
-        let refunded = algorithms::refund(stored.as_deref_mut(), &request);
-        match (refunded, stored) {
-            (Err(mismatch), stored) => {
-                if let Some(handle) = stored {
-                    handle.unchanged();
-                }
-                return call.error(&error::algorithm_mismatch(
-                    mismatch.stored.name(),
-                    request.algorithm.name(),
-                ));
-            }
-            (Ok((outcome, Refunded::Nothing)), stored) => {
-                if let Some(handle) = stored {
-                    handle.unchanged();
-                }
-                (outcome, None)
-            }
-            (Ok((outcome, Refunded::Updated)), Some(mut handle)) => {
-                let expires_at_ms = handle.expires_at_ms();
-                if handle.kind() == Kind::Rate(Algorithm::SlidingLog) {
-                    Change::LogRefund {
-                        t_ms: outcome.t_ms,
-                        cost: request.cost,
-                    }
-                    .encode(&mut payload);
-                } else {
-                    encode_update(&mut handle, &mut payload);
-                }
-                (outcome, Some(Some(expires_at_ms)))
-            }
-            (Ok((outcome, Refunded::Emptied)), _) => (outcome, Some(None)),
-            (Ok((outcome, Refunded::Updated)), None) => (outcome, None),
+    // What the key needs once the limiter is stored: a new expiry, or deletion.
+    let (outcome, after) = match (refunded, stored) {
+        (Err(mismatch), _) => {
+            return call.error(&error::algorithm_mismatch(
+                mismatch.stored.name(),
+                request.algorithm.name(),
+            ));
         }
+        (Ok((outcome, Refunded::Nothing)), _) => (outcome, None),
+        (Ok((outcome, Refunded::Updated)), Some(mut handle)) => {
+            let packed = match handle.store() {
+                Ok(packed) => packed,
+                Err(why) => return call.error(&refused(why)),
+            };
+            if handle.kind() == Kind::Rate(Algorithm::SlidingLog) {
+                Change::LogRefund {
+                    t_ms: outcome.t_ms,
+                    cost: request.cost,
+                }
+                .encode(&mut payload);
+            } else {
+                match packed {
+                    Some(words) => encode_packed(&words, &mut payload),
+                    None => encode_write(&handle, &mut payload),
+                }
+            }
+            (outcome, Some(Some(handle.expires_at_ms())))
+        }
+        (Ok((outcome, Refunded::Emptied)), _) => (outcome, Some(None)),
+        (Ok((outcome, Refunded::Updated)), None) => (outcome, None),
     };
     match after {
         Some(Some(expires_at_ms)) => {
-            key.expire_at(expires_at_ms);
+            txn.expire_at(expires_at_ms);
             if let Some(bytes) = payload.as_slice() {
-                replicate_apply(call, key_name, bytes);
+                txn.replicate().put(bytes);
             }
         }
         Some(None) => {
-            key.delete();
-            replicate_del(call, key_name);
+            txn.delete();
+            txn.replicate_del();
         }
         None => {}
     }
-    drop(key);
+    txn.commit();
     let mode = resolved
         .through
         .as_ref()
@@ -127,14 +121,4 @@ fn run(call: &Call) -> c_int {
     let (answer, _) = crate::policy::answer(outcome.decision, mode);
     call.reply_decision(&answer, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
-}
-
-/// Replicates (and appends to the AOF) `DEL key`: a refund left the key fresh.
-fn replicate_del(call: &Call, key: *mut raw::RedisModuleString) {
-    // SAFETY: the command's context; "s" = the command's key string, valid for the call.
-    let status =
-        unsafe { rm!(RedisModule_Replicate)(call.ctx, c"DEL".as_ptr(), c"s".as_ptr(), key) };
-    if status != raw::REDISMODULE_OK as c_int {
-        log_warning("ratelimit: could not replicate a limiter's removal");
-    }
 }

@@ -22,6 +22,28 @@ pub(crate) type Handler = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 
+/// A command's two entry points, made by `handler!` from one body: `counting` counts each call
+/// (`stats::count_call`) before running it, `plain` does not. [`register`] picks one.
+#[derive(Clone, Copy)]
+pub(crate) struct Handlers {
+    pub plain: Handler,
+    pub counting: Handler,
+}
+
+/// The entry point Redis calls for `command`: the counting one for the commands of
+/// [`COUNTED`](super::COUNTED) and the dialects, whose calls `CONFIG RESETSTAT` is told by.
+fn entry(command: &Command) -> Handler {
+    let counted = super::COUNTED
+        .iter()
+        .chain(super::dialects::COMMANDS.iter())
+        .any(|counted| counted.name == command.name);
+    if counted {
+        command.handler.counting
+    } else {
+        command.handler.plain
+    }
+}
+
 /// Key flags of a key that is read and updated in place (as `INCR`'s).
 pub(crate) const KEY_UPDATED: u32 =
     raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
@@ -202,7 +224,7 @@ pub(crate) struct Command {
     /// (7.2+, Valkey); `ratelimit`, the module's own category, only where modules may add one
     /// (7.4+, Valkey 8), and left out on servers that cannot.
     pub acl: &'static str,
-    pub handler: Handler,
+    pub handler: Handlers,
 }
 
 /// The module's own ACL category, holding every command applications call.
@@ -245,7 +267,7 @@ pub(crate) fn register(ctx: *mut raw::RedisModuleCtx, command: &Command) -> Resu
         rm!(RedisModule_CreateCommand)(
             ctx,
             command.name.as_ptr(),
-            Some(command.handler),
+            Some(entry(command)),
             command.flags.as_ptr(),
             first,
             last,
@@ -309,7 +331,7 @@ pub(crate) fn register_container(
             rm!(RedisModule_CreateSubcommand)(
                 parent,
                 command.name.as_ptr(),
-                Some(command.handler),
+                Some(entry(command)),
                 command.flags.as_ptr(),
                 first,
                 last,

@@ -5,9 +5,10 @@ use std::ffi::c_int;
 use redis_module::raw;
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_REMOVED};
-use super::{handler, replicate_verbatim, Call, KeyGroups};
+use super::txn::Txn;
+use super::{handler, Call, KeyGroups};
 use crate::error::{self, ArgError};
-use crate::store::{Key, Slot};
+use crate::store::Slot;
 
 const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key).multiple()];
 
@@ -33,29 +34,30 @@ fn run(call: &Call) -> c_int {
     // One handle per distinct key: a key named twice is removed once, as DEL counts it, and no
     // handle outlives the value another one deleted.
     let names: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
-    let mut keys: Vec<Key> = KeyGroups::of(&names)
+    let mut txns: Vec<Txn> = KeyGroups::of(&names)
         .first
         .into_iter()
-        .map(|i| Key::open(call.ctx, call.raw_arg(1 + i), true))
+        .map(|i| Txn::open(call, call.raw_arg(1 + i), true))
         .collect();
     // All or nothing: any key of another type fails the whole call before anything is removed.
-    if keys
+    if txns
         .iter_mut()
-        .any(|key| matches!(key.slot(), Slot::WrongType))
+        .any(|txn| matches!(txn.slot(), Slot::WrongType))
     {
         return call.error(error::WRONG_TYPE);
     }
     let mut removed = 0;
-    for key in &mut keys {
-        if matches!(key.slot(), Slot::Limiter(_)) {
-            key.delete();
+    for txn in &mut txns {
+        if matches!(txn.slot(), Slot::Limiter(_)) {
+            txn.delete();
+            // Deterministic: the command itself replicates, once.
+            if removed == 0 {
+                txn.replicate_verbatim();
+            }
             removed += 1;
         }
     }
-    drop(keys);
-    if removed > 0 {
-        replicate_verbatim(call);
-    }
+    Txn::commit_all(txns);
     call.reply_integer(removed);
     raw::REDISMODULE_OK as c_int
 }

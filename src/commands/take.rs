@@ -14,13 +14,10 @@ use super::check::parse_call_with;
 use super::parse::parse_take;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
-use super::{decide, evaluate, handler, notify_shadow_rejected, now_ms, Call};
-use crate::algorithms::block::Blocking;
+use super::txn::Txn;
+use super::{decide, evaluate, handler, now_ms, Call};
 use crate::algorithms::{largest_grant, Request};
 use crate::policy::Mode;
-use crate::stats;
-use crate::store::codec::StackBuf;
-use crate::store::Key;
 
 const NAME: &str = "ratelimit.take";
 
@@ -47,8 +44,6 @@ pub(crate) const COMMAND: Command = Command {
 };
 
 fn run(call: &Call) -> c_int {
-    // Every call Redis counts in this command's `calls` (see `stats::count_call`).
-    stats::count_call();
     let args = match parse_call_with(call, 2, NAME, parse_take) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
@@ -72,47 +67,35 @@ fn run(call: &Call) -> c_int {
         .map_or(Mode::Enforce, |(mode, _)| *mode);
     // What enforcement grants, asked of the key as it stands (PEEKs: nothing written).
     let granted = {
-        let mut key = Key::open(call.ctx, call.raw_arg(1), false);
-        let mut payload = StackBuf::default();
+        // Read only and never committed: nothing is stored.
+        let mut txn = Txn::open(call, call.raw_arg(1), false);
         largest_grant(max, |cost| {
-            evaluate(
-                &mut key,
-                &request(cost),
-                false,
-                resolved.block_ms,
-                &mut payload,
-            )
-            .map(|(outcome, _, _)| outcome.decision.allowed)
+            evaluate(&mut txn, &request(cost), false, resolved.block_ms)
+                .map(|evaluation| evaluation.outcome.decision.allowed)
         })
     };
     let granted = match granted {
         Ok(granted) => granted,
         Err(message) => return call.error(&message),
     };
+    // Shadow mode grants MAX; enforcement would have granted less.
+    let shadow_short = mode == Mode::Shadow && granted < max;
+    let through = resolved.through.as_ref().map(|(_, counters)| counters);
     // A refusal is the CHECK of one unit, which cannot pass.
-    let (decision, shadowed, blocking) = match decide(
+    let request = request(granted.max(1));
+    let decided = match decide(
         call,
-        &request(granted.max(1)),
+        &request,
         true,
         mode,
         resolved.block_ms,
+        through,
+        shadow_short,
     ) {
         Ok(decided) => decided,
         Err(message) => return call.error(&message),
     };
-    // Shadow mode grants MAX; enforcement would have granted less.
-    let shadow_short = mode == Mode::Shadow && granted < max;
-    if shadow_short && !shadowed {
-        notify_shadow_rejected(call, call.raw_arg(1));
-    }
-    if let Some((_, counters)) = &resolved.through {
-        counters.count(
-            decision.allowed,
-            shadowed || shadow_short,
-            blocking == Blocking::Blocked,
-        );
-    }
     let answered = if mode == Mode::Shadow { max } else { granted };
-    call.reply_fields(&decision, Some(answered), call.resp3(), 0);
+    call.reply_fields(&decided, Some(answered), call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }

@@ -257,7 +257,7 @@ unsafe extern "C" fn copy(
 /// What a key holds.
 pub enum Slot<'a> {
     Empty,
-    /// A limiter; a change made through it is stored when it drops.
+    /// A limiter; a change made through it is stored by `LimiterRef::store`, never on drop.
     Limiter(LimiterRef<'a>),
     WrongType,
 }
@@ -392,16 +392,19 @@ impl Holder for Key {
         self.replace_value(word_value(word)).is_some()
     }
 
-    fn store_full(&self, value: Value) {
+    fn store_full(&self, value: Value) -> bool {
         let new = Box::into_raw(Box::new(value)).cast::<c_void>();
         match self.replace_value(new) {
-            // SAFETY: the replaced word, made by `into_value` and no longer in the key. The
-            // algorithm stays the same, so the key counts are unchanged.
-            Some(old) => drop(unsafe { free_value(old) }),
+            Some(old) => {
+                // SAFETY: the replaced word, made by `into_value` and no longer in the key. The
+                // algorithm stays the same, so the key counts are unchanged.
+                unsafe { free_value(old) };
+                true
+            }
             None => {
-                log_warning("ratelimit: a key refused its changed limiter; the change is lost");
                 // SAFETY: Redis refused `new`, so it is still ours.
                 unsafe { free_value(new) };
+                false
             }
         }
     }

@@ -1,0 +1,336 @@
+//! The one write path: every command that reads or writes a limiter key goes through a [`Txn`].
+//!
+//! A command's work on a key is always the same sequence, and a `Txn` owns it:
+//!
+//! 1. **open** the key ([`Txn::open`]), for reading or for writing;
+//! 2. **decide**: the command asks a core, on the limiter the key holds ([`Txn::slot`]);
+//! 3. **store**: a changed limiter is written by [`LimiterRef::store`](crate::store::value::LimiterRef::store),
+//!    a new one by [`Txn::create`]; nothing is ever written when a handle or a `Txn` drops, so a
+//!    call that decided not to write simply does not store (PEEK, a rejection, `COST 0`);
+//! 4. then [`Txn::commit`], in this order:
+//!    - **expire**: the key's absolute expiry ([`Txn::expire_at`]), or its deletion
+//!      ([`Txn::delete`]), once its value is stored (Redis drops the expiry of a key whose
+//!      value is replaced by a new one);
+//!    - **replicate**: the writes staged with [`Txn::replicate`] (`rla key payload`, the state
+//!      with its explicit time, never the command itself: a replica must not read its own
+//!      clock), in the order they were staged, then [`Txn::replicate_del`] or, for the one
+//!      deterministic command (`RATELIMIT.APPLY`), [`Txn::replicate_verbatim`]; nothing when
+//!      nothing was written;
+//!    - **close** the key: before anything below, because a subscriber to keyspace events may
+//!      touch it, and Redis caches the value in the open handle;
+//!    - **count** the decision ([`Txn::count`]): the algorithm's counters and a policy's;
+//!    - **notify**: the module keyspace events staged with [`Txn::notify`]
+//!      (`ratelimit.rejected`, `ratelimit.shadow-rejected`, `ratelimit.blocked`).
+//!
+//! A command that returns early (an error reply) drops its `Txn` uncommitted: nothing was
+//! stored, so there is nothing to expire, replicate, count or notify, and the key closes.
+//!
+//! Counting the *calls* of the counted commands (`stats::count_call`, for `CONFIG RESETSTAT`) is
+//! not per key: the handler of every command of [`COUNTED`](super::COUNTED) does it, first thing,
+//! from its declaration (see [`handler!`](super::handler) and `registry::register`).
+
+use std::ffi::{c_int, CStr};
+use std::sync::Arc;
+
+use redis_module::raw;
+
+use super::Call;
+use crate::algorithms::Kind;
+use crate::api::rm;
+use crate::log::log_warning;
+use crate::policy::Counters;
+use crate::stats;
+use crate::store::codec::StackBuf;
+use crate::store::value::Refused;
+use crate::store::{Key, Slot};
+
+/// What happens to the key's lifetime at commit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Nothing: the key was not written.
+    Nothing,
+    /// `SetAbsExpire` at this time (ms since the epoch).
+    Expire(u64),
+    /// The key is deleted (a refund or a release left it fresh).
+    Delete,
+}
+
+/// The events a commit raises, in this order.
+const EVENTS: [&CStr; 3] = [
+    c"ratelimit.rejected",
+    c"ratelimit.shadow-rejected",
+    c"ratelimit.blocked",
+];
+
+/// A module keyspace event on the key, raised at commit once the key is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A request was rejected.
+    Rejected = 0,
+    /// A policy in shadow mode admitted a request its limit rejects.
+    ShadowRejected = 1,
+    /// A rejection started a block.
+    Blocked = 2,
+}
+
+/// One decision to count at commit.
+struct Count {
+    kind: Kind,
+    allowed: bool,
+    /// A block decided it.
+    blocked: bool,
+    /// The policy the call went through, and whether shadow mode admitted a rejection.
+    policy: Option<(Arc<Counters>, bool)>,
+}
+
+/// One command's work on one key: see the module documentation for the sequence it owns.
+pub(crate) struct Txn<'c> {
+    call: &'c Call,
+    name: *mut raw::RedisModuleString,
+    key: Key,
+    after: After,
+    /// The first staged replication payload (most commands stage one at most)...
+    payload: StackBuf,
+    staged: bool,
+    /// ... and the ones after it (CHECKALL naming a key twice, a block after a write).
+    more: Vec<StackBuf>,
+    replicate_del: bool,
+    /// `ReplicateVerbatim`: the command itself replicates (RATELIMIT.APPLY, deterministic).
+    verbatim: bool,
+    /// The decision to count (most commands count one at most)...
+    count: Option<Count>,
+    /// ... and the ones after it (CHECKALL naming a key twice).
+    more_counts: Vec<Count>,
+    /// Bit `e` set: event `e` of [`EVENTS`] is raised.
+    events: u8,
+}
+
+/// What is left of a [`Txn`] once its key is closed: the counting and the events.
+struct Closed<'c> {
+    call: &'c Call,
+    name: *mut raw::RedisModuleString,
+    count: Option<Count>,
+    more_counts: Vec<Count>,
+    events: u8,
+}
+
+impl<'c> Txn<'c> {
+    /// Opens the key `name` (one of the call's arguments), for writing or for reading only.
+    #[inline(always)]
+    pub fn open(call: &'c Call, name: *mut raw::RedisModuleString, write: bool) -> Txn<'c> {
+        Txn {
+            call,
+            name,
+            key: Key::open(call.ctx, name, write),
+            after: After::Nothing,
+            payload: StackBuf::default(),
+            staged: false,
+            more: Vec::new(),
+            replicate_del: false,
+            verbatim: false,
+            count: None,
+            more_counts: Vec::new(),
+            events: 0,
+        }
+    }
+
+    /// What the key holds, to decide on (and store a change through).
+    pub fn slot(&mut self) -> Slot<'_> {
+        self.key.slot()
+    }
+
+    /// Stores a new limiter in the key (it held none, or one to replace whole).
+    pub fn create(&mut self, limiter: crate::algorithms::Limiter) -> Result<(), Refused> {
+        if self.key.set(limiter) {
+            Ok(())
+        } else {
+            Err(Refused)
+        }
+    }
+
+    /// The key's value was stored: it expires at `at_ms` (ms since the epoch).
+    pub fn expire_at(&mut self, at_ms: u64) {
+        self.after = After::Expire(at_ms);
+    }
+
+    /// The key is to be deleted.
+    pub fn delete(&mut self) {
+        self.after = After::Delete;
+    }
+
+    /// A buffer to write one replication payload into (`ratelimit.apply`'s, a
+    /// [`Change`](crate::store::codec::Change)); it is replicated at commit, after the ones
+    /// staged before it.
+    pub fn replicate(&mut self) -> &mut StackBuf {
+        if !self.staged {
+            self.staged = true;
+            return &mut self.payload;
+        }
+        self.more.push(StackBuf::default());
+        let last = self.more.len() - 1;
+        &mut self.more[last]
+    }
+
+    /// The key's deletion is replicated as `DEL key`.
+    pub fn replicate_del(&mut self) {
+        self.replicate_del = true;
+    }
+
+    /// The command replicates as it was called (`ReplicateVerbatim`: a deterministic command).
+    pub fn replicate_verbatim(&mut self) {
+        self.verbatim = true;
+    }
+
+    /// Counts one decision at commit (each call counts one more): `kind`'s counters and, for a call through a policy, the
+    /// policy's (`shadowed`: shadow mode admitted a rejection).
+    pub fn count(
+        &mut self,
+        kind: Kind,
+        allowed: bool,
+        blocked: bool,
+        policy: Option<(Arc<Counters>, bool)>,
+    ) {
+        let count = Count {
+            kind,
+            allowed,
+            blocked,
+            policy,
+        };
+        match self.count {
+            None => self.count = Some(count),
+            Some(_) => self.more_counts.push(count),
+        }
+    }
+
+    /// Raises `event` on the key at commit.
+    pub fn notify(&mut self, event: Event) {
+        self.events |= 1 << event as u8;
+    }
+
+    /// Expires (or deletes), replicates, closes, counts and notifies, in that order (see the
+    /// module documentation). Every store happened before: this writes no value.
+    #[inline(always)]
+    pub fn commit(self) {
+        self.close().finish();
+    }
+
+    /// [`commit`](Txn::commit) of a command's transactions on several keys (CHECKALL): each
+    /// key expires, replicates and closes, in order, before anything is counted or notified
+    /// (a subscriber to keyspace events may touch any of them).
+    pub fn commit_all(txns: Vec<Txn<'c>>) {
+        let closed: Vec<Closed> = txns.into_iter().map(Txn::close).collect();
+        for closed in closed {
+            closed.finish();
+        }
+    }
+
+    /// Expires (or deletes), replicates, then closes the key.
+    #[inline(always)]
+    fn close(self) -> Closed<'c> {
+        let Txn {
+            call,
+            name,
+            key,
+            after,
+            payload,
+            staged,
+            more,
+            replicate_del,
+            verbatim,
+            count,
+            more_counts,
+            events,
+        } = self;
+        match after {
+            After::Nothing => {}
+            After::Expire(at_ms) => key.expire_at(at_ms),
+            After::Delete => key.delete(),
+        }
+        if staged {
+            for payload in std::iter::once(&payload).chain(&more) {
+                if let Some(bytes) = payload.as_slice() {
+                    replicate_apply(call, name, bytes);
+                }
+            }
+        }
+        if replicate_del {
+            replicate_del_key(call, name);
+        }
+        if verbatim {
+            super::replicate_verbatim(call);
+        }
+        drop(key);
+        Closed {
+            call,
+            name,
+            count,
+            more_counts,
+            events,
+        }
+    }
+}
+
+impl Closed<'_> {
+    /// Counts, then notifies.
+    #[inline(always)]
+    fn finish(self) {
+        for count in self.count.into_iter().chain(self.more_counts) {
+            stats::count_decision(count.kind, count.allowed);
+            if count.blocked {
+                stats::count_blocked(count.kind);
+            }
+            if let Some((counters, shadowed)) = count.policy {
+                counters.count(count.allowed, shadowed, count.blocked);
+            }
+        }
+        if self.events != 0 {
+            for (i, event) in EVENTS.iter().enumerate() {
+                if self.events & (1 << i) != 0 {
+                    notify(self.call, self.name, event);
+                }
+            }
+        }
+    }
+}
+
+/// Raises the module keyspace event `event` on the key (Redis drops it unless module events are
+/// on). Only with the key closed: a subscriber may touch the key.
+fn notify(call: &Call, key_name: *mut raw::RedisModuleString, event: &'static CStr) {
+    // SAFETY: the command's context, a static NUL-terminated event name and the command's key.
+    unsafe {
+        rm!(RedisModule_NotifyKeyspaceEvent)(
+            call.ctx,
+            raw::REDISMODULE_NOTIFY_MODULE,
+            event.as_ptr(),
+            key_name,
+        )
+    };
+}
+
+/// Replicates (and appends to the AOF) `rla key payload` (`ratelimit.apply`'s short name).
+fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]) {
+    // SAFETY: a registered command; "sb" = a key string and a buffer, both valid for the call.
+    let status = unsafe {
+        rm!(RedisModule_Replicate)(
+            call.ctx,
+            super::apply::SHORT_NAME.as_ptr(),
+            c"sb".as_ptr(),
+            key,
+            payload.as_ptr().cast::<std::ffi::c_char>(),
+            payload.len(),
+        )
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        log_warning("ratelimit: could not replicate a limiter write");
+    }
+}
+
+/// Replicates (and appends to the AOF) `DEL key`: a refund or a release left the key fresh.
+fn replicate_del_key(call: &Call, key: *mut raw::RedisModuleString) {
+    // SAFETY: the command's context; "s" = the command's key string, valid for the call.
+    let status =
+        unsafe { rm!(RedisModule_Replicate)(call.ctx, c"DEL".as_ptr(), c"s".as_ptr(), key) };
+    if status != raw::REDISMODULE_OK as c_int {
+        log_warning("ratelimit: could not replicate a limiter's removal");
+    }
+}
