@@ -92,9 +92,10 @@ impl Sink for Vec<u8> {
 /// to [`MAX_ID_LEN`] bytes).
 const STACK_BUF_LEN: usize = 1 + 32 + MAX_ID_LEN;
 
-/// A fixed stack buffer, large enough for every change a command replicates.
+/// A fixed stack buffer, large enough for every change a command replicates. Its bytes are not
+/// initialised until written (every CHECK makes one: zeroing it would cost as much as the write).
 pub struct StackBuf {
-    bytes: [u8; STACK_BUF_LEN],
+    bytes: [std::mem::MaybeUninit<u8>; STACK_BUF_LEN],
     len: usize,
     overflowed: bool,
 }
@@ -102,7 +103,7 @@ pub struct StackBuf {
 impl Default for StackBuf {
     fn default() -> Self {
         StackBuf {
-            bytes: [0; STACK_BUF_LEN],
+            bytes: [std::mem::MaybeUninit::uninit(); STACK_BUF_LEN],
             len: 0,
             overflowed: false,
         }
@@ -112,7 +113,10 @@ impl Default for StackBuf {
 impl StackBuf {
     /// The bytes written, or `None` if they did not fit.
     pub fn as_slice(&self) -> Option<&[u8]> {
-        (!self.overflowed).then_some(&self.bytes[..self.len])
+        // SAFETY: the first `len` bytes were written by `put` (`len` never exceeds the buffer).
+        let written =
+            unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<u8>(), self.len) };
+        (!self.overflowed).then_some(written)
     }
 }
 
@@ -120,7 +124,15 @@ impl Sink for StackBuf {
     fn put(&mut self, bytes: &[u8]) {
         match self.bytes.get_mut(self.len..self.len + bytes.len()) {
             Some(room) => {
-                room.copy_from_slice(bytes);
+                // SAFETY: `room` is `bytes.len()` writable bytes of the buffer, which `bytes` (a
+                // shared borrow) cannot overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        bytes.as_ptr(),
+                        room.as_mut_ptr().cast::<u8>(),
+                        bytes.len(),
+                    )
+                };
                 self.len += bytes.len();
             }
             None => self.overflowed = true,

@@ -26,6 +26,7 @@ pub struct CheckArgs {
 pub use crate::integer::parse_integer;
 
 /// A period: integer ms, or an integer with a unit `ms`, `s`, `m`, `h`, `d` (case-insensitive).
+#[inline(always)]
 pub fn parse_period(bytes: &[u8]) -> Option<u64> {
     let (number, scale): (&[u8], u64) = match bytes {
         [number @ .., m, s] if m.eq_ignore_ascii_case(&b'm') && s.eq_ignore_ascii_case(&b's') => {
@@ -48,6 +49,7 @@ pub fn parse_period(bytes: &[u8]) -> Option<u64> {
         .filter(|ms| (1..=MAX_PERIOD_MS).contains(ms))
 }
 
+#[inline(always)]
 fn amount(bytes: &[u8], min: u64, error: ArgError) -> Result<u64, ArgError> {
     parse_integer(bytes)
         .filter(|value| (min..=MAX_AMOUNT).contains(value))
@@ -55,6 +57,7 @@ fn amount(bytes: &[u8], min: u64, error: ArgError) -> Result<u64, ArgError> {
 }
 
 /// `kind limit period` at the front of `args` (`kind`: an algorithm, or `concurrency`).
+#[inline(always)]
 fn parse_spec_head(args: &[&[u8]]) -> Result<(Kind, u64, u64), ArgError> {
     let [kind, limit, period, ..] = args else {
         return Err(ArgError::WrongArity);
@@ -70,6 +73,7 @@ fn parse_spec_head(args: &[&[u8]]) -> Result<(Kind, u64, u64), ArgError> {
 
 /// The parameters of a limit of `kind`, applying the BURST and BLOCK rules and the sliding-log
 /// bound.
+#[inline(always)]
 fn finish_params(
     kind: Kind,
     limit: u64,
@@ -93,6 +97,7 @@ fn finish_params(
 }
 
 /// Builds a rate limit's spec (see [`finish_params`]).
+#[inline(always)]
 fn finish_spec(
     algorithm: Algorithm,
     limit: u64,
@@ -188,6 +193,7 @@ fn parse_rate_head(args: &[&[u8]]) -> Result<(Algorithm, u64, u64), ArgError> {
 }
 
 /// `algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`, options in any order.
+#[inline(always)]
 pub fn parse_check(args: &[&[u8]], max_log_limit: u64) -> Result<CheckArgs, ArgError> {
     let (algorithm, limit, period_ms) = parse_rate_head(args)?;
     let mut options = OptionValues::default();

@@ -313,7 +313,9 @@ impl Value {
         }
     }
 
-    /// The limiter, to read or change; a change is stored by [`LimiterRef::store`].
+    /// The limiter, to read or change; a change is stored by [`LimiterRef::store`]. Inlined:
+    /// the caller's handle is built in place (`make profile`).
+    #[inline(always)]
     pub fn limiter(&mut self) -> LimiterRef<'_> {
         match self.form() {
             // SAFETY: the pointer was made by `Box::into_raw` in `new` and is owned by this value,
@@ -456,6 +458,7 @@ impl LimiterRef<'_> {
     /// packed form, to replicate as it is. `None` for a boxed limiter (changed in place already)
     /// or one that no longer packs. [`Refused`] if the key refused the changed value: it keeps
     /// the old one.
+    #[inline]
     pub fn store(&mut self) -> Result<Option<[u64; 4]>, Refused> {
         match self {
             LimiterRef::Packed { value, limiter } => {

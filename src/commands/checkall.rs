@@ -20,7 +20,6 @@
 //! arguments, `2 ..= numkeys + 1`.
 
 use std::ffi::c_int;
-use std::sync::Arc;
 
 use redis_module::raw;
 
@@ -185,7 +184,7 @@ fn run(call: &Call) -> c_int {
             limit
                 .through
                 .as_ref()
-                .map(|(_, counters)| (Arc::clone(counters), shadowed)),
+                .map(|(_, counters)| (&**counters, shadowed)),
         );
     }
     // Once per key: `ratelimit.rejected` for the keys with an enforced limit that rejected (when

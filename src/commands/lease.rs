@@ -183,7 +183,9 @@ fn run_acquire(call: &Call) -> c_int {
         Kind::Leases,
         answer.allowed,
         false,
-        through.map(|(_, counters)| (counters, shadowed)),
+        through
+            .as_ref()
+            .map(|(_, counters)| (&**counters, shadowed)),
     );
     if shadowed {
         txn.notify(Event::ShadowRejected);

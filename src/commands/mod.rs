@@ -38,9 +38,9 @@ use crate::error;
 use crate::log::log_warning;
 use crate::policy::{Counters, Mode};
 use crate::stats;
-use crate::store::codec::{encode_packed, encode_write, Change, Sink, StackBuf};
+use crate::store::codec::{encode_packed, encode_write, Change};
 use crate::store::value::Refused;
-use crate::store::Slot;
+use crate::store::{value, Slot};
 use txn::{Event, Txn};
 
 /// The command handlers Redis calls, made from `$body: fn(&Call) -> c_int` run inside [`guard`]:
@@ -426,87 +426,125 @@ pub(crate) fn evaluate(
     commit: bool,
     block_ms: Option<u64>,
 ) -> Result<Evaluation, String> {
-    let mut stored = match txn.slot() {
-        Slot::Empty => None,
-        Slot::Limiter(limiter) => Some(limiter),
-        Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
-    };
-    // A block keeps the limiter in the boxed form: once a consuming call has cleared it, the
-    // key goes back to the smallest form it fits.
-    let was_blocked = stored
-        .as_deref()
-        .is_some_and(|limiter| limiter.blocked_until_ms != 0);
-    let (outcome, write, blocking) =
-        block::check_blocking(stored.as_deref_mut(), request, commit, block_ms).map_err(
-            |mismatch| error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name()),
-        )?;
-    let mut payload = StackBuf::default();
-    let expires_at_ms = match (write, stored) {
-        (Write::Nothing, _) => return Ok(Evaluation { outcome, blocking }),
-        (Write::Created(limiter), _) => {
-            if let Blocking::Started(until_ms) = blocking {
-                Change::Block { until_ms }.encode(&mut payload);
-            } else if request.algorithm == Algorithm::SlidingLog {
-                // A log replicates what it appended, not its whole state.
-                log_append(request, &outcome, &mut payload);
-            } else {
-                encode_write(&limiter, &mut payload);
+    // What the key needs once the slot is closed: a new limiter to store, the expiry, and what
+    // replicates the write. The slot lives in this block and is dropped where it is at its end
+    // (moving it out to drop it, or the handle out of it, would copy the limiter).
+    let (outcome, blocking, create, expires_at_ms, replicated) = {
+        let mut slot = txn.slot();
+        let mut stored = match &mut slot {
+            Slot::Empty => None,
+            Slot::Limiter(limiter) => Some(limiter),
+            Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
+        };
+        // A block keeps the limiter in the boxed form: once a consuming call has cleared it,
+        // the key goes back to the smallest form it fits.
+        let was_blocked = stored
+            .as_deref()
+            .is_some_and(|limiter| limiter.blocked_until_ms != 0);
+        let (outcome, write, blocking) = block::check_blocking(
+            stored.as_deref_mut().map(|l| &mut **l),
+            request,
+            commit,
+            block_ms,
+        )
+        .map_err(|mismatch| {
+            error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
+        })?;
+        // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
+        let expires_at_ms = outcome.t_ms.saturating_add(outcome.decision.reset_after_ms);
+        match write {
+            Write::Nothing => return Ok(Evaluation { outcome, blocking }),
+            Write::Created(limiter) => {
+                let replicated = match blocking {
+                    Blocking::Started(until_ms) => Replicated::Block(until_ms),
+                    // A log replicates what it appended, not its whole state.
+                    _ if request.algorithm == Algorithm::SlidingLog => Replicated::LogAppend,
+                    _ => match value::pack(&limiter) {
+                        Some(words) => Replicated::Packed(words),
+                        None => Replicated::Whole(Box::new(limiter.clone())),
+                    },
+                };
+                let create = Some(Create::New(limiter));
+                (outcome, blocking, create, expires_at_ms, replicated)
             }
-            txn.create(limiter).map_err(refused)?;
-            outcome.t_ms.saturating_add(outcome.decision.reset_after_ms)
-        }
-        (Write::Updated, Some(mut handle)) => {
-            let packed = handle.store().map_err(refused)?;
-            match blocking {
-                // A block started: only its end changed. The key lives until the stored state
-                // (under its own parameters, not the call's) is fresh and the block has ended.
-                Blocking::Started(until_ms) => {
-                    Change::Block { until_ms }.encode(&mut payload);
-                    handle.expires_at_ms()
-                }
-                _ => {
-                    if request.algorithm == Algorithm::SlidingLog {
-                        log_append(request, &outcome, &mut payload);
-                    } else {
-                        // An updated bucket or window: packed once, to store and to replicate.
-                        match packed {
-                            Some(words) => encode_packed(&words, &mut payload),
-                            None => encode_write(&handle, &mut payload),
-                        }
+            Write::Updated => {
+                let Some(handle) = stored.as_mut() else {
+                    return Ok(Evaluation { outcome, blocking });
+                };
+                let packed = handle.store().map_err(refused)?;
+                match blocking {
+                    // A block started: only its end changed. The key lives until the stored
+                    // state (under its own parameters, not the call's) is fresh and the block
+                    // has ended.
+                    Blocking::Started(until_ms) => (
+                        outcome,
+                        blocking,
+                        None,
+                        handle.expires_at_ms(),
+                        Replicated::Block(until_ms),
+                    ),
+                    _ => {
+                        let replicated = match packed {
+                            _ if request.algorithm == Algorithm::SlidingLog => {
+                                Replicated::LogAppend
+                            }
+                            // An updated bucket or window: packed once, to store and to
+                            // replicate.
+                            Some(words) => Replicated::Packed(words),
+                            None => Replicated::Whole(Box::new(Limiter::clone(handle))),
+                        };
+                        // The same limiter, stored anew in the form it now fits.
+                        let unblocked = (was_blocked
+                            && handle.blocked_until_ms == 0
+                            && request.algorithm != Algorithm::SlidingLog)
+                            .then(|| Create::Unblocked(Limiter::clone(handle)));
+                        (outcome, blocking, unblocked, expires_at_ms, replicated)
                     }
-                    let unblocked = (was_blocked
-                        && handle.blocked_until_ms == 0
-                        && request.algorithm != Algorithm::SlidingLog)
-                        .then(|| Limiter::clone(&handle));
-                    drop(handle);
-                    if let Some(limiter) = unblocked {
-                        // The same limiter, stored anew in the form it now fits. If Redis
-                        // refused the value, the boxed one it holds is the same state.
-                        let _ = txn.create(limiter);
-                    }
-                    // Saturating: a bucket refilling over more than u64 ms must not wrap into
-                    // the past.
-                    outcome.t_ms.saturating_add(outcome.decision.reset_after_ms)
                 }
             }
         }
-        (Write::Updated, None) => return Ok(Evaluation { outcome, blocking }),
     };
+    match create {
+        Some(Create::New(limiter)) => txn.create(limiter).map_err(refused)?,
+        // If Redis refused the value, the boxed one it holds is the same state.
+        Some(Create::Unblocked(limiter)) => txn.create(limiter).unwrap_or(()),
+        None => {}
+    }
     txn.expire_at(expires_at_ms);
-    if let Some(bytes) = payload.as_slice() {
-        txn.replicate().put(bytes);
+    let payload = txn.replicate();
+    match replicated {
+        Replicated::Block(until_ms) => Change::Block { until_ms }.encode(payload),
+        Replicated::LogAppend => Change::LogAppend {
+            params: request.params,
+            t_ms: outcome.t_ms,
+            cost: request.cost,
+        }
+        .encode(payload),
+        Replicated::Packed(words) => encode_packed(&words, payload),
+        Replicated::Whole(limiter) => encode_write(&limiter, payload),
     }
     Ok(Evaluation { outcome, blocking })
 }
 
-/// A sliding log's append, as it replicates.
-fn log_append(request: &Request, outcome: &Outcome, payload: &mut StackBuf) {
-    Change::LogAppend {
-        params: request.params,
-        t_ms: outcome.t_ms,
-        cost: request.cost,
-    }
-    .encode(payload);
+/// A limiter [`evaluate`] stores in the key whole.
+enum Create {
+    /// The key held none (or one equivalent to a fresh one).
+    New(Limiter),
+    /// The same limiter, a block over: in the form it now fits.
+    Unblocked(Limiter),
+}
+
+/// How [`evaluate`] replicates a write: `ratelimit.apply`'s payload, encoded from what the call
+/// stored.
+enum Replicated {
+    /// A block started: only its end changed.
+    Block(u64),
+    /// A sliding log's append (the request's parameters and cost at the outcome's time).
+    LogAppend,
+    /// A bucket's or window's packed form.
+    Packed([u64; 4]),
+    /// A limiter that does not pack (rare: a boxed one a block no longer holds).
+    Whole(Box<Limiter>),
 }
 
 /// The reply for a value the key refused (never seen: Redis refuses only a key not opened for
@@ -545,7 +583,7 @@ pub(crate) fn decide(
             request.algorithm.into(),
             answer.allowed,
             blocked,
-            through.map(|counters| (Arc::clone(counters), shadowed)),
+            through.map(|counters| (&**counters, shadowed)),
         );
         if shadowed {
             txn.notify(Event::ShadowRejected);

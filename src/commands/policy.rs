@@ -116,7 +116,7 @@ pub(crate) struct Resolved {
 /// The limit `limit` names: a spec as it is, a policy looked up in the server's table (locked
 /// only then). The error is the reply: an unknown or malformed name, or a sliding-log policy
 /// above `ratelimit.max-log-limit` (which refuses the same limit written inline).
-#[inline]
+#[inline(always)]
 pub(crate) fn resolve(limit: &LimitArg) -> Result<Resolved, String> {
     match *limit {
         LimitArg::Inline(spec) => Ok(Resolved {

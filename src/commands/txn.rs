@@ -30,7 +30,6 @@
 //! from its declaration (see [`handler!`](super::handler) and `registry::register`).
 
 use std::ffi::{c_int, CStr};
-use std::sync::Arc;
 
 use redis_module::raw;
 
@@ -74,13 +73,21 @@ pub(crate) enum Event {
 }
 
 /// One decision to count at commit.
-struct Count {
+struct Count<'c> {
     kind: Kind,
     allowed: bool,
     /// A block decided it.
     blocked: bool,
-    /// The policy the call went through, and whether shadow mode admitted a rejection.
-    policy: Option<(Arc<Counters>, bool)>,
+    /// The counters of the policy the call went through, and whether shadow mode admitted a
+    /// rejection.
+    policy: Option<(&'c Counters, bool)>,
+}
+
+/// What a [`Txn`] stages beyond one payload and one count.
+#[derive(Default)]
+struct More<'c> {
+    payloads: Vec<StackBuf>,
+    counts: Vec<Count<'c>>,
 }
 
 /// One command's work on one key: see the module documentation for the sequence it owns.
@@ -92,25 +99,15 @@ pub(crate) struct Txn<'c> {
     /// The first staged replication payload (most commands stage one at most)...
     payload: StackBuf,
     staged: bool,
-    /// ... and the ones after it (CHECKALL naming a key twice, a block after a write).
-    more: Vec<StackBuf>,
+    /// ... and the ones after it (CHECKALL naming a key twice, a block after a write), with
+    /// the decisions counted after the first: boxed, so a plain CHECK carries one word of it.
+    more: Option<Box<More<'c>>>,
     replicate_del: bool,
     /// `ReplicateVerbatim`: the command itself replicates (RATELIMIT.APPLY, deterministic).
     verbatim: bool,
-    /// The decision to count (most commands count one at most)...
-    count: Option<Count>,
-    /// ... and the ones after it (CHECKALL naming a key twice).
-    more_counts: Vec<Count>,
+    /// The decision to count (most commands count one at most).
+    count: Option<Count<'c>>,
     /// Bit `e` set: event `e` of [`EVENTS`] is raised.
-    events: u8,
-}
-
-/// What is left of a [`Txn`] once its key is closed: the counting and the events.
-struct Closed<'c> {
-    call: &'c Call,
-    name: *mut raw::RedisModuleString,
-    count: Option<Count>,
-    more_counts: Vec<Count>,
     events: u8,
 }
 
@@ -125,11 +122,10 @@ impl<'c> Txn<'c> {
             after: After::Nothing,
             payload: StackBuf::default(),
             staged: false,
-            more: Vec::new(),
+            more: None,
             replicate_del: false,
             verbatim: false,
             count: None,
-            more_counts: Vec::new(),
             events: 0,
         }
     }
@@ -149,6 +145,7 @@ impl<'c> Txn<'c> {
     }
 
     /// The key's value was stored: it expires at `at_ms` (ms since the epoch).
+    #[inline(always)]
     pub fn expire_at(&mut self, at_ms: u64) {
         self.after = After::Expire(at_ms);
     }
@@ -161,14 +158,16 @@ impl<'c> Txn<'c> {
     /// A buffer to write one replication payload into (`ratelimit.apply`'s, a
     /// [`Change`](crate::store::codec::Change)); it is replicated at commit, after the ones
     /// staged before it.
+    #[inline(always)]
     pub fn replicate(&mut self) -> &mut StackBuf {
         if !self.staged {
             self.staged = true;
             return &mut self.payload;
         }
-        self.more.push(StackBuf::default());
-        let last = self.more.len() - 1;
-        &mut self.more[last]
+        let payloads = &mut self.more.get_or_insert_with(Box::default).payloads;
+        payloads.push(StackBuf::default());
+        let last = payloads.len() - 1;
+        &mut payloads[last]
     }
 
     /// The key's deletion is replicated as `DEL key`.
@@ -181,14 +180,15 @@ impl<'c> Txn<'c> {
         self.verbatim = true;
     }
 
-    /// Counts one decision at commit (each call counts one more): `kind`'s counters and, for a call through a policy, the
-    /// policy's (`shadowed`: shadow mode admitted a rejection).
+    /// Counts one decision at commit (each call counts one more): `kind`'s counters and, for a
+    /// call through a policy, the policy's (`shadowed`: shadow mode admitted a rejection).
+    #[inline(always)]
     pub fn count(
         &mut self,
         kind: Kind,
         allowed: bool,
         blocked: bool,
-        policy: Option<(Arc<Counters>, bool)>,
+        policy: Option<(&'c Counters, bool)>,
     ) {
         let count = Count {
             kind,
@@ -198,89 +198,79 @@ impl<'c> Txn<'c> {
         };
         match self.count {
             None => self.count = Some(count),
-            Some(_) => self.more_counts.push(count),
+            Some(_) => self
+                .more
+                .get_or_insert_with(Box::default)
+                .counts
+                .push(count),
         }
     }
 
     /// Raises `event` on the key at commit.
+    #[inline(always)]
     pub fn notify(&mut self, event: Event) {
         self.events |= 1 << event as u8;
     }
 
     /// Expires (or deletes), replicates, closes, counts and notifies, in that order (see the
-    /// module documentation). Every store happened before: this writes no value.
+    /// module documentation). Every store happened before: this writes no value. Once per
+    /// transaction: it ends with the key closed (by reference, not by value: a `Txn` carries its
+    /// payload buffer, which a move would copy on every CHECK).
     #[inline(always)]
-    pub fn commit(self) {
-        self.close().finish();
+    pub fn commit(&mut self) {
+        self.close();
+        self.finish();
     }
 
-    /// [`commit`](Txn::commit) of a command's transactions on several keys (CHECKALL): each
-    /// key expires, replicates and closes, in order, before anything is counted or notified
-    /// (a subscriber to keyspace events may touch any of them).
-    pub fn commit_all(txns: Vec<Txn<'c>>) {
-        let closed: Vec<Closed> = txns.into_iter().map(Txn::close).collect();
-        for closed in closed {
-            closed.finish();
+    /// [`commit`](Txn::commit) of a command's transactions on several keys (CHECKALL, RESET):
+    /// each key expires, replicates and closes, in order, before anything is counted or
+    /// notified (a subscriber to keyspace events may touch any of them).
+    pub fn commit_all(mut txns: Vec<Txn<'c>>) {
+        for txn in &mut txns {
+            txn.close();
+        }
+        for txn in &mut txns {
+            txn.finish();
         }
     }
 
     /// Expires (or deletes), replicates, then closes the key.
     #[inline(always)]
-    fn close(self) -> Closed<'c> {
-        let Txn {
-            call,
-            name,
-            key,
-            after,
-            payload,
-            staged,
-            more,
-            replicate_del,
-            verbatim,
-            count,
-            more_counts,
-            events,
-        } = self;
-        match after {
+    fn close(&mut self) {
+        match self.after {
             After::Nothing => {}
-            After::Expire(at_ms) => key.expire_at(at_ms),
-            After::Delete => key.delete(),
+            After::Expire(at_ms) => self.key.expire_at(at_ms),
+            After::Delete => self.key.delete(),
         }
-        if staged {
-            for payload in std::iter::once(&payload).chain(&more) {
+        if self.staged {
+            let more = self
+                .more
+                .as_deref()
+                .map_or(&[][..], |more| &more.payloads[..]);
+            for payload in std::iter::once(&self.payload).chain(more) {
                 if let Some(bytes) = payload.as_slice() {
-                    replicate_apply(call, name, bytes);
+                    replicate_apply(self.call, self.name, bytes);
                 }
             }
         }
-        if replicate_del {
-            replicate_del_key(call, name);
+        if self.replicate_del {
+            replicate_del_key(self.call, self.name);
         }
-        if verbatim {
-            super::replicate_verbatim(call);
+        if self.verbatim {
+            super::replicate_verbatim(self.call);
         }
-        drop(key);
-        Closed {
-            call,
-            name,
-            count,
-            more_counts,
-            events,
-        }
+        self.key.close();
     }
-}
 
-impl Closed<'_> {
-    /// Counts, then notifies.
+    /// Counts, then notifies (the key closed).
     #[inline(always)]
-    fn finish(self) {
-        for count in self.count.into_iter().chain(self.more_counts) {
-            stats::count_decision(count.kind, count.allowed);
-            if count.blocked {
-                stats::count_blocked(count.kind);
-            }
-            if let Some((counters, shadowed)) = count.policy {
-                counters.count(count.allowed, shadowed, count.blocked);
+    fn finish(&mut self) {
+        if let Some(count) = self.count.take() {
+            count.apply();
+            if let Some(more) = &mut self.more {
+                for count in std::mem::take(&mut more.counts) {
+                    count.apply();
+                }
             }
         }
         if self.events != 0 {
@@ -289,6 +279,20 @@ impl Closed<'_> {
                     notify(self.call, self.name, event);
                 }
             }
+        }
+    }
+}
+
+impl Count<'_> {
+    /// Counts the decision in `INFO ratelimit`'s counters and its policy's.
+    #[inline(always)]
+    fn apply(self) {
+        stats::count_decision(self.kind, self.allowed);
+        if self.blocked {
+            stats::count_blocked(self.kind);
+        }
+        if let Some((counters, shadowed)) = self.policy {
+            counters.count(self.allowed, shadowed, self.blocked);
         }
     }
 }

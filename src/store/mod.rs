@@ -305,18 +305,20 @@ impl Key {
     }
 
     /// The key's content. `&mut self`: the view it hands out may change the value, so there is
-    /// one at a time per handle (and one handle per key, see [`Key`]).
+    /// one at a time per handle (and one handle per key, see [`Key`]). Inlined: the caller's
+    /// slot is built in place, not copied out (`make profile`).
+    #[inline(always)]
     pub fn slot(&mut self) -> Slot<'_> {
         match self.value() {
             Ok(None) => Slot::Empty,
             // SAFETY: the key's value, made by `into_value` and valid while the key is open and
             // holds it; the returned view borrows this handle mutably, so no other view of it
             // exists and the value cannot be replaced through the handle while the view lives.
-            Ok(Some(value)) => Slot::Limiter(match unsafe { stored(value) } {
-                Stored::Compact(word) => LimiterRef::compact(word, &*self),
+            Ok(Some(value)) => match unsafe { stored(value) } {
+                Stored::Compact(word) => Slot::Limiter(LimiterRef::compact(word, &*self)),
                 // SAFETY: as above: not a compact word, so a `Value` of ours, borrowed once.
-                Stored::Full(_) => unsafe { &mut *value.cast::<Value>() }.limiter(),
-            }),
+                Stored::Full(_) => Slot::Limiter(unsafe { &mut *value.cast::<Value>() }.limiter()),
+            },
             Err(WrongType) => Slot::WrongType,
         }
     }
@@ -410,13 +412,25 @@ impl Holder for Key {
     }
 }
 
-impl Drop for Key {
-    fn drop(&mut self) {
-        if self.written.get() {
+impl Key {
+    /// Closes the key now (signalling a change once if it was written); the handle is of no
+    /// use afterwards. A key not closed this way closes when it drops.
+    #[inline(always)]
+    pub fn close(&mut self) {
+        if self.written.replace(false) {
             // SAFETY: the command's context and its own key name, both valid for the command.
             unsafe { rm!(RedisModule_SignalModifiedKey)(self.ctx, self.name) };
         }
-        // SAFETY: CloseKey accepts NULL and each key is closed once.
-        unsafe { rm!(RedisModule_CloseKey)(self.key) };
+        if !self.key.is_null() {
+            // SAFETY: an open key, closed once: the pointer is cleared right after.
+            unsafe { rm!(RedisModule_CloseKey)(self.key) };
+            self.key = ptr::null_mut();
+        }
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        self.close();
     }
 }

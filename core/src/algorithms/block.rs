@@ -46,7 +46,9 @@ pub fn blocked_answer(own: &Decision, until_ms: u64, t_ms: u64) -> Decision {
 
 /// [`check`] with the key's block and the call's `BLOCK` (`block_ms`: its duration, `None`
 /// without one). A block started by a committing call is stored in `stored` (then
-/// [`Write::Updated`]).
+/// [`Write::Updated`]). Inlined: every CHECK's path, where the caller's match on the result
+/// then needs no copy of it (`make profile`).
+#[inline(always)]
 pub fn check_blocking(
     stored: Option<&mut Limiter>,
     request: &Request,

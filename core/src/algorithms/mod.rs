@@ -71,6 +71,7 @@ impl Algorithm {
     /// length and first letter single out the one name to compare, and `same_name` compares it
     /// 8 bytes at a time (`eq_ignore_ascii_case` against each of the six in turn showed in the
     /// profile of every CHECK).
+    #[inline(always)]
     pub fn parse(name: &[u8]) -> Option<Algorithm> {
         let candidate = match (name.len(), name.first()? | 0x20) {
             (12, b't') => Algorithm::TokenBucket,
@@ -136,6 +137,7 @@ impl Kind {
     }
 
     /// Parses a name case-insensitively: an algorithm's, or `concurrency`.
+    #[inline(always)]
     pub fn parse(name: &[u8]) -> Option<Kind> {
         match Algorithm::parse(name) {
             Some(algorithm) => Some(Kind::Rate(algorithm)),
@@ -172,6 +174,7 @@ impl From<Algorithm> for Kind {
 /// `name` equals `lower`, an algorithm's name (1 to 16 bytes of lowercase ASCII letters and
 /// `-`), ignoring ASCII case. Eight bytes at a time: where `lower` has a letter (bit 0x40 set) the
 /// case bit 0x20 of `name` is ignored, and only there, so `-` matches `-` alone.
+#[inline(always)]
 fn same_name(name: &[u8], lower: &[u8]) -> bool {
     fn word(bytes: &[u8]) -> u64 {
         let mut padded = [0u8; 8];
