@@ -13,9 +13,9 @@
 //!      value is replaced by a new one);
 //!    - **replicate**: the writes staged with [`Txn::replicate`] (`rla key payload`, the state
 //!      with its explicit time, never the command itself: a replica must not read its own
-//!      clock), in the order they were staged, then [`Txn::replicate_del`] or, for the one
-//!      deterministic command (`RATELIMIT.APPLY`), [`Txn::replicate_verbatim`]; nothing when
-//!      nothing was written;
+//!      clock), in the order they were staged, then [`Txn::replicate_del`] or, for the
+//!      deterministic commands (`RATELIMIT.APPLY`, `RATELIMIT.RESET`), [`Txn::replicate_verbatim`];
+//!      nothing when nothing was written;
 //!    - **close** the key: before anything below, because a subscriber to keyspace events may
 //!      touch it, and Redis caches the value in the open handle;
 //!    - **count** the decision ([`Txn::count`]): the algorithm's counters and a policy's;
@@ -103,7 +103,7 @@ pub(crate) struct Txn<'c> {
     /// the decisions counted after the first: boxed, so a plain CHECK carries one word of it.
     more: Option<Box<More<'c>>>,
     replicate_del: bool,
-    /// `ReplicateVerbatim`: the command itself replicates (RATELIMIT.APPLY, deterministic).
+    /// `ReplicateVerbatim`: the command itself replicates (APPLY, RESET: deterministic).
     verbatim: bool,
     /// The decision to count (most commands count one at most).
     count: Option<Count<'c>>,
