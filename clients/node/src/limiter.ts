@@ -119,6 +119,10 @@ function bounded<T>(promise: Promise<T>, ms: number): Promise<T> {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+/** The calls on one limit, and the module's command for each. */
+type Command = 'check' | 'peek' | 'refund' | 'take';
+const COMMANDS: Record<Command, string> = { check: 'RATELIMIT.CHECK', peek: 'RATELIMIT.PEEK', refund: 'RATELIMIT.REFUND', take: 'RATELIMIT.TAKE' };
+
 const unknownCommand = (error: unknown) => isReplyError(error) && /^ERR unknown command/i.test(error.message);
 const functionNotFound = (error: unknown) => isReplyError(error) && /Function not found/i.test(error.message);
 const noSuchPolicy = (error: unknown) => isReplyError(error) && /^ERR no such policy/.test(error.message);
@@ -249,6 +253,12 @@ export class RateLimiter {
     return this.single('refund', key, spec, checkCost(cost), atArgs(options.at));
   }
 
+  /** A partial grant (`RATELIMIT.TAKE`): takes the largest cost from 0 to `max` that `check`
+   * would admit now, and consumes it; `granted` says how much (`allowed` is `granted > 0`). */
+  async take(key: string, spec: LimitSpec, max: number, options: { at?: number } = {}): Promise<Decision> {
+    return this.single('take', key, spec, checkCost(max, 1), atArgs(options.at));
+  }
+
   /** One request against several limits, all or nothing (in a cluster, give the keys one hash
    * tag). The overall decision, and each limit's in `limits`. */
   async checkAll(limits: Array<[string, LimitSpec]>, options: CallOptions = {}): Promise<MultiDecision> {
@@ -279,14 +289,14 @@ export class RateLimiter {
           return { reply: await this.transport.send(args, prefixed[0]), periods: inline.map((l) => l.periodMs), peeked: [] as unknown[] };
         },
       );
-      const d = multiDecision(reply, source, periods);
+      const d = multiDecision(reply, source, periods, cost);
       d.limits.forEach((limitDecision, i) => {
         const peek = peeked[i];
         if (peek !== null && peek !== undefined) limitDecision.shadowRejected = limitDecision.allowed && !decision(peek, source, 0).allowed;
       });
       d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
       return d;
-    }, true);
+    }, cost, true);
   }
 
   /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
@@ -323,8 +333,8 @@ export class RateLimiter {
           return { reply: await this.transport.send(['FCALL', 'ratelimit_acquire', '1', k, ...rest], k) };
         },
       );
-      return decision(reply, source, leaseMs);
-    });
+      return decision(reply, source, leaseMs, cost);
+    }, cost);
   }
 
   /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
@@ -374,21 +384,25 @@ export class RateLimiter {
 
   // ---- the engines ----
 
-  private single(command: 'check' | 'peek' | 'refund', key: string, spec: LimitSpec, cost: number, at: string[]): Promise<Decision> {
+  private single(command: Command, key: string, spec: LimitSpec, cost: number, at: string[]): Promise<Decision> {
     checkKey(key);
     checkSpec(spec);
     const readonly = command === 'peek';
-    const moduleName = { check: 'RATELIMIT.CHECK', peek: 'RATELIMIT.PEEK', refund: 'RATELIMIT.REFUND' }[command];
+    const moduleName = COMMANDS[command];
+    // TAKE's number is MAX, the others' COST; TAKE's reply carries the grant.
+    const amount = [command === 'take' ? 'MAX' : 'COST', String(cost)];
+    const replyCost = command === 'take' ? null : command === 'refund' ? 0 : cost;
     return this.decide(this.knownPeriodMs(spec), async () => {
       const { reply, source, periodMs: period, shadowRejected } = await this.run(
         async () => {
           const resolved = await this.resolveForModule(key, spec);
-          const args = [moduleName, key, ...resolved.args, 'COST', String(cost), ...at];
+          const args = [moduleName, key, ...resolved.args, ...amount, ...at];
           if (resolved.shadowAs && command !== 'refund') {
-            // What enforcement would answer, sent in the same round trip (pipelined).
+            // What enforcement would answer, sent in the same round trip (pipelined): for TAKE,
+            // whether it would have granted all of MAX.
             const enforced = this.transport.send(['RATELIMIT.PEEK', key, ...limitArgs(resolved.shadowAs), 'COST', String(cost), ...at], key, true);
             const [peeked, reply] = await Promise.all([enforced, this.transport.send(args, key, readonly)]);
-            const answered = decision(reply, 'module', resolved.periodMs);
+            const answered = decision(reply, 'module', resolved.periodMs, replyCost);
             return { reply, periodMs: resolved.periodMs, shadowRejected: answered.allowed && !decision(peeked, 'module', 0).allowed };
           }
           return { reply: await this.transport.send(args, key, readonly), periodMs: resolved.periodMs, shadowRejected: false };
@@ -397,12 +411,12 @@ export class RateLimiter {
           const inline = this.fallback(spec);
           const k = this.libraryPrefix + key;
           const fcall = readonly ? 'FCALL_RO' : 'FCALL';
-          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), 'COST', String(cost), ...at];
+          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), ...amount, ...at];
           return { reply: await this.transport.send(args, k, readonly), periodMs: inline.periodMs, shadowRejected: false };
         },
       );
-      return { ...decision(reply, source, period), shadowRejected };
-    });
+      return { ...decision(reply, source, period, replyCost), shadowRejected };
+    }, command === 'refund' ? 0 : cost);
   }
 
   /** A spec's module arguments: inline as given; a policy by name, with its definition (period,
@@ -573,12 +587,12 @@ export class RateLimiter {
   }
 
   /** A decision, with onError applied. */
-  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, multi = false): Promise<D> {
+  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, granted: number, multi = false): Promise<D> {
     try {
       return await this.guard(work);
     } catch (error) {
       if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
-      const failed = errorDecision(periodMs);
+      const failed = errorDecision(periodMs, granted);
       return (multi ? { ...failed, limits: [] } : failed) as D;
     }
   }
