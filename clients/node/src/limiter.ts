@@ -13,6 +13,7 @@ import {
   errorDecision,
   integerReply,
   isPolicy,
+  limit,
   limitArgs,
   multiDecision,
   pairs,
@@ -31,6 +32,24 @@ import {
 import { isReplyError, isUnavailable, replyMessage, transport, type Transport } from './client.js';
 import { RateLimited, RateLimitError, RateLimitUnavailable } from './errors.js';
 import { LIBRARY } from './generated/library.js';
+import { LocalLimiter, localDecision, type Reply } from './local.js';
+
+/** The most keys the in-process limiter of `onError: 'local'` holds. */
+const LOCAL_KEYS = 10000;
+
+/** ⌊x · share⌋, at least 1, exactly: the share read as the decimal it prints as. */
+function share(x: number, fraction: number): number {
+  const [digits, exponent = '0'] = fraction.toExponential().split('e');
+  const [whole, decimals = ''] = digits.split('.');
+  const numerator = BigInt(whole + decimals);
+  const power = Number(exponent) - decimals.length;
+  const scaled = power >= 0 ? BigInt(x) * numerator * 10n ** BigInt(power) : (BigInt(x) * numerator) / 10n ** BigInt(-power);
+  return Math.max(1, Number(scaled));
+}
+
+function describeValue(value: unknown): string {
+  return typeof value === 'string' ? `'${value}'` : String(value);
+}
 
 /** The Functions library's name, as `#!lua name=ratelimit` declares it. */
 export const LIBRARY_NAME = 'ratelimit';
@@ -45,8 +64,13 @@ export interface Logger {
 export interface RateLimiterOptions {
   /** Redis down, refusing, not answering within `timeoutMs`, or the breaker open: `'open'`
    * (default) answers admitted decisions with `source: 'error'`; `'closed'` rejects with
-   * RateLimitUnavailable. */
-  onError?: 'open' | 'closed';
+   * RateLimitUnavailable; `'local'` decides with an exact in-process limiter of the same
+   * algorithm and parameters (`source: 'fallback'`), scaled by `localShare`. */
+  onError?: 'open' | 'closed' | 'local';
+  /** With `onError: 'local'`: the share of each limit this process may admit on its own while
+   * Redis is unavailable, more than 0 and at most 1 (default 1): the local limit and burst are
+   * ⌊x · localShare⌋, at least 1. */
+  localShare?: number;
   /** The most any call may take, whatever the client's own settings (default 500 ms). */
   timeoutMs?: number;
   /** `'auto'` (default): the module's commands, else the Functions library; or only one. */
@@ -186,7 +210,8 @@ function policyName(name: unknown): string {
  */
 export class RateLimiter {
   readonly policies: Policies;
-  readonly onError: 'open' | 'closed';
+  readonly onError: 'open' | 'closed' | 'local';
+  readonly localShare: number;
   readonly timeoutMs: number;
   readonly libraryPrefix: string;
   private readonly transport: Transport;
@@ -199,6 +224,8 @@ export class RateLimiter {
   private engineInUse: 'module' | 'library' | null = null;
   private libraryReady: Promise<void> | null = null;
   private readonly cache = new Map<string, CachedPolicy>();
+  private readonly local = new LocalLimiter({ maxKeys: LOCAL_KEYS });
+  private readonly scaledLimits = new WeakMap<Limit, Limit>();
   private readonly warned = new Set<string>();
   private down = false;
   private libraryAnnounced = false;
@@ -206,7 +233,11 @@ export class RateLimiter {
   constructor(client: unknown, options: RateLimiterOptions = {}) {
     this.transport = transport(client);
     const { onError = 'open', timeoutMs = 500, engine = 'auto', libraryPrefix = 'fn:', loadLibrary = true } = options;
-    if (onError !== 'open' && onError !== 'closed') throw new TypeError(`onError must be 'open' or 'closed', not '${onError}'`);
+    if (!['open', 'closed', 'local'].includes(onError)) throw new TypeError(`onError must be 'open', 'closed' or 'local', not ${describeValue(onError)}`);
+    const localShare = options.localShare ?? 1;
+    if (typeof localShare !== 'number' || Number.isNaN(localShare)) throw new TypeError(`localShare must be a number, not ${describeValue(localShare)}`);
+    if (!(localShare > 0 && localShare <= 1)) throw new RangeError(`localShare must be more than 0 and at most 1, not ${localShare}`);
+    this.localShare = localShare;
     if (!['auto', 'module', 'library'].includes(engine)) throw new TypeError(`engine must be 'auto', 'module' or 'library', not '${engine}'`);
     if (!(Number.isFinite(timeoutMs) && timeoutMs > 0)) throw new TypeError('timeoutMs must be a positive number of ms');
     if (typeof libraryPrefix !== 'string') throw new TypeError('libraryPrefix must be a string');
@@ -239,24 +270,24 @@ export class RateLimiter {
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
   async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
-    return this.single('check', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
+    return this.single('check', key, spec, checkCost(options.cost ?? 1), options.at);
   }
 
   /** What `check` would answer now, changing nothing. */
   async peek(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
-    return this.single('peek', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
+    return this.single('peek', key, spec, checkCost(options.cost ?? 1), options.at);
   }
 
   /** Gives back `cost` that admitted requests consumed (a request not served); the decision
    * right after (what a peek of cost 0 answers). */
   async refund(key: string, spec: LimitSpec, cost: number, options: { at?: number } = {}): Promise<Decision> {
-    return this.single('refund', key, spec, checkCost(cost), atArgs(options.at));
+    return this.single('refund', key, spec, checkCost(cost), options?.at);
   }
 
   /** A partial grant (`RATELIMIT.TAKE`): takes the largest cost from 0 to `max` that `check`
    * would admit now, and consumes it; `granted` says how much (`allowed` is `granted > 0`). */
   async take(key: string, spec: LimitSpec, max: number, options: { at?: number } = {}): Promise<Decision> {
-    return this.single('take', key, spec, checkCost(max, 1), atArgs(options.at));
+    return this.single('take', key, spec, checkCost(max, 1), options?.at);
   }
 
   /** One request against several limits, all or nothing (in a cluster, give the keys one hash
@@ -296,7 +327,7 @@ export class RateLimiter {
       });
       d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
       return d;
-    }, cost, true);
+    }, cost, null, true);
   }
 
   /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
@@ -384,9 +415,10 @@ export class RateLimiter {
 
   // ---- the engines ----
 
-  private single(command: Command, key: string, spec: LimitSpec, cost: number, at: string[]): Promise<Decision> {
+  private single(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
     checkKey(key);
     checkSpec(spec);
+    const at = atArgs(atMs);
     const readonly = command === 'peek';
     const moduleName = COMMANDS[command];
     // TAKE's number is MAX, the others' COST; TAKE's reply carries the grant.
@@ -416,7 +448,55 @@ export class RateLimiter {
         },
       );
       return { ...decision(reply, source, period, replyCost), shadowRejected };
-    }, command === 'refund' ? 0 : cost);
+    }, command === 'refund' ? 0 : cost, () => this.decideLocally(command, key, spec, cost, atMs));
+  }
+
+  /** onError 'local': the call on the in-process limiter, at `at` or the machine's clock; null
+   * where the limit is not known here (a policy without a cached definition or a fallback, or a
+   * shadow policy), which fails open. */
+  private decideLocally(command: Command, key: string, spec: LimitSpec, cost: number, at: number | undefined): Decision | null {
+    const lim = this.localLimit(spec);
+    if (lim === null) return null;
+    const now = at ?? Date.now();
+    let reply: Reply;
+    let granted = 0;
+    if (command === 'take') {
+      reply = this.local.take(key, lim, cost, now);
+      granted = (reply as Reply & { granted: number }).granted;
+    } else if (command === 'refund') {
+      reply = this.local.refund(key, lim, cost, now);
+    } else {
+      reply = this.local.check(key, lim, cost, now, command === 'check');
+      granted = reply.allowed ? cost : 0;
+    }
+    return localDecision({ ...reply }, 'fallback', lim.periodMs, granted);
+  }
+
+  /** The limit the in-process limiter applies for a spec, scaled by localShare. */
+  private localLimit(spec: LimitSpec): Limit | null {
+    let lim: Limit | undefined;
+    if (isPolicy(spec)) {
+      const cached = this.cache.get(spec.name);
+      if (cached?.definition) {
+        if (cached.definition.mode === 'shadow') return null;
+        lim = cached.definition.limitSpec;
+      } else {
+        lim = spec.fallback;
+      }
+    } else {
+      lim = spec;
+    }
+    if (!lim) return null;
+    if (this.localShare === 1) return lim;
+    let scaled = this.scaledLimits.get(lim);
+    if (!scaled) {
+      scaled = limit(lim.algorithm, share(lim.limit, this.localShare), lim.periodMs, {
+        ...(lim.burst !== undefined ? { burst: share(lim.burst, this.localShare) } : {}),
+        ...(lim.block !== undefined ? { block: lim.block } : {}),
+      });
+      this.scaledLimits.set(lim, scaled);
+    }
+    return scaled;
   }
 
   /** A spec's module arguments: inline as given; a policy by name, with its definition (period,
@@ -569,7 +649,8 @@ export class RateLimiter {
         this.breaker.failure();
         if (!this.down) {
           this.down = true;
-          this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${this.onError === 'open' ? 'open (admitted)' : 'closed (RateLimitUnavailable)'}`);
+          const failing = { open: 'open (admitted)', closed: 'closed (RateLimitUnavailable)', local: 'over to the in-process limiter' }[this.onError];
+          this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${failing}`);
         }
         throw new RateLimitUnavailable(`Redis unavailable: ${replyMessage(error)}`, { cause: error });
       }
@@ -587,11 +668,13 @@ export class RateLimiter {
   }
 
   /** A decision, with onError applied. */
-  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, granted: number, multi = false): Promise<D> {
+  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, granted: number, local: (() => D | null) | null = null, multi = false): Promise<D> {
     try {
       return await this.guard(work);
     } catch (error) {
       if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
+      const decided = this.onError === 'local' && local ? local() : null;
+      if (decided) return decided;
       const failed = errorDecision(periodMs, granted);
       return (multi ? { ...failed, limits: [] } : failed) as D;
     }
