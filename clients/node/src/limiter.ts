@@ -33,6 +33,7 @@ import { isReplyError, isUnavailable, replyMessage, transport, type Transport } 
 import { RateLimited, RateLimitError, RateLimitUnavailable } from './errors.js';
 import { LIBRARY } from './generated/library.js';
 import { LocalLimiter, localDecision, type Reply } from './local.js';
+import { DenialCache } from './cache.js';
 
 /** The most keys the in-process limiter of `onError: 'local'` holds. */
 const LOCAL_KEYS = 10000;
@@ -45,6 +46,23 @@ function share(x: number, fraction: number): number {
   const power = Number(exponent) - decimals.length;
   const scaled = power >= 0 ? BigInt(x) * numerator * 10n ** BigInt(power) : (BigInt(x) * numerator) / 10n ** BigInt(-power);
   return Math.max(1, Number(scaled));
+}
+
+/** The transport with every command counted (`rl.stats.commands`). */
+function counting(inner: Transport, count: () => void): Transport {
+  return {
+    kind: inner.kind,
+    cluster: inner.cluster,
+    send: (args, key, readonly) => {
+      count();
+      return inner.send(args, key, readonly);
+    },
+    primaries: async () =>
+      (await inner.primaries()).map((send) => (args: string[]) => {
+        count();
+        return send(args);
+      }),
+  };
 }
 
 function describeValue(value: unknown): string {
@@ -87,8 +105,27 @@ export interface RateLimiterOptions {
   policyRefreshMs?: number;
   /** Where the limiter says which engine serves and what it did (default: console). */
   logger?: Logger;
-  /** The clock of the breaker and the policy cache (ms); tests give their own. */
+  /** A bounded LRU of this many refusals, each answered again locally (`source: 'cache'`) until
+   * its `retryAfterMs` has passed, for a request of the same key and limit asking at least as
+   * much; 0 (default): off. */
+  denialCache?: number;
+  /** The limiter's monotonic clock in ms (default `performance.now`): the breaker, the policy
+   * cache, the denial cache and batches' hold times; tests give their own. */
   now?: () => number;
+}
+
+/** What a limiter has done, for scripts and benchmarks: `rl.stats`. */
+export interface Stats {
+  /** Commands sent to Redis (each one of a pipeline counts). */
+  commands: number;
+  /** Decisions answered, by `source`. */
+  decisions: Record<Source, number>;
+  /** Units batches took from Redis (TAKE), admitted locally, and gave back (REFUND). */
+  batchTaken: number;
+  batchUsed: number;
+  batchRefunded: number;
+  /** Units this limiter's batches hold now: taken, not yet admitted or given back. */
+  held: number;
 }
 
 /** The options of a call: its cost (default 1), and `at`, a time in ms since the Unix epoch to
@@ -225,13 +262,22 @@ export class RateLimiter {
   private libraryReady: Promise<void> | null = null;
   private readonly cache = new Map<string, CachedPolicy>();
   private readonly local = new LocalLimiter({ maxKeys: LOCAL_KEYS });
+  private readonly denials: DenialCache | null;
+  private readonly counters: Stats = {
+    commands: 0,
+    decisions: { module: 0, library: 0, error: 0, cache: 0, local: 0, fallback: 0 },
+    batchTaken: 0,
+    batchUsed: 0,
+    batchRefunded: 0,
+    held: 0,
+  };
   private readonly scaledLimits = new WeakMap<Limit, Limit>();
   private readonly warned = new Set<string>();
   private down = false;
   private libraryAnnounced = false;
 
   constructor(client: unknown, options: RateLimiterOptions = {}) {
-    this.transport = transport(client);
+    this.transport = counting(transport(client), () => (this.counters.commands += 1));
     const { onError = 'open', timeoutMs = 500, engine = 'auto', libraryPrefix = 'fn:', loadLibrary = true } = options;
     if (!['open', 'closed', 'local'].includes(onError)) throw new TypeError(`onError must be 'open', 'closed' or 'local', not ${describeValue(onError)}`);
     const localShare = options.localShare ?? 1;
@@ -250,7 +296,11 @@ export class RateLimiter {
     this.engineOption = engine;
     this.libraryPrefix = libraryPrefix;
     this.loadLibraryOption = loadLibrary;
-    this.now = options.now ?? Date.now;
+    this.now = options.now ?? (() => performance.now());
+    const denials = options.denialCache ?? 0;
+    if (typeof denials !== 'number' || !Number.isInteger(denials)) throw new TypeError(`denialCache must be an integer (a number of refusals), not ${describeValue(denials)}`);
+    if (denials < 0) throw new RangeError(`denialCache must be 0 (off) or more, not ${denials}`);
+    this.denials = denials > 0 ? new DenialCache(denials, this.now) : null;
     this.breaker = new Breaker(failures, cooldownMs, this.now);
     this.policyRefreshMs = options.policyRefreshMs ?? 10000;
     this.logger = options.logger ?? console;
@@ -270,24 +320,73 @@ export class RateLimiter {
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
   async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
-    return this.single('check', key, spec, checkCost(options.cost ?? 1), options.at);
+    const cost = checkCost(options.cost ?? 1);
+    const id = this.denialId('check', key, spec, options.at);
+    const cached = id && this.denials!.get(id, cost, true);
+    if (cached) return this.counted(cached);
+    const d = await this.single('check', key, spec, cost, options.at);
+    if (id) this.remember(id, key, spec, cost, d);
+    return this.counted(d);
   }
 
-  /** What `check` would answer now, changing nothing. */
+  /** What `check` would answer now, changing nothing (never answered from the denial cache). */
   async peek(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
-    return this.single('peek', key, spec, checkCost(options.cost ?? 1), options.at);
+    return this.counted(await this.single('peek', key, spec, checkCost(options.cost ?? 1), options.at));
   }
 
   /** Gives back `cost` that admitted requests consumed (a request not served); the decision
    * right after (what a peek of cost 0 answers). */
   async refund(key: string, spec: LimitSpec, cost: number, options: { at?: number } = {}): Promise<Decision> {
-    return this.single('refund', key, spec, checkCost(cost), options?.at);
+    checkKey(key);
+    this.denials?.dropKey(key);
+    return this.counted(await this.single('refund', key, spec, checkCost(cost), options?.at));
   }
 
   /** A partial grant (`RATELIMIT.TAKE`): takes the largest cost from 0 to `max` that `check`
    * would admit now, and consumes it; `granted` says how much (`allowed` is `granted > 0`). */
   async take(key: string, spec: LimitSpec, max: number, options: { at?: number } = {}): Promise<Decision> {
-    return this.single('take', key, spec, checkCost(max, 1), options?.at);
+    const most = checkCost(max, 1);
+    const id = this.denialId('take', key, spec, options?.at);
+    const cached = id && this.denials!.get(id, most, false);
+    if (cached) return this.counted(cached);
+    const d = await this.single('take', key, spec, most, options?.at);
+    if (id) this.remember(id, key, spec, most, d);
+    return this.counted(d);
+  }
+
+  /** What this limiter has done: commands sent, decisions by source, batches' units. */
+  get stats(): Stats {
+    return { ...this.counters, decisions: { ...this.counters.decisions } };
+  }
+
+  /** The denial cache's entry for a call, after its arguments are checked; null without a cache. */
+  private denialId(kind: 'check' | 'take', key: string, spec: LimitSpec, at: number | undefined): string | null {
+    checkKey(key);
+    checkSpec(spec);
+    atArgs(at);
+    if (!this.denials || !this.cacheable(spec)) return null;
+    return `${kind}\n${key}\n${isPolicy(spec) ? `POLICY ${spec.name}` : limitArgs(spec).join(' ')}`;
+  }
+
+  /** Whether refusals of a limit may be answered again here: not with a BLOCK (a refusal after
+   * a block ends starts another, which an answer from here would skip). A policy's block is
+   * known from its definition once read (else its fallback's applies: the library, or the
+   * server without it). */
+  private cacheable(spec: LimitSpec): boolean {
+    if (!isPolicy(spec)) return spec.block === undefined;
+    const definition = this.cache.get(spec.name)?.definition;
+    if (definition) return definition.blockMs === 0;
+    return spec.fallback === undefined || spec.fallback.block === undefined;
+  }
+
+  /** Keeps a refusal Redis answered (not one of onError's). */
+  private remember(id: string, key: string, spec: LimitSpec, cost: number, d: Decision): void {
+    if ((d.source === 'module' || d.source === 'library') && this.cacheable(spec)) this.denials!.put(id, key, cost, d);
+  }
+
+  private counted<D extends Decision>(d: D): D {
+    this.counters.decisions[d.source] += 1;
+    return d;
   }
 
   /** One request against several limits, all or nothing (in a cluster, give the keys one hash
@@ -301,7 +400,7 @@ export class RateLimiter {
     const cost = checkCost(options.cost ?? 1);
     const at = atArgs(options.at);
     const keys = pairs.map(([key]) => key);
-    return this.decide(0, async () => {
+    return this.counted(await this.decide(0, async () => {
       const { reply, source, periods, peeked } = await this.run(
         async () => {
           const resolved = await Promise.all(pairs.map(([key, spec]) => this.resolveForModule(key, spec)));
@@ -327,13 +426,14 @@ export class RateLimiter {
       });
       d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
       return d;
-    }, cost, null, true);
+    }, cost, null, true));
   }
 
   /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
   async reset(...keys: string[]): Promise<number> {
     if (keys.length === 0) throw new TypeError('reset needs at least one key');
     keys.forEach((key) => checkKey(key));
+    keys.forEach((key) => this.denials?.dropKey(key));
     return this.strict(async () => {
       const { reply } = await this.run(
         async () => ({ reply: await this.transport.send(['RATELIMIT.RESET', ...keys], keys[0]) }),
@@ -356,7 +456,7 @@ export class RateLimiter {
     if (typeof id !== 'string' || id === '') throw new TypeError('acquire needs { id }: the id the lease is held under (release it with the same)');
     const cost = checkCost(options.cost ?? 1, 1);
     const rest = [String(limitN), String(lease), 'ID', id, 'COST', String(cost), ...atArgs(options.at)];
-    return this.decide(leaseMs, async () => {
+    return this.counted(await this.decide(leaseMs, async () => {
       const { reply, source } = await this.run(
         async () => ({ reply: await this.transport.send(['RATELIMIT.ACQUIRE', key, ...rest], key) }),
         async () => {
@@ -365,7 +465,7 @@ export class RateLimiter {
         },
       );
       return decision(reply, source, leaseMs, cost);
-    }, cost);
+    }, cost));
   }
 
   /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
@@ -538,9 +638,10 @@ export class RateLimiter {
     return cached.definition;
   }
 
-  /** @internal a policy changed here: read it again at its next use. */
+  /** @internal a policy changed here: read it again at its next use; its refusals are void. */
   _forget(name: string): void {
     this.cache.delete(name);
+    this.denials?.dropMatching(`\nPOLICY ${name}`);
   }
 
   /** The inline limit the library applies for a spec. */
