@@ -32,6 +32,13 @@ export interface Limit {
   readonly burst?: number;
   /** A penalty block: who exceeds the limit is refused for this long (the period's syntax). */
   readonly block?: Period;
+  /** Batches (`check` only): each process takes units ahead with TAKE and admits from them
+   * locally, holding them this long at most (the period's syntax, e.g. `'50ms'`). */
+  readonly batch?: Period;
+  /** The batch's hold time in ms. */
+  readonly batchMs?: number;
+  /** The most units one batch takes (default: `limit`). */
+  readonly batchMax?: number;
 }
 
 /** A limit defined on the server (`RATELIMIT.POLICY SET`), named in calls. */
@@ -126,7 +133,7 @@ export function limit(
   algorithm: Algorithm,
   limit: number,
   period: Period,
-  options: { burst?: number; block?: Period } = {},
+  options: { burst?: number; block?: Period; batch?: Period; batchMax?: number } = {},
 ): Limit {
   if (!(ALGORITHMS as readonly string[]).includes(algorithm)) {
     throw new TypeError(`unknown algorithm ${describe(algorithm)}: expected one of ${ALGORITHMS.join(', ')}`);
@@ -139,7 +146,7 @@ export function limit(
     period,
     periodMs: periodMs(period),
   };
-  const { burst, block } = options ?? {};
+  const { burst, block, batch, batchMax } = options ?? {};
   if (burst !== undefined) {
     if (!BUCKETS.includes(algorithm)) throw new TypeError('burst applies only to token-bucket, leaky-bucket and gcra');
     result.burst = integer('burst', burst, 1, MAX_VALUE);
@@ -147,6 +154,13 @@ export function limit(
   if (block !== undefined) {
     periodMs(block, 'block');
     result.block = block;
+  }
+  if (batch !== undefined) {
+    result.batch = batch;
+    result.batchMs = periodMs(batch, 'batch');
+    result.batchMax = batchMax === undefined ? limit : integer('batchMax', batchMax, 1, MAX_VALUE);
+  } else if (batchMax !== undefined) {
+    throw new TypeError('batchMax needs batch (the hold time, e.g. { batch: \'50ms\', batchMax: 100 })');
   }
   return Object.freeze(result);
 }

@@ -12,6 +12,7 @@ import {
   decision,
   errorDecision,
   integerReply,
+  isLimit,
   isPolicy,
   limit,
   limitArgs,
@@ -194,6 +195,32 @@ interface CachedPolicy {
   refreshing?: Promise<unknown>;
 }
 
+/** One key's batch of a limit: the units this process took (TAKE) and has not admitted yet. */
+interface Batch {
+  id: string;
+  key: string;
+  lim: Limit;
+  /** Units held, not admitted yet. */
+  units: number;
+  /** When the hold ends (the limiter's clock): the units left are then given back. */
+  holdEnd: number;
+  /** The limiter's clock and the call's `at` at the last TAKE (the refund's `at` follows). */
+  now0: number;
+  at0?: number;
+  /** The last TAKE's decision: what local answers report. */
+  taken: Decision | null;
+  /** The TAKE in flight: null when it granted, the refusal when it did not. */
+  inFlight: Promise<Decision | null> | null;
+  /** Units asked by callers waiting for it. */
+  waiting: number;
+  /** Units asked in the current and the previous interval of one hold time. */
+  demandSince: number;
+  demandNow: number;
+  demandBefore: number;
+  lastAsked: number;
+  timer?: ReturnType<typeof setTimeout>;
+}
+
 /** A spec resolved for the engine in use: the arguments to send and what goes with them. */
 interface Resolved {
   args: string[];
@@ -263,6 +290,8 @@ export class RateLimiter {
   private readonly cache = new Map<string, CachedPolicy>();
   private readonly local = new LocalLimiter({ maxKeys: LOCAL_KEYS });
   private readonly denials: DenialCache | null;
+  private readonly batches = new Map<string, Batch>();
+  private readonly refunds = new Set<Promise<void>>();
   private readonly counters: Stats = {
     commands: 0,
     decisions: { module: 0, library: 0, error: 0, cache: 0, local: 0, fallback: 0 },
@@ -324,7 +353,8 @@ export class RateLimiter {
     const id = this.denialId('check', key, spec, options.at);
     const cached = id && this.denials!.get(id, cost, true);
     if (cached) return this.counted(cached);
-    const d = await this.single('check', key, spec, cost, options.at);
+    const batched = isLimit(spec) && spec.batchMs !== undefined && cost > 0;
+    const d = batched ? await this.batchCheck(key, spec, cost, options.at) : await this.single('check', key, spec, cost, options.at);
     if (id) this.remember(id, key, spec, cost, d);
     return this.counted(d);
   }
@@ -357,6 +387,170 @@ export class RateLimiter {
   /** What this limiter has done: commands sent, decisions by source, batches' units. */
   get stats(): Stats {
     return { ...this.counters, decisions: { ...this.counters.decisions } };
+  }
+
+  /** Ends every batch, giving back (REFUND) the units they hold, and waits for the refunds.
+   * The client stays open (close it yourself); later calls start new batches. */
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.batches.values()].map((b) => b.inFlight).filter((p) => p !== null));
+    for (const b of this.batches.values()) {
+      clearTimeout(b.timer);
+      this.endHold(b);
+    }
+    this.batches.clear();
+    await Promise.allSettled([...this.refunds]);
+  }
+
+  // ---- batches ----
+
+  /** A check of a batched limit: from the units this process holds when they cover `cost`; else
+   * a TAKE (one in flight per key and limit, shared by the callers waiting for it). */
+  private async batchCheck(key: string, lim: Limit, cost: number, at: number | undefined): Promise<Decision> {
+    atArgs(at);
+    const b = this.batchFor(key, lim);
+    this.noteDemand(b, cost);
+    for (let round = 0; round < 4; round += 1) {
+      if (b.units > 0 && this.now() >= b.holdEnd) this.endHold(b);
+      if (b.units >= cost) return this.fromBatch(b, cost);
+      let refusal: Decision | null;
+      if (b.inFlight) {
+        b.waiting += cost;
+        try {
+          refusal = await b.inFlight;
+        } catch (error) {
+          return this.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
+        } finally {
+          b.waiting -= cost;
+        }
+      } else {
+        // Fewer units than this request: given back, and a batch of at least its cost taken.
+        if (b.units > 0) this.endHold(b);
+        const wanted = Math.max(cost, Math.min(lim.batchMax ?? lim.limit, Math.max(this.demand(b), cost + b.waiting)));
+        const taking = this.takeBatch(b, wanted, at);
+        b.inFlight = taking;
+        try {
+          refusal = await taking;
+        } catch (error) {
+          return this.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
+        } finally {
+          if (b.inFlight === taking) b.inFlight = null;
+        }
+      }
+      // A TAKE that granted nothing refuses a request of one unit exactly (its wait is until one
+      // unit can be granted); a larger request is asked of Redis for its own answer.
+      if (refusal) return cost === 1 ? { ...refusal } : this.single('check', key, lim, cost, at);
+    }
+    return this.single('check', key, lim, cost, at);
+  }
+
+  /** The batch of a key and limit, made at its first request. */
+  private batchFor(key: string, lim: Limit): Batch {
+    const id = `${key}\n${limitArgs(lim).join(' ')}`;
+    let b = this.batches.get(id);
+    if (!b) {
+      const now = this.now();
+      b = { id, key, lim, units: 0, holdEnd: 0, now0: now, taken: null, inFlight: null, waiting: 0, demandSince: now, demandNow: 0, demandBefore: 0, lastAsked: now };
+      this.batches.set(id, b);
+    }
+    return b;
+  }
+
+  /** Counts `cost` asked in the current hold-long interval of the batch's demand. */
+  private noteDemand(b: Batch, cost: number): void {
+    const now = this.now();
+    const hold = b.lim.batchMs!;
+    const passed = now - b.demandSince;
+    if (passed >= hold) {
+      b.demandBefore = passed < 2 * hold ? b.demandNow : 0;
+      b.demandNow = 0;
+      b.demandSince = now - (passed % hold);
+    }
+    b.demandNow += cost;
+    b.lastAsked = now;
+  }
+
+  /** Units asked over the last hold time: the current interval's, and the previous one's
+   * weighted by how much of it is still within the last hold time. */
+  private demand(b: Batch): number {
+    const hold = b.lim.batchMs!;
+    const into = Math.min(hold, Math.max(0, this.now() - b.demandSince));
+    return Math.ceil(b.demandNow + (b.demandBefore * (hold - into)) / hold);
+  }
+
+  /** One TAKE for the batch: null when it granted units (held now), the refusal when none. */
+  private async takeBatch(b: Batch, wanted: number, at: number | undefined): Promise<Decision | null> {
+    const d = await this.guard(() => this.request('take', b.key, b.lim, wanted, at));
+    if (d.granted === 0) return d;
+    const now = this.now();
+    b.units += d.granted;
+    b.taken = d;
+    b.holdEnd = now + b.lim.batchMs!;
+    b.now0 = now;
+    b.at0 = at;
+    this.counters.held += d.granted;
+    this.counters.batchTaken += d.granted;
+    this.arm(b, b.lim.batchMs!);
+    return null;
+  }
+
+  /** Admits `cost` from the units held. The numbers: the TAKE's, with `remaining` the server's
+   * remaining at the TAKE plus the units still held, and the times counted down since. */
+  private fromBatch(b: Batch, cost: number): Decision {
+    b.units -= cost;
+    this.counters.held -= cost;
+    this.counters.batchUsed += cost;
+    const taken = b.taken!;
+    const since = this.now() - b.now0;
+    return {
+      ...taken,
+      allowed: true,
+      granted: cost,
+      remaining: taken.remaining + b.units,
+      retryAfterMs: 0,
+      resetAfterMs: Math.max(0, Math.ceil(taken.resetAfterMs - since)),
+      delayMs: Math.max(0, Math.ceil(taken.delayMs - since)),
+      source: 'local',
+      shadowRejected: false,
+    };
+  }
+
+  /** The hold ends: the units left are given back (REFUND, at the batch's own time when it was
+   * taken `at` one), a failure logged. */
+  private endHold(b: Batch): void {
+    const units = b.units;
+    b.units = 0;
+    b.holdEnd = 0;
+    if (units === 0) return;
+    this.counters.held -= units;
+    this.denials?.dropKey(b.key);
+    const at = b.at0 === undefined ? undefined : b.at0 + Math.floor(this.now() - b.now0);
+    const refund = this.strict(() => this.request('refund', b.key, b.lim, units, at)).then(
+      () => {
+        this.counters.batchRefunded += units;
+      },
+      (error) => {
+        this.logger.warn(`ratelimit: could not give back ${units} unused units of a batch on ${b.key} (${replyMessage(error)}): they return to the limit as it refills`);
+      },
+    );
+    this.refunds.add(refund);
+    void refund.finally(() => this.refunds.delete(refund));
+  }
+
+  /** The batch's timer: ends the hold when it is over (requests may not come to end it), and
+   * forgets the batch after two hold times without a request. */
+  private arm(b: Batch, ms: number): void {
+    clearTimeout(b.timer);
+    b.timer = setTimeout(() => {
+      const now = this.now();
+      const hold = b.lim.batchMs!;
+      if (b.units > 0 && now >= b.holdEnd) this.endHold(b);
+      if (b.units === 0 && b.inFlight === null && now - b.lastAsked >= 2 * hold) {
+        if (this.batches.get(b.id) === b) this.batches.delete(b.id);
+        return;
+      }
+      this.arm(b, b.units > 0 ? Math.max(1, Math.ceil(b.holdEnd - now)) : hold);
+    }, ms);
+    b.timer.unref?.();
   }
 
   /** The denial cache's entry for a call, after its arguments are checked; null without a cache. */
@@ -518,13 +712,21 @@ export class RateLimiter {
   private single(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
     checkKey(key);
     checkSpec(spec);
+    atArgs(atMs);
+    return this.decide(this.knownPeriodMs(spec), () => this.request(command, key, spec, cost, atMs),
+      command === 'refund' ? 0 : cost, () => this.decideLocally(command, key, spec, cost, atMs));
+  }
+
+  /** One call on one limit, sent to the engine in use (no onError: RateLimitUnavailable as the
+   * guard raises it). */
+  private async request(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
     const at = atArgs(atMs);
     const readonly = command === 'peek';
     const moduleName = COMMANDS[command];
     // TAKE's number is MAX, the others' COST; TAKE's reply carries the grant.
     const amount = [command === 'take' ? 'MAX' : 'COST', String(cost)];
     const replyCost = command === 'take' ? null : command === 'refund' ? 0 : cost;
-    return this.decide(this.knownPeriodMs(spec), async () => {
+    {
       const { reply, source, periodMs: period, shadowRejected } = await this.run(
         async () => {
           const resolved = await this.resolveForModule(key, spec);
@@ -548,7 +750,7 @@ export class RateLimiter {
         },
       );
       return { ...decision(reply, source, period, replyCost), shadowRejected };
-    }, command === 'refund' ? 0 : cost, () => this.decideLocally(command, key, spec, cost, atMs));
+    }
   }
 
   /** onError 'local': the call on the in-process limiter, at `at` or the machine's clock; null
@@ -773,12 +975,17 @@ export class RateLimiter {
     try {
       return await this.guard(work);
     } catch (error) {
-      if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
-      const decided = this.onError === 'local' && local ? local() : null;
-      if (decided) return decided;
-      const failed = errorDecision(periodMs, granted);
-      return (multi ? { ...failed, limits: [] } : failed) as D;
+      return this.unavailable(error, periodMs, granted, local, multi);
     }
+  }
+
+  /** onError for a call that found Redis unavailable; any other error rejects as is. */
+  private unavailable<D extends Decision>(error: unknown, periodMs: number, granted: number, local: (() => D | null) | null, multi = false): D {
+    if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
+    const decided = this.onError === 'local' && local ? local() : null;
+    if (decided) return decided;
+    const failed = errorDecision(periodMs, granted);
+    return (multi ? { ...failed, limits: [] } : failed) as D;
   }
 
   /** A call without a decision to fall back to: RateLimitUnavailable whatever onError says. */
