@@ -25,8 +25,9 @@ export class DenialCache {
 
   /** A cached refusal for a request of `cost` (at least the one refused), counted down to now:
    * `retryAfterMs` and `resetAfterMs` are what remains of them; null when there is none.
-   * `bounded`: a cost above the decision's `limit` is never admitted (a check, not a take). */
-  get(id: string, cost: number, bounded: boolean): Decision | null {
+   * `bounded`: a cost above the decision's `limit` is never admitted (a check, not a take);
+   * `asked`, the request's own cost, where `cost` is compared to a take's MAX (Infinity: any). */
+  get(id: string, cost: number, bounded: boolean, asked = cost): Decision | null {
     const entry = this.entries.get(id);
     if (!entry) return null;
     const elapsed = this.now() - entry.since;
@@ -35,7 +36,7 @@ export class DenialCache {
       return null;
     }
     // A smaller cost may pass; a cost above the limit never can (Redis says so: -1, not kept).
-    if (cost < entry.cost || (bounded && cost > entry.decision.limit)) return null;
+    if (cost < entry.cost || (bounded && asked > entry.decision.limit)) return null;
     // Most recently used last.
     this.entries.delete(id);
     this.entries.set(id, entry);

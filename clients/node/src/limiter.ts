@@ -351,9 +351,11 @@ export class RateLimiter {
   async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
     const cost = checkCost(options.cost ?? 1);
     const id = this.denialId('check', key, spec, options.at);
-    const cached = id && this.denials!.get(id, cost, true);
+    // A TAKE that granted nothing refused one unit: every cost from 1 is refused meanwhile.
+    const cached = id && (this.denials!.get(id, cost, true) ?? (cost > 0 ? this.denials!.get(`take${id.slice(5)}`, Infinity, true, cost) : null));
     if (cached) return this.counted(cached);
-    const batched = isLimit(spec) && spec.batchMs !== undefined && cost > 0;
+    // A cost of 0 or above batchMax is a check of its own.
+    const batched = isLimit(spec) && spec.batchMs !== undefined && cost > 0 && cost <= spec.batchMax!;
     const d = batched ? await this.batchCheck(key, spec, cost, options.at) : await this.single('check', key, spec, cost, options.at);
     if (id) this.remember(id, key, spec, cost, d);
     return this.counted(d);
@@ -413,6 +415,7 @@ export class RateLimiter {
       if (b.units > 0 && this.now() >= b.holdEnd) this.endHold(b);
       if (b.units >= cost) return this.fromBatch(b, cost);
       let refusal: Decision | null;
+      const own = !b.inFlight;
       if (b.inFlight) {
         b.waiting += cost;
         try {
@@ -437,8 +440,10 @@ export class RateLimiter {
         }
       }
       // A TAKE that granted nothing refuses a request of one unit exactly (its wait is until one
-      // unit can be granted); a larger request is asked of Redis for its own answer.
+      // unit can be granted); a larger request, or one its own TAKE did not cover, is asked of
+      // Redis for its own answer (the units granted stay in the batch).
       if (refusal) return cost === 1 ? { ...refusal } : this.single('check', key, lim, cost, at);
+      if (own && b.units < cost) return this.single('check', key, lim, cost, at);
     }
     return this.single('check', key, lim, cost, at);
   }
@@ -493,8 +498,8 @@ export class RateLimiter {
     return null;
   }
 
-  /** Admits `cost` from the units held. The numbers: the TAKE's, with `remaining` the server's
-   * remaining at the TAKE plus the units still held, and the times counted down since. */
+  /** Admits `cost` from the units held. The numbers: the TAKE's, with `remaining` the units
+   * still held, and the times counted down since. */
   private fromBatch(b: Batch, cost: number): Decision {
     b.units -= cost;
     this.counters.held -= cost;
@@ -505,7 +510,7 @@ export class RateLimiter {
       ...taken,
       allowed: true,
       granted: cost,
-      remaining: taken.remaining + b.units,
+      remaining: b.units,
       retryAfterMs: 0,
       resetAfterMs: Math.max(0, Math.ceil(taken.resetAfterMs - since)),
       delayMs: Math.max(0, Math.ceil(taken.delayMs - since)),

@@ -225,8 +225,8 @@ test('concurrent callers share one TAKE in flight; local answers report the TAKE
     assert.deepEqual([rl.stats.batchTaken, rl.stats.batchUsed, rl.stats.held], [51, 50, 1]);
     const local = decisions.filter((d) => d.source === 'local');
     assert.equal(local.length, 50);
-    // remaining: the server's at the last TAKE (50), plus what the batch still held after each.
-    assert.deepEqual(local.slice(-3).map((d) => d.remaining), [52, 51, 50]);
+    // remaining: what the batch still holds after each.
+    assert.deepEqual(local.slice(-3).map((d) => d.remaining), [3, 2, 1]);
     // A request of more than is held, with nothing held: a TAKE of at least its cost.
     const big = await rl.check('c', l, { at, cost: 5 });
     assert.deepEqual([big.allowed, big.granted, big.source], [true, 5, 'local']);
