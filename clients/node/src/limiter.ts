@@ -625,7 +625,7 @@ export class RateLimiter {
       });
       d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
       return d;
-    }, cost, null, true));
+    }, cost, () => this.checkAllLocally(pairs, cost, options.at), true));
   }
 
   /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
@@ -777,6 +777,17 @@ export class RateLimiter {
       granted = reply.allowed ? cost : 0;
     }
     return localDecision({ ...reply }, 'fallback', lim.periodMs, granted);
+  }
+
+  /** onError 'local' for checkAll: all or nothing in process; null (fail open) when a limit is
+   * not known here. */
+  private checkAllLocally(pairs: Array<[string, LimitSpec]>, cost: number, at: number | undefined): MultiDecision | null {
+    const limits = pairs.map(([, spec]) => this.localLimit(spec));
+    if (limits.some((l) => l === null)) return null;
+    const { overall, each } = this.local.checkAll(pairs.map(([key], i) => [key, limits[i]!]), cost, at ?? Date.now());
+    const decisions = each.map((reply, i) => localDecision({ ...reply }, 'fallback', limits[i]!.periodMs, reply.allowed ? cost : 0));
+    const shown = decisions.find((d) => d.remaining === overall.remaining && d.limit === overall.limit);
+    return { ...localDecision({ ...overall }, 'fallback', shown?.periodMs ?? limits[0]!.periodMs, overall.allowed ? cost : 0), limits: decisions };
   }
 
   /** The limit the in-process limiter applies for a spec, scaled by localShare. */

@@ -500,6 +500,56 @@ export class LocalLimiter {
     return checkBlocking(after && copy(after), peek(t), false, null)[0].reply;
   }
 
+  /** `RATELIMIT.CHECKALL`: one request of `cost` against several limits, all or nothing (see
+   * docs/algorithms.md, CHECKALL): each limit's reply, and the overall one. */
+  checkAll(items: Array<[string, Limit]>, cost: number, now: number): { overall: Reply; each: Reply[] } {
+    const requests = items.map(([, lim]) => ({ algorithm: lim.algorithm, params: params(lim), cost, now }));
+    const occurrences = new Map<string, number>();
+    for (const [key] of items) occurrences.set(key, (occurrences.get(key) ?? 0) + 1);
+    const stored = new Map<string, Stored | undefined>();
+    for (const [key, lim] of items) if (!stored.has(key)) stored.set(key, this.load(key, lim.algorithm));
+    // First pass, writing nothing: a key named more than once is decided on a copy, each limit
+    // seeing what the ones before it consumed.
+    const copies = new Map<string, Stored | undefined>();
+    const outcomes: Outcome[] = [];
+    const byBlock: boolean[] = [];
+    items.forEach(([key, lim], i) => {
+      const req = requests[i];
+      let state = stored.get(key);
+      if (occurrences.get(key)! > 1) {
+        state = copies.has(key) ? copies.get(key) : state && copy(state);
+        if (state && state.algorithm !== lim.algorithm) throw new RateLimitError(`key holds a ${state.algorithm} limiter, not ${lim.algorithm} (reset it first)`);
+      }
+      byBlock.push(state !== undefined && Math.max(now, state.last) < state.blockedUntil);
+      const [outcome, after] = checkBlocking(state, req, occurrences.get(key)! > 1, null);
+      if (occurrences.get(key)! > 1) copies.set(key, after);
+      outcomes.push(outcome);
+    });
+    const admitted = outcomes.every((o) => o.reply.allowed);
+    if (admitted) {
+      items.forEach(([key, lim], i) => {
+        const [outcome, after] = checkBlocking(this.load(key, lim.algorithm), requests[i], true, null);
+        this.save(key, after);
+        outcomes[i] = outcome;
+      });
+    }
+    // A limit with BLOCK its algorithm rejected blocks its key, once per key, admitted or not.
+    const blocked = new Set<string>();
+    items.forEach(([key, lim], i) => {
+      const { reply, t } = outcomes[i];
+      const starts = cost > 0 && !reply.allowed && reply.retryAfterMs >= 0 && !byBlock[i] && !blocked.has(key);
+      if (!starts || lim.block === undefined) return;
+      const state = this.load(key, lim.algorithm);
+      if (!state) return;
+      const until = t + periodMs(lim.block, 'block');
+      this.save(key, { ...state, blockedUntil: until });
+      blocked.add(key);
+      outcomes[i] = { reply: blockedAnswer(reply, until, t), t };
+    });
+    const each = outcomes.map((o) => o.reply);
+    return { overall: combine(each), each };
+  }
+
   /** `RATELIMIT.RESET`: whether the key was held. */
   reset(key: string): boolean {
     return this.keys.delete(key);
@@ -533,6 +583,20 @@ export class LocalLimiter {
     this.keys.set(key, stored);
     if (this.keys.size > this.options.maxKeys) this.keys.delete(this.keys.keys().next().value as string);
   }
+}
+
+/** CHECKALL's overall reply: allowed if all are; the least `remaining` (and the `limit` of the
+ * first showing it); `retry_after_ms` -1 if any is, else the greatest; the greatest reset and delay. */
+function combine(replies: Reply[]): Reply {
+  const least = replies.reduce((a, b) => (b.remaining < a.remaining ? b : a));
+  return {
+    allowed: replies.every((r) => r.allowed),
+    limit: least.limit,
+    remaining: least.remaining,
+    retryAfterMs: replies.some((r) => r.retryAfterMs === -1) ? -1 : Math.max(...replies.map((r) => r.retryAfterMs)),
+    resetAfterMs: Math.max(...replies.map((r) => r.resetAfterMs)),
+    delayMs: Math.max(...replies.map((r) => r.delayMs)),
+  };
 }
 
 function copy(stored: Stored): Stored {

@@ -57,7 +57,7 @@ for (const seed of [1, 2, 3]) {
     const rl = new RateLimiter(deadClient(), { onError: 'local', logger });
     const rand = random(0xfa11 + seed);
     let at = Date.now() + 86400000 * (10 + seed);
-    const counts = { allowed: 0, refused: 0, partial: 0, blocked: 0, never: 0, refunds: 0 };
+    const counts = { allowed: 0, refused: 0, partial: 0, blocked: 0, never: 0, refunds: 0, checkAll: 0 };
     try {
       for (const algorithm of ALGORITHMS) {
         const keys = [`${algorithm}:a`, `${algorithm}:b`];
@@ -68,10 +68,23 @@ for (const seed of [1, 2, 3]) {
           if (rand() < 0.08) l = randomLimit(rand, algorithm);
           const key = rand.pick(keys);
           const cost = rand.pick([0, 1, 1, 1, 2, 3, l.burst ?? l.limit, Math.min(1e12, (l.burst ?? l.limit) + 1), 1e12]);
-          const op = rand.pick(['check', 'check', 'check', 'peek', 'take', 'take', 'refund']);
+          const op = rand.pick(['check', 'check', 'check', 'peek', 'take', 'take', 'refund', 'checkAll']);
           const label = `${op} ${key} ${specArgs(l).join(' ')} ${op === 'take' ? 'MAX' : 'COST'} ${cost} AT ${at}`;
           let d;
           let reply;
+          if (op === 'checkAll') {
+            // One to three limits on the two keys (a key named twice now and then), all or nothing.
+            const items = Array.from({ length: rand.int(1, 3) }, () => [rand.pick(keys), rand() < 0.5 ? l : randomLimit(rand, algorithm)]);
+            const all = await rl.checkAll(items, { cost, at });
+            const replies = await twin.call('RATELIMIT.CHECKALL', items.length, ...items.map(([k]) => k), ...items.flatMap(([, x]) => specArgs(x)), 'COST', cost, 'AT', at);
+            const text = `CHECKALL ${items.map(([k, x]) => `${k} ${specArgs(x).join(' ')}`).join(' | ')} COST ${cost} AT ${at}`;
+            history.push(`${text} -> ${JSON.stringify(replies)}`);
+            assert.deepEqual(all.limits.map(pick), replies.slice(1).map(fields), text);
+            assert.deepEqual(pick(all), fields(replies[0]), text);
+            assert.deepEqual([all.source, all.granted], ['fallback', all.allowed ? cost : 0], text);
+            counts.checkAll += 1;
+            continue;
+          }
           if (op === 'take') {
             const max = Math.max(1, cost);
             d = await rl.take(key, l, max, { at });
@@ -124,7 +137,7 @@ test('localShare scales the limit and burst to exact integers, at least 1; bad o
   assert.throws(() => new RateLimiter(deadClient(), { onError: 'locally' }), (e) => e instanceof TypeError && e.message.includes("'locally'"));
 });
 
-test('onError local: policies use their cached definition or their fallback, else fail open; leases and checkAll fail open; a key of another algorithm is refused', async () => {
+test('onError local: policies use their cached definition or their fallback, else fail open; leases fail open; checkAll all or nothing; a key of another algorithm is refused', async () => {
   const rl = new RateLimiter(deadClient(), { onError: 'local', logger: memoryLogger() });
   const at = 1_800_000_000_000;
   const withFallback = policy('api', { fallback: limit('fixed-window', 1, '1m') });
@@ -132,8 +145,10 @@ test('onError local: policies use their cached definition or their fallback, els
   const d = await rl.check('q', policy('bare'), { at });
   assert.deepEqual([d.source, d.allowed, d.granted], ['error', true, 1]);
   assert.equal((await rl.acquire('l', 1, '1s', { id: 'a', at })).source, 'error');
-  const all = await rl.checkAll([['{a}1', limit('fixed-window', 1, '1m')]], { at, cost: 2 });
+  const all = await rl.checkAll([['{a}1', limit('fixed-window', 1, '1m')], ['{a}2', policy('unknown')]], { at, cost: 2 });
   assert.deepEqual([all.source, all.granted], ['error', 2]);
+  const local = await rl.checkAll([['{a}1', limit('fixed-window', 3, '1m')], ['{a}2', limit('fixed-window', 9, '1h')]], { at, cost: 2 });
+  assert.deepEqual([local.source, local.granted, local.remaining, local.periodMs, local.limits.map((d) => d.remaining)], ['fallback', 2, 1, 60000, [1, 7]]);
   await rl.check('mixed', limit('gcra', 5, '1s'), { at });
   await assert.rejects(rl.check('mixed', limit('fixed-window', 5, '1s'), { at }), (e) => e instanceof RateLimitError && /holds a gcra limiter, not fixed-window/.test(e.message));
 });
@@ -173,6 +188,39 @@ test('onError local: a stalled server is decided in process, exactly, and Redis 
   } finally {
     server.resume();
     await closeClient(client);
+    await server.stop();
+  }
+});
+
+test('onError local: checkAll starts and answers blocks as the module does (once per key, admitted or not)', async (t) => {
+  if (NO_MODULE) return t.skip(NO_MODULE);
+  const server = await startServer({ module: true });
+  const twin = new Redis5({ port: server.port, host: '127.0.0.1', stringNumbers: true });
+  const rl = new RateLimiter(deadClient(), { onError: 'local', logger: memoryLogger() });
+  const base = Math.ceil((Date.now() + 86400000) / 60000) * 60000;
+  const l1 = limit('fixed-window', 2, '10s', { block: '5s' });
+  const l2 = limit('sliding-log', 5, '10s', { block: 700 });
+  const l3 = limit('fixed-window', 2, '10s', { block: '1s' });
+  const steps = [
+    [0, 2, [['k1', l1]]],
+    [100, 1, [['k1', l1], ['k2', l2]]],
+    [200, 0, [['k1', l1], ['k1', l3]]],
+    [300, 1, [['k2', l2], ['k2', l2], ['k1', l1]]],
+    [6000, 1, [['k2', l2], ['k2', l2], ['k1', l3], ['k1', l1]]],
+    [6500, 2, [['k2', l2], ['k2', l2], ['k2', l2]]],
+    [7000, 1, [['k2', l2], ['k1', l1]]],
+    [12000, 1, [['k1', l1], ['k1', l1], ['k2', l2]]],
+  ];
+  try {
+    for (const [offset, cost, items] of steps) {
+      const at = base + offset;
+      const label = `CHECKALL ${items.map(([k, x]) => `${k} ${specArgs(x).join(' ')}`).join(' | ')} COST ${cost} AT +${offset}`;
+      const all = await rl.checkAll(items, { cost, at });
+      const replies = await twin.call('RATELIMIT.CHECKALL', items.length, ...items.map(([k]) => k), ...items.flatMap(([, x]) => specArgs(x)), 'COST', cost, 'AT', at);
+      assert.deepEqual([pick(all), ...all.limits.map(pick)], replies.map(fields), label);
+    }
+  } finally {
+    twin.disconnect();
     await server.stop();
   }
 });
