@@ -325,6 +325,7 @@ export class RateLimiter {
     this.engineOption = engine;
     this.libraryPrefix = libraryPrefix;
     this.loadLibraryOption = loadLibrary;
+    if (options.now !== undefined && typeof options.now !== 'function') throw new TypeError(`now must be a function answering ms (a monotonic clock), not ${describeValue(options.now)}`);
     this.now = options.now ?? (() => performance.now());
     const denials = options.denialCache ?? 0;
     if (typeof denials !== 'number' || !Number.isInteger(denials)) throw new TypeError(`denialCache must be an integer (a number of refusals), not ${describeValue(denials)}`);

@@ -171,6 +171,7 @@ test('the denial cache keeps refusals with a wait only, never admissions, peeks 
     assert.equal((await rl.check('b', l, { at: at + 60000 })).allowed, true);
     assert.equal(rl.stats.commands, before.commands + 1);
     for (const bad of [-1]) assert.throws(() => new RateLimiter(client, { denialCache: bad }), (e) => e instanceof RangeError && e.message.includes('-1'));
+    assert.throws(() => new RateLimiter(client, { now: 5 }), (e) => e instanceof TypeError && e.message.includes('not 5'));
     for (const bad of [1.5, '10']) assert.throws(() => new RateLimiter(client, { denialCache: bad }), (e) => e instanceof TypeError && e.message.includes(String(bad)));
   } finally {
     await closeClient(client);
