@@ -1,6 +1,7 @@
 // RateLimiter: the engines (the module, else the Functions library it loads), the bound on every
-// call (timeoutMs), the breaker, and onError. It sends what the core builds and returns what the
-// core reads.
+// call (timeoutMs), the breaker, and onError (the in-process limiter of local.ts for 'local'); the
+// decisions without a round trip: the denial cache (cache.ts) and batches. It sends what the core
+// builds and returns what the core reads.
 
 import { randomUUID } from 'node:crypto';
 
@@ -268,9 +269,11 @@ function policyName(name: unknown): string {
 }
 
 /**
- * Rate limits on Redis: `check`, `peek`, `checkAll`, `refund`, `reset`, leases (`acquire`,
- * `release`, `withLease`) and `policies`, through a node-redis or ioredis client (standalone or
- * cluster), with the redis-ratelimit module or, where it is not loaded, the Functions library.
+ * Rate limits on Redis: `check`, `peek`, `take`, `checkAll`, `refund`, `reset`, leases
+ * (`acquire`, `release`, `withLease`) and `policies`, through a node-redis or ioredis client
+ * (standalone or cluster), with the redis-ratelimit module or, where it is not loaded, the
+ * Functions library; with a denial cache, batches (`close` gives back what they hold) and
+ * counters (`stats`) where asked for.
  */
 export class RateLimiter {
   readonly policies: Policies;
