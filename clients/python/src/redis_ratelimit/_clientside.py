@@ -26,8 +26,9 @@ def target(key: str, spec: LimitSpec) -> Target:
 class DenialCache:
     """At most `size` refusals, the least recently used dropped first, each answered again until
     its `retry_after_ms` has passed, for a cost at least the refused one (a cost that was refused
-    is refused for any larger cost: admission is monotone in the cost). A refusal that can never
-    pass (`retry_after_ms` -1) is not kept: it goes to Redis every time."""
+    is refused for any larger cost: admission is monotone in the cost) up to the limit. A refusal
+    that can never pass (`retry_after_ms` -1, a cost above the limit) is not kept: it goes to
+    Redis every time."""
 
     def __init__(self, size: int):
         self.size = size
@@ -46,6 +47,8 @@ class DenialCache:
                 if entry[0] != where or entry[1] > cost:
                     continue
                 until, at, decision = self._entries[entry]
+                if cost > decision.limit:
+                    return None  # never admitted (-1): Redis says so
                 if now_ms >= until:
                     self._drop(entry)
                     continue
