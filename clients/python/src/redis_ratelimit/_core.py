@@ -810,6 +810,7 @@ class Core:
                 return decision  # Redis unavailable: on_error's answer for this request
             with batch.lock:
                 if decision.granted:
+                    self._count("taken", decision.granted)
                     batch.held += decision.granted
                     batch.until, batch.taken_at, batch.reply = now + batch.hold_ms, now, decision
                     self.batches.holding(batch)

@@ -59,7 +59,7 @@ class _Common:
     def stats(self) -> Dict[str, int]:
         """Counters since the limiter was made: "commands" sent to Redis, and the decisions
         answered per source ("module", "library", "cache", "local", "fallback", "error"),
-        "refunded": units of batches given back."""
+        "taken" and "refunded": units batches took with TAKE and gave back."""
         return dict(self._core.stats)
 
     def held(self) -> int:
