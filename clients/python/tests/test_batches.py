@@ -198,3 +198,42 @@ def test_a_refund_that_fails_is_logged(caplog):
         assert "unused batch units of lost not done" in caplog.text
     finally:
         server.kill()
+
+
+def wait_until(condition, seconds: float = 10.0) -> bool:
+    """Polls `condition` until it holds (True) or `seconds` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_without_at_the_hold_ends_on_a_timer(module_server, key):
+    """On the limiter's own clock, an idle limiter refunds when the hold ends (sync: a thread)."""
+    rl = RateLimiter(module_server.client())
+    limit = Limit("token-bucket", 1000, "100h", batch="50ms")
+    for _ in range(5):
+        assert rl.check(key, limit).allowed
+    assert rl.held() == 3  # 1, 1, 2 and 4 taken, 5 admitted
+    assert wait_until(lambda: rl.stats.get("refunded") == 3) and rl.held() == 0
+    assert rl.peek(key, limit, 0).remaining == 995  # one token refills in 6 minutes
+    rl.close()
+
+
+def test_without_at_the_async_hold_ends_on_a_timer(module_server, key):
+    async def main():
+        arl = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=3))
+        limit = Limit("token-bucket", 1000, "100h", batch="50ms")
+        for _ in range(5):
+            assert (await arl.check(key, limit)).allowed
+        assert arl.held() == 3
+        deadline = time.monotonic() + 10
+        while arl.stats.get("refunded") != 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert arl.held() == 0 and arl.stats["refunded"] == 3
+        assert (await arl.peek(key, limit, 0)).remaining == 995
+        await arl.aclose()
+
+    asyncio.run(main())

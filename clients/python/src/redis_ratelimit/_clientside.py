@@ -137,6 +137,8 @@ class Batch:
         self.span_start = 0
         self.used_now = 0
         self.used_before = 0
+        #: Its times are the calls' `at` (no timer refunds it: the next call does).
+        self.virtual = False
         self.lock = threading.Lock()
 
     def _roll(self, now_ms: int) -> None:
@@ -223,6 +225,12 @@ class Batches:
                 for where in [w for w, b in self._batches.items() if not b.held and b.flight is None]:
                     del self._batches[where]
         return found
+
+    def next_end(self) -> Optional[int]:
+        """The earliest end of a hold on the limiter's own clock (not `at`'s), None if none."""
+        with self._lock:
+            ends = [until for until, _, batch in self._ends if batch.held and not batch.virtual]
+        return min(ends) if ends else None
 
     def held(self) -> int:
         """Units held by every batch now."""

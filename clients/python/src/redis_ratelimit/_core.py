@@ -813,6 +813,7 @@ class Core:
                     self._count("taken", decision.granted)
                     batch.held += decision.granted
                     batch.until, batch.taken_at, batch.reply = now + batch.hold_ms, now, decision
+                    batch.virtual = at is not None
                     self.batches.holding(batch)
                 if cost <= batch.held:
                     batch.held -= cost
@@ -850,6 +851,15 @@ class Core:
         """Refunds what the batches whose hold has ended hold (every batch's with now None)."""
         for batch, units in self.batches.due(now):
             yield from self._refund_units(batch, units, at)
+
+    def sweep(self) -> Plan:
+        """Refunds the batches whose hold has ended on the limiter's clock (the timers' plan)."""
+        yield from self._refund_due(self.now_ms(None), None)
+
+    def next_sweep_s(self) -> Optional[float]:
+        """Seconds until the next hold ends on the limiter's clock, None if none."""
+        end = self.batches.next_end()
+        return None if end is None else max(0.0, (end - self.now_ms(None)) / 1000)
 
     def close(self) -> Plan:
         """Gives back every unit the batches hold."""

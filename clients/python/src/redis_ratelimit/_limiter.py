@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import uuid
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -174,6 +175,10 @@ class RateLimiter(_Common):
         self.client = client
         self._core = Core(**options)
         self.policies = Policies(self)
+        self._sweeper: Optional[threading.Thread] = None
+        self._sweep_wake = threading.Event()
+        self._sweep_lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "RateLimiter":
@@ -192,10 +197,36 @@ class RateLimiter(_Common):
 
     def close(self) -> None:
         """Refunds the units the batches hold (a failure is logged), then closes the client."""
+        self._closed = True
+        self._sweep_wake.set()
+        if self._sweeper is not None and self._sweeper is not threading.current_thread():
+            self._sweeper.join(5.0)
         try:
-            self._run(self._core.close())
+            self._execute(self._core.close())
         finally:
             self.client.close()
+
+    def _schedule(self) -> None:
+        """A hold ends on the limiter's clock: the batches' thread refunds it then."""
+        if self._closed or self._core.batches.next_end() is None:
+            return
+        with self._sweep_lock:
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(target=self._sweep_loop, name="redis_ratelimit-batches", daemon=True)
+                self._sweeper.start()
+        self._sweep_wake.set()
+
+    def _sweep_loop(self) -> None:
+        while not self._closed:
+            self._sweep_wake.clear()
+            delay = self._core.next_sweep_s()
+            if delay is None or delay > 0:
+                self._sweep_wake.wait(delay)
+                continue
+            try:
+                self._execute(self._core.sweep())
+            except Exception as error:  # noqa: BLE001 - the refunds log their own failures
+                log.warning("redis_ratelimit: batch refunds failed (%s: %s)", type(error).__name__, error)
 
     def __enter__(self) -> "RateLimiter":
         return self
@@ -223,6 +254,12 @@ class RateLimiter(_Common):
         raise TypeError(op)
 
     def _run(self, plan: Plan) -> Any:
+        try:
+            return self._execute(plan)
+        finally:
+            self._schedule()
+
+    def _execute(self, plan: Plan) -> Any:
         reply: Any = None
         error: Optional[BaseException] = None
         while True:
@@ -276,6 +313,9 @@ class AsyncRateLimiter(_Common):
         self.timeout = timeout
         self._core = Core(**options)
         self.policies = AsyncPolicies(self)
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timer_when = 0.0
+        self._sweeps: set = set()
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
@@ -301,10 +341,13 @@ class AsyncRateLimiter(_Common):
 
     async def aclose(self) -> None:
         """Refunds the units the batches hold (a failure is logged), then closes the client."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._client is None:
             return
         try:
-            await self._run(self._core.close())
+            await self._execute(self._core.close())
         finally:
             close = getattr(self._client, "aclose", None) or self._client.close
             await close()
@@ -342,6 +385,39 @@ class AsyncRateLimiter(_Common):
         raise TypeError(op)
 
     async def _run(self, plan: Plan) -> Any:
+        try:
+            return await self._execute(plan)
+        finally:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """A hold ends on the limiter's clock: a timer refunds it then."""
+        delay = self._core.next_sweep_s()
+        if delay is None:
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        if self._timer is not None and self._timer_when <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_when = when
+        self._timer = loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        task = asyncio.ensure_future(self._sweep())
+        self._sweeps.add(task)
+        task.add_done_callback(self._sweeps.discard)
+
+    async def _sweep(self) -> None:
+        try:
+            await self._execute(self._core.sweep())
+        except Exception as error:  # noqa: BLE001 - the refunds log their own failures
+            log.warning("redis_ratelimit: batch refunds failed (%s: %s)", type(error).__name__, error)
+        self._schedule()
+
+    async def _execute(self, plan: Plan) -> Any:
         reply: Any = None
         error: Optional[BaseException] = None
         try:
