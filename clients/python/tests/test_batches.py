@@ -49,7 +49,7 @@ class Envelope:
 def run_clients(server, limit: Limit, seed: int, clients: int = 3, steps: int = 900):
     """Requests from `clients` limiters (each its own connection) on one key, at random times
     with bursts and pauses. Returns (admissions [(t, cost)], held [(t, units held by all after
-    the call at t)], the limiters' stats)."""
+    the call at t)], the limiters)."""
     rng = random.Random(seed)
     limiters = [RateLimiter(server.client()) for _ in range(clients)]
     key = f"bound:{limit.algorithm}:{seed}"
@@ -237,3 +237,31 @@ def test_without_at_the_async_hold_ends_on_a_timer(module_server, key):
         await arl.aclose()
 
     asyncio.run(main())
+
+
+def test_threads_share_a_batch(module_server, key):
+    """Sync callers on threads: one TAKE in flight per batch, never more admitted than taken."""
+    import threading
+
+    rl = RateLimiter(module_server.client())
+    limit = Limit("fixed-window", 10_000, "1h", batch="1h", batch_max=256)
+    results: List[str] = []
+    lock = threading.Lock()
+
+    def work():
+        for _ in range(100):
+            d = rl.check(key, limit, at=T0)
+            with lock:
+                results.append(d.source if d.allowed else "refused")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 800 and "refused" not in results
+    assert rl.stats["taken"] == 800 + rl.held()
+    assert results.count("local") >= 800 - 20 and rl.stats["commands"] < 30
+    rl.close()
+    plain = module_server.client()
+    assert int(plain.execute_command("RATELIMIT.PEEK", key, *limit.args(), "COST", 0, "AT", T0)[2]) == 10_000 - 800

@@ -808,13 +808,14 @@ class Core:
             )
             if decision.source not in ENGINES:
                 return decision  # Redis unavailable: on_error's answer for this request
-            with batch.lock:
-                if decision.granted:
-                    self._count("taken", decision.granted)
+            if decision.granted:
+                self._count("taken", decision.granted)
+                with batch.lock:
                     batch.held += decision.granted
                     batch.until, batch.taken_at, batch.reply = now + batch.hold_ms, now, decision
                     batch.virtual = at is not None
-                    self.batches.holding(batch)
+                self.batches.holding(batch)  # (the batches' lock is never taken inside a batch's)
+            with batch.lock:
                 if cost <= batch.held:
                     batch.held -= cost
                     batch.used(cost, now)

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, List, Optional, Tuple
 
-from ._types import BURST_ALGORITHMS, Limit
+from ._types import Limit
 
 #: A reply field above a signed 64-bit integer is answered as its largest value.
 _I64_MAX = 2**63 - 1
@@ -547,4 +547,4 @@ class LocalLimiter:
             return sum(self._keys.pop(key, None) is not None for key in keys)
 
 
-__all__ = ["LocalLimiter", "AlgorithmMismatch", "BURST_ALGORITHMS"]
+__all__ = ["LocalLimiter", "AlgorithmMismatch"]
