@@ -43,6 +43,8 @@ log = logging.getLogger("redis_ratelimit")
 FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms")
 LIBRARY_NAME = "ratelimit"
 ENGINES = ("auto", "module", "library")
+#: The sources of decisions Redis made.
+SERVERS = ("module", "library")
 ON_ERROR = ("open", "closed", "local")
 #: Error replies that mean the server cannot serve now (not the caller's mistake).
 _UNAVAILABLE_REPLIES = ("BUSY ", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "READONLY")
@@ -767,7 +769,7 @@ class Core:
                 lambda: self._local(verb, key, spec, cost, at),
                 cost,
             )
-        if self.cache is not None and verb in ("CHECK", "TAKE") and decision.source in ENGINES:
+        if self.cache is not None and verb in ("CHECK", "TAKE") and decision.source in SERVERS:
             self.cache.put(where, asked, decision, now)
         self._count(decision.source)
         return decision
@@ -806,7 +808,7 @@ class Core:
                 lambda: self._local("CHECK", key, limit, cost, at),
                 cost,
             )
-            if decision.source not in ENGINES:
+            if decision.source not in SERVERS:
                 return decision  # Redis unavailable: on_error's answer for this request
             if decision.granted:
                 self._count("taken", decision.granted)
