@@ -152,9 +152,11 @@ class Batch:
         self.used_now += units
 
     def size(self, now_ms: int) -> int:
-        """How many units to take: what was admitted over the last hold time, from 1 to `most`."""
+        """How many units to take: seven eighths of what was admitted over the last hold time,
+        from 1 to `most` (a batch that runs out before its hold ends costs the next TAKE only; one
+        whose hold ends with units left costs a REFUND too)."""
         self._roll(now_ms)
-        return max(1, min(self.most, max(self.used_now, self.used_before)))
+        return max(1, min(self.most, max(self.used_now, self.used_before) * 7 // 8))
 
     def local(self, cost: int, now_ms: int) -> Decision:
         """Admits `cost` from the held units (the caller checked `cost <= held`)."""
