@@ -188,6 +188,8 @@ class Batches:
     def __init__(self) -> None:
         self._batches: Dict[Target, Batch] = {}
         self._ends: List[Tuple[int, int, Batch]] = []
+        #: The ends of holds on the limiter's own clock (what timers wait for), earliest first.
+        self._real_ends: List[int] = []
         self._lock = threading.Lock()
         self._seq = 0
 
@@ -204,12 +206,16 @@ class Batches:
         with self._lock:
             self._seq += 1
             heapq.heappush(self._ends, (batch.until, self._seq, batch))
+            if not batch.virtual:
+                heapq.heappush(self._real_ends, batch.until)
 
     def due(self, now_ms: Optional[int]) -> List[Tuple[Batch, int]]:
         """The batches whose hold has ended at `now_ms` (all of them if None) and the units each
         gives back, taken from them (the caller refunds them)."""
         found = []
         with self._lock:
+            while self._real_ends and (now_ms is None or self._real_ends[0] <= now_ms):
+                heapq.heappop(self._real_ends)
             while self._ends and (now_ms is None or self._ends[0][0] <= now_ms):
                 until, _, batch = heapq.heappop(self._ends)
                 with batch.lock:
@@ -229,10 +235,10 @@ class Batches:
         return found
 
     def next_end(self) -> Optional[int]:
-        """The earliest end of a hold on the limiter's own clock (not `at`'s), None if none."""
-        with self._lock:
-            ends = [until for until, _, batch in self._ends if batch.held and not batch.virtual]
-        return min(ends) if ends else None
+        """The earliest end of a hold on the limiter's own clock (not `at`'s), None if none (a
+        hold extended since may end later: the timer then finds nothing to refund yet)."""
+        ends = self._real_ends
+        return ends[0] if ends else None
 
     def held(self) -> int:
         """Units held by every batch now."""

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -34,6 +35,8 @@ _LIMITER_OPTIONS = (
 )
 #: How long a sync caller waits for another thread's batch TAKE before asking for itself (s).
 JOIN_TIMEOUT = 5.0
+#: The longest a batches' timer sleeps before looking again (s).
+SWEEP_WAIT_MAX = 60.0
 
 
 class _Common:
@@ -176,8 +179,8 @@ class RateLimiter(_Common):
         self._core = Core(**options)
         self.policies = Policies(self)
         self._sweeper: Optional[threading.Thread] = None
-        self._sweep_wake = threading.Event()
-        self._sweep_lock = threading.Lock()
+        self._sweep_wake = threading.Condition()
+        self._sleep_until = 0.0
         self._closed = False
 
     @classmethod
@@ -197,8 +200,9 @@ class RateLimiter(_Common):
 
     def close(self) -> None:
         """Refunds the units the batches hold (a failure is logged), then closes the client."""
-        self._closed = True
-        self._sweep_wake.set()
+        with self._sweep_wake:
+            self._closed = True
+            self._sweep_wake.notify()
         if self._sweeper is not None and self._sweeper is not threading.current_thread():
             self._sweeper.join(5.0)
         try:
@@ -208,21 +212,29 @@ class RateLimiter(_Common):
 
     def _schedule(self) -> None:
         """A hold ends on the limiter's clock: the batches' thread refunds it then."""
-        if self._closed or self._core.batches.next_end() is None:
+        delay = self._core.next_sweep_s()
+        if delay is None or self._closed:
             return
-        with self._sweep_lock:
+        with self._sweep_wake:
             if self._sweeper is None:
                 self._sweeper = threading.Thread(target=self._sweep_loop, name="redis_ratelimit-batches", daemon=True)
                 self._sweeper.start()
-        self._sweep_wake.set()
+            if time.monotonic() + delay < self._sleep_until:
+                self._sleep_until = 0.0
+                self._sweep_wake.notify()
 
     def _sweep_loop(self) -> None:
-        while not self._closed:
-            self._sweep_wake.clear()
-            delay = self._core.next_sweep_s()
-            if delay is None or delay > 0:
-                self._sweep_wake.wait(delay)
-                continue
+        while True:
+            with self._sweep_wake:
+                while not self._closed:
+                    delay = self._core.next_sweep_s()
+                    if delay is not None and delay <= 0:
+                        break
+                    wait = SWEEP_WAIT_MAX if delay is None else min(delay, SWEEP_WAIT_MAX)
+                    self._sleep_until = time.monotonic() + (wait if delay is not None else float("inf"))
+                    self._sweep_wake.wait(wait)
+                if self._closed:
+                    return
             try:
                 self._execute(self._core.sweep())
             except Exception as error:  # noqa: BLE001 - the refunds log their own failures
@@ -395,6 +407,7 @@ class AsyncRateLimiter(_Common):
         delay = self._core.next_sweep_s()
         if delay is None:
             return
+        delay = min(delay, SWEEP_WAIT_MAX)
         loop = asyncio.get_running_loop()
         when = loop.time() + delay
         if self._timer is not None and self._timer_when <= when:
