@@ -213,26 +213,29 @@ def wait_until(condition, seconds: float = 10.0) -> bool:
 def test_without_at_the_hold_ends_on_a_timer(module_server, key):
     """On the limiter's own clock, an idle limiter refunds when the hold ends (sync: a thread)."""
     rl = RateLimiter(module_server.client())
-    limit = Limit("token-bucket", 1000, "100h", batch="50ms")
+    limit = Limit("token-bucket", 1000, "100h", batch="500ms")  # one token refills in 6 minutes
     for _ in range(6):
         assert rl.check(key, limit).allowed
-    assert rl.held() == 3  # 1, 1, 1, 2 and 4 taken, 6 admitted
-    assert wait_until(lambda: rl.stats.get("refunded") == 3) and rl.held() == 0
-    assert rl.peek(key, limit, 0).remaining == 994  # one token refills in 6 minutes
+    # Taken 1, 1, 1, 2 and 4 (3 held) unless this machine took 500 ms for 6 calls: either way,
+    # the timer gives back everything left, and taken = admitted + refunded.
+    assert wait_until(lambda: rl.held() == 0 and rl.stats["taken"] == 6 + rl.stats.get("refunded", 0))
+    assert rl.stats["refunded"] >= 1
+    assert rl.peek(key, limit, 0).remaining == 994
     rl.close()
 
 
 def test_without_at_the_async_hold_ends_on_a_timer(module_server, key):
     async def main():
         arl = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=3))
-        limit = Limit("token-bucket", 1000, "100h", batch="50ms")
+        limit = Limit("token-bucket", 1000, "100h", batch="500ms")
         for _ in range(6):
             assert (await arl.check(key, limit)).allowed
-        assert arl.held() == 3
         deadline = time.monotonic() + 10
-        while arl.stats.get("refunded") != 3 and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+                arl.held() == 0 and arl.stats["taken"] == 6 + arl.stats.get("refunded", 0)):
             await asyncio.sleep(0.01)
-        assert arl.held() == 0 and arl.stats["refunded"] == 3
+        assert arl.held() == 0 and arl.stats["taken"] == 6 + arl.stats["refunded"]
+        assert arl.stats["refunded"] >= 1
         assert (await arl.peek(key, limit, 0)).remaining == 994
         await arl.aclose()
 
