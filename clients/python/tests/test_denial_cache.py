@@ -81,6 +81,40 @@ def test_never_admits_what_a_per_request_check_refuses(module_server, algorithm)
     assert served > 100  # the cache answered (the test would show nothing otherwise)
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_cached_limiter_answers_what_per_request_calls_answer_on_a_twin_key(module_server, algorithm):
+    """The same calls at the same times, through the cache on one key and as plain commands on a
+    twin: the same admissions and grants, one by one. A PEEK cannot see what a refusal starts (a
+    BLOCK): a refusal after a block has ended starts another, which an answer from the cache
+    would skip, and the key would then be admitted while per-request calls are still blocked; so
+    refusals of a limit with a BLOCK are never cached."""
+    rng = random.Random(f"twin{algorithm}")
+    plain = module_server.client()
+    served = 0
+    for seed in range(8):
+        cached = RateLimiter(module_server.client(), denial_cache=8)
+        limit = random_limit(rng, algorithm)
+        if seed % 2:
+            limit = Limit(limit.algorithm, limit.limit, limit.period, burst=limit.burst, block="700ms")
+        key, twin = f"twin:{algorithm}:{seed}", f"twin:{algorithm}:{seed}:plain"
+        now = T0 + rng.randint(0, 10_000)
+        for step in range(120):
+            now += rng.choice([0, 0, 1, 3, 20, 90, 400, 800])
+            take = rng.random() < 0.2
+            cost = rng.randint(1, 4) if take else rng.choice([1, 1, 2, 3])
+            verb, amount = ("TAKE", "MAX") if take else ("CHECK", "COST")
+            reply = plain.execute_command(f"RATELIMIT.{verb}", twin, *limit.args(), amount, cost, "AT", now)
+            d = cached.take(key, limit, cost, at=now) if take else cached.check(key, limit, cost, at=now)
+            granted = int(reply[0]) if take else (cost if int(reply[0]) else 0)
+            assert (d.granted, d.allowed) == (granted, granted > 0), f"{limit} step {step} at {now}: {d} vs {reply}"
+        served += cached.stats.get("cache", 0)
+        if limit.block is not None:
+            assert cached.stats.get("cache", 0) == 0
+        cached.close()
+    plain.close()
+    assert served > 0  # the cache answered some (the test would show nothing otherwise)
+
+
 def test_cached_refusals_count_down_and_cover_larger_costs(module_server, key):
     rl = RateLimiter(module_server.client(), denial_cache=100)
     limit = Limit("fixed-window", 3, "1s")

@@ -769,10 +769,22 @@ class Core:
                 lambda: self._local(verb, key, spec, cost, at),
                 cost,
             )
-        if self.cache is not None and verb in ("CHECK", "TAKE") and decision.source in SERVERS:
+        if self.cache is not None and verb in ("CHECK", "TAKE") and decision.source in SERVERS and self._cacheable(spec):
             self.cache.put(where, asked, decision, now)
         self._count(decision.source)
         return decision
+
+    def _cacheable(self, spec: LimitSpec) -> bool:
+        """Whether refusals of `spec` may be answered again here: not with a BLOCK. A refusal
+        that comes after a block has ended starts another one; answered from the cache instead,
+        it would not, and the key could be admitted while per-request checks are still blocked.
+        A policy's block is known from its definition once read, else its fallback's applies."""
+        if isinstance(spec, Limit):
+            return spec.block is None
+        cached = self._policies.get(spec.name)
+        if cached is not None and cached[1] is not None:
+            return int(cached[1].fields.get("block_ms") or 0) == 0
+        return spec.fallback is None or spec.fallback.block is None
 
     def _batched(self, key: str, limit: Limit, cost: int, at: Optional[int], now: int) -> Plan:
         """A CHECK answered from the units the batch holds, taking more with one TAKE (shared
