@@ -17,7 +17,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # How long `make fuzz` runs each target, in seconds.
 FUZZ_SECONDS ?= 20
 
-.PHONY: help deps build run test test-python test-node examples fuzz lint fmt clean bench profile memcheck test-matrix dist-deps dist test-dist
+.PHONY: help deps build run test test-python test-node examples fuzz lint fmt clean bench bench-clients profile memcheck test-matrix dist-deps dist test-dist
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -82,6 +82,11 @@ test-matrix: build ## The integration suites once per server found (Redis 7.0-8.
 bench: export RATELIMIT_MODULE := $(MODULE)
 bench: build ## Module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a replica; RESP3 (~4 min; BENCH_QUICK=1: ~2); see target/bench/
 	cargo bench --config profile.bench.opt-level=3 --bench compare
+
+bench-clients: export RATELIMIT_MODULE := $(MODULE)
+bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs (~1 min; BENCH_QUICK=1: ~20 s); see target/bench/clients/
+	bash clients/node/scripts/prepare.sh
+	node benches/clients/decisions.mjs
 
 profile: export RATELIMIT_MODULE := $(MODULE)
 profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word (~7 min); see target/bench/profile/

@@ -12,7 +12,9 @@
 # Environment: RATELIMIT_MODULE (set by make), MATRIX_SERVERS (a space-separated list of server
 # binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey), MATRIX_TESTS
 # (the integration test binary's arguments, e.g. `commands:: leases:: --skip functions::`: only those
-# tests run on each server; `make test-dist` runs a subset that covers every command this way).
+# tests run on each server; `make test-dist` runs a subset that covers every command this way),
+# MATRIX_SKIP (server binaries to leave out, each said on a line: .ci/run leaves out the system's
+# redis-server, on which `make test` has just run the same tests with the same module).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -65,6 +67,17 @@ else
         [ -x "$server" ] && servers+=("$(realpath "$server")")
     done
     [ -d ../shared/servers ] || echo "matrix: ../shared/servers is absent: only the local servers are tested"
+fi
+if [ -n "${MATRIX_SKIP:-}" ]; then
+    kept=()
+    for server in "${servers[@]}"; do
+        if [[ " $MATRIX_SKIP " == *" $server "* ]]; then
+            echo "matrix: $server left out (MATRIX_SKIP)"
+        else
+            kept+=("$server")
+        fi
+    done
+    servers=("${kept[@]}")
 fi
 [ ${#servers[@]} -gt 0 ] || { echo "matrix: no server found" >&2; exit 1; }
 

@@ -32,6 +32,13 @@ export interface Limit {
   readonly burst?: number;
   /** A penalty block: who exceeds the limit is refused for this long (the period's syntax). */
   readonly block?: Period;
+  /** Batches (`check` only): each process takes units ahead with TAKE and admits from them
+   * locally, holding them this long at most (the period's syntax, e.g. `'50ms'`). */
+  readonly batch?: Period;
+  /** The batch's hold time in ms. */
+  readonly batchMs?: number;
+  /** The most units one batch takes (default: `limit`). */
+  readonly batchMax?: number;
 }
 
 /** A limit defined on the server (`RATELIMIT.POLICY SET`), named in calls. */
@@ -46,14 +53,20 @@ export interface Policy {
 /** What a call names: an inline limit or a policy. */
 export type LimitSpec = Limit | Policy;
 
-/** Where a decision comes from. */
-export type Source = 'module' | 'library' | 'error';
+/** Where a decision comes from: the module's command, the library's function, `onError: 'open'`
+ * (admitted, nothing known), the denial cache (a refusal answered again), a batch (units taken
+ * beforehand), or the exact in-process limiter of `onError: 'local'`. */
+export type Source = 'module' | 'library' | 'error' | 'cache' | 'local' | 'fallback';
 
 /** One decision, whichever engine and protocol answered. */
 export interface Decision {
   /** Admitted (and its cost consumed). With `source: 'error'`, admitted because Redis could not
    * answer and `onError` is `'open'`. */
   allowed: boolean;
+  /** The units this decision admitted: `take`'s grant (0 to `max`); for `check`, `checkAll` and
+   * `acquire` the cost when admitted, else 0; `peek` the cost it would admit, else 0; `refund` 0
+   * (its decision is a peek of cost 0); failing open (`source: 'error'`) the cost asked. */
+  granted: number;
   /** The most `remaining` can be: a bucket's capacity, else the limit. */
   limit: number;
   /** How much cost could still be admitted now. */
@@ -120,7 +133,7 @@ export function limit(
   algorithm: Algorithm,
   limit: number,
   period: Period,
-  options: { burst?: number; block?: Period } = {},
+  options: { burst?: number; block?: Period; batch?: Period; batchMax?: number } = {},
 ): Limit {
   if (!(ALGORITHMS as readonly string[]).includes(algorithm)) {
     throw new TypeError(`unknown algorithm ${describe(algorithm)}: expected one of ${ALGORITHMS.join(', ')}`);
@@ -133,7 +146,7 @@ export function limit(
     period,
     periodMs: periodMs(period),
   };
-  const { burst, block } = options ?? {};
+  const { burst, block, batch, batchMax } = options ?? {};
   if (burst !== undefined) {
     if (!BUCKETS.includes(algorithm)) throw new TypeError('burst applies only to token-bucket, leaky-bucket and gcra');
     result.burst = integer('burst', burst, 1, MAX_VALUE);
@@ -141,6 +154,13 @@ export function limit(
   if (block !== undefined) {
     periodMs(block, 'block');
     result.block = block;
+  }
+  if (batch !== undefined) {
+    result.batch = batch;
+    result.batchMs = periodMs(batch, 'batch');
+    result.batchMax = batchMax === undefined ? limit : integer('batchMax', batchMax, 1, MAX_VALUE);
+  } else if (batchMax !== undefined) {
+    throw new TypeError('batchMax needs batch (the hold time, e.g. { batch: \'50ms\', batchMax: 100 })');
   }
   return Object.freeze(result);
 }
@@ -230,23 +250,27 @@ export function pairs(reply: unknown): Record<string, unknown> {
 /** One decision from a reply: six integers (RESP2, the library) or a map (RESP3). */
 /** A RESP3 map that the client flattened into `[field, value, ...]` (ioredis 6). */
 function flatMap(reply: unknown): boolean {
-  return Array.isArray(reply) && reply.length > 0 && text(reply[0]) === 'allowed';
+  return Array.isArray(reply) && reply.length > 0 && ['allowed', 'granted'].includes(text(reply[0]));
 }
 
-export function decision(reply: unknown, source: Source, periodMs: number): Decision {
+/** One decision from a reply of cost `cost` (`granted` when admitted). With `cost` null, the
+ * reply is TAKE's: its first field (`granted` under RESP3) is the grant. */
+export function decision(reply: unknown, source: Source, periodMs: number, cost: number | null = 0): Decision {
   let values: unknown[];
   if (Array.isArray(reply) && !flatMap(reply)) {
     values = reply.slice(0, 6);
   } else {
     const named = pairs(reply);
-    values = FIELDS.map((field) => named[field]);
+    values = (cost === null ? ['granted', ...FIELDS.slice(1)] : FIELDS).map((field) => named[field]);
   }
   if (values.length !== 6 || values.some((v) => v === undefined || v === null)) {
     throw new TypeError(`unexpected decision reply ${JSON.stringify(reply)}`);
   }
-  const [allowed, lim, remaining, retryAfterMs, resetAfterMs, delayMs] = values.map(toNumber);
+  const [first, lim, remaining, retryAfterMs, resetAfterMs, delayMs] = values.map(toNumber);
+  const allowed = cost === null ? first > 0 : first === 1;
   return {
-    allowed: allowed === 1,
+    allowed,
+    granted: cost === null ? first : allowed ? cost : 0,
     limit: lim,
     remaining,
     retryAfterMs,
@@ -259,7 +283,7 @@ export function decision(reply: unknown, source: Source, periodMs: number): Deci
 }
 
 /** CHECKALL's reply: RESP2 `[overall, ...limits]`, RESP3 the overall map with `limits`. */
-export function multiDecision(reply: unknown, source: Source, periodsMs: number[]): MultiDecision {
+export function multiDecision(reply: unknown, source: Source, periodsMs: number[], cost = 0): MultiDecision {
   let overall: unknown;
   let limits: unknown[];
   if (Array.isArray(reply) && !flatMap(reply)) {
@@ -272,17 +296,18 @@ export function multiDecision(reply: unknown, source: Source, periodsMs: number[
   if (!Array.isArray(limits) || limits.length !== periodsMs.length) {
     throw new TypeError(`unexpected CHECKALL reply ${JSON.stringify(reply)}`);
   }
-  const each = limits.map((r, i) => decision(r, source, periodsMs[i]));
-  const first = decision(overall, source, 0);
+  const each = limits.map((r, i) => decision(r, source, periodsMs[i], cost));
+  const first = decision(overall, source, 0, cost);
   // The overall limit is the first limit showing the least remaining: its period goes with it.
   const shown = each.find((d) => d.remaining === first.remaining && d.limit === first.limit);
   return { ...first, periodMs: shown?.periodMs ?? periodsMs[0], limits: each };
 }
 
-/** What `onError: 'open'` answers: admitted, nothing known. */
-export function errorDecision(periodMs = 0): Decision {
+/** What `onError: 'open'` answers: admitted (`granted`: the cost asked), nothing known. */
+export function errorDecision(periodMs = 0, granted = 0): Decision {
   return {
     allowed: true,
+    granted,
     limit: 0,
     remaining: 0,
     retryAfterMs: 0,

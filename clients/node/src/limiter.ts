@@ -1,6 +1,7 @@
 // RateLimiter: the engines (the module, else the Functions library it loads), the bound on every
-// call (timeoutMs), the breaker, and onError. It sends what the core builds and returns what the
-// core reads.
+// call (timeoutMs), the breaker, and onError (the in-process limiter of local.ts for 'local'); the
+// decisions without a round trip: the denial cache (cache.ts) and batches. It sends what the core
+// builds and returns what the core reads.
 
 import { randomUUID } from 'node:crypto';
 
@@ -12,7 +13,9 @@ import {
   decision,
   errorDecision,
   integerReply,
+  isLimit,
   isPolicy,
+  limit,
   limitArgs,
   multiDecision,
   pairs,
@@ -31,6 +34,42 @@ import {
 import { isReplyError, isUnavailable, replyMessage, transport, type Transport } from './client.js';
 import { RateLimited, RateLimitError, RateLimitUnavailable } from './errors.js';
 import { LIBRARY } from './generated/library.js';
+import { LocalLimiter, localDecision, type Reply } from './local.js';
+import { DenialCache } from './cache.js';
+
+/** The most keys the in-process limiter of `onError: 'local'` holds. */
+const LOCAL_KEYS = 10000;
+
+/** ⌊x · share⌋, at least 1, exactly: the share read as the decimal it prints as. */
+function share(x: number, fraction: number): number {
+  const [digits, exponent = '0'] = fraction.toExponential().split('e');
+  const [whole, decimals = ''] = digits.split('.');
+  const numerator = BigInt(whole + decimals);
+  const power = Number(exponent) - decimals.length;
+  const scaled = power >= 0 ? BigInt(x) * numerator * 10n ** BigInt(power) : (BigInt(x) * numerator) / 10n ** BigInt(-power);
+  return Math.max(1, Number(scaled));
+}
+
+/** The transport with every command counted (`rl.stats.commands`). */
+function counting(inner: Transport, count: () => void): Transport {
+  return {
+    kind: inner.kind,
+    cluster: inner.cluster,
+    send: (args, key, readonly) => {
+      count();
+      return inner.send(args, key, readonly);
+    },
+    primaries: async () =>
+      (await inner.primaries()).map((send) => (args: string[]) => {
+        count();
+        return send(args);
+      }),
+  };
+}
+
+function describeValue(value: unknown): string {
+  return typeof value === 'string' ? `'${value}'` : String(value);
+}
 
 /** The Functions library's name, as `#!lua name=ratelimit` declares it. */
 export const LIBRARY_NAME = 'ratelimit';
@@ -45,8 +84,13 @@ export interface Logger {
 export interface RateLimiterOptions {
   /** Redis down, refusing, not answering within `timeoutMs`, or the breaker open: `'open'`
    * (default) answers admitted decisions with `source: 'error'`; `'closed'` rejects with
-   * RateLimitUnavailable. */
-  onError?: 'open' | 'closed';
+   * RateLimitUnavailable; `'local'` decides with an exact in-process limiter of the same
+   * algorithm and parameters (`source: 'fallback'`), scaled by `localShare`. */
+  onError?: 'open' | 'closed' | 'local';
+  /** With `onError: 'local'`: the share of each limit this process may admit on its own while
+   * Redis is unavailable, more than 0 and at most 1 (default 1): the local limit and burst are
+   * ⌊x · localShare⌋, at least 1. */
+  localShare?: number;
   /** The most any call may take, whatever the client's own settings (default 500 ms). */
   timeoutMs?: number;
   /** `'auto'` (default): the module's commands, else the Functions library; or only one. */
@@ -63,8 +107,27 @@ export interface RateLimiterOptions {
   policyRefreshMs?: number;
   /** Where the limiter says which engine serves and what it did (default: console). */
   logger?: Logger;
-  /** The clock of the breaker and the policy cache (ms); tests give their own. */
+  /** A bounded LRU of this many refusals, each answered again locally (`source: 'cache'`) until
+   * its `retryAfterMs` has passed, for a request of the same key and limit asking at least as
+   * much; 0 (default): off. */
+  denialCache?: number;
+  /** The limiter's monotonic clock in ms (default `performance.now`): the breaker, the policy
+   * cache, the denial cache and batches' hold times; tests give their own. */
   now?: () => number;
+}
+
+/** What a limiter has done, for scripts and benchmarks: `rl.stats`. */
+export interface Stats {
+  /** Commands sent to Redis (each one of a pipeline counts). */
+  commands: number;
+  /** Decisions answered, by `source`. */
+  decisions: Record<Source, number>;
+  /** Units batches took from Redis (TAKE), admitted locally, and gave back (REFUND). */
+  batchTaken: number;
+  batchUsed: number;
+  batchRefunded: number;
+  /** Units this limiter's batches hold now: taken, not yet admitted or given back. */
+  held: number;
 }
 
 /** The options of a call: its cost (default 1), and `at`, a time in ms since the Unix epoch to
@@ -119,6 +182,10 @@ function bounded<T>(promise: Promise<T>, ms: number): Promise<T> {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+/** The calls on one limit, and the module's command for each. */
+type Command = 'check' | 'peek' | 'refund' | 'take';
+const COMMANDS: Record<Command, string> = { check: 'RATELIMIT.CHECK', peek: 'RATELIMIT.PEEK', refund: 'RATELIMIT.REFUND', take: 'RATELIMIT.TAKE' };
+
 const unknownCommand = (error: unknown) => isReplyError(error) && /^ERR unknown command/i.test(error.message);
 const functionNotFound = (error: unknown) => isReplyError(error) && /Function not found/i.test(error.message);
 const noSuchPolicy = (error: unknown) => isReplyError(error) && /^ERR no such policy/.test(error.message);
@@ -127,6 +194,32 @@ interface CachedPolicy {
   definition: PolicyDefinition | null;
   fetchedAt: number;
   refreshing?: Promise<unknown>;
+}
+
+/** One key's batch of a limit: the units this process took (TAKE) and has not admitted yet. */
+interface Batch {
+  id: string;
+  key: string;
+  lim: Limit;
+  /** Units held, not admitted yet. */
+  units: number;
+  /** When the hold ends (the limiter's clock): the units left are then given back. */
+  holdEnd: number;
+  /** The limiter's clock and the call's `at` at the last TAKE (the refund's `at` follows). */
+  now0: number;
+  at0?: number;
+  /** The last TAKE's decision: what local answers report. */
+  taken: Decision | null;
+  /** The TAKE in flight: null when it granted, the refusal when it did not. */
+  inFlight: Promise<Decision | null> | null;
+  /** Units asked by callers waiting for it. */
+  waiting: number;
+  /** Units asked in the current and the previous interval of one hold time. */
+  demandSince: number;
+  demandNow: number;
+  demandBefore: number;
+  lastAsked: number;
+  timer?: ReturnType<typeof setTimeout>;
 }
 
 /** A spec resolved for the engine in use: the arguments to send and what goes with them. */
@@ -176,13 +269,16 @@ function policyName(name: unknown): string {
 }
 
 /**
- * Rate limits on Redis: `check`, `peek`, `checkAll`, `refund`, `reset`, leases (`acquire`,
- * `release`, `withLease`) and `policies`, through a node-redis or ioredis client (standalone or
- * cluster), with the redis-ratelimit module or, where it is not loaded, the Functions library.
+ * Rate limits on Redis: `check`, `peek`, `take`, `checkAll`, `refund`, `reset`, leases
+ * (`acquire`, `release`, `withLease`) and `policies`, through a node-redis or ioredis client
+ * (standalone or cluster), with the redis-ratelimit module or, where it is not loaded, the
+ * Functions library; with a denial cache, batches (`close` gives back what they hold) and
+ * counters (`stats`) where asked for.
  */
 export class RateLimiter {
   readonly policies: Policies;
-  readonly onError: 'open' | 'closed';
+  readonly onError: 'open' | 'closed' | 'local';
+  readonly localShare: number;
   readonly timeoutMs: number;
   readonly libraryPrefix: string;
   private readonly transport: Transport;
@@ -195,14 +291,31 @@ export class RateLimiter {
   private engineInUse: 'module' | 'library' | null = null;
   private libraryReady: Promise<void> | null = null;
   private readonly cache = new Map<string, CachedPolicy>();
+  private readonly local = new LocalLimiter({ maxKeys: LOCAL_KEYS });
+  private readonly denials: DenialCache | null;
+  private readonly batches = new Map<string, Batch>();
+  private readonly refunds = new Set<Promise<void>>();
+  private readonly counters: Stats = {
+    commands: 0,
+    decisions: { module: 0, library: 0, error: 0, cache: 0, local: 0, fallback: 0 },
+    batchTaken: 0,
+    batchUsed: 0,
+    batchRefunded: 0,
+    held: 0,
+  };
+  private readonly scaledLimits = new WeakMap<Limit, Limit>();
   private readonly warned = new Set<string>();
   private down = false;
   private libraryAnnounced = false;
 
   constructor(client: unknown, options: RateLimiterOptions = {}) {
-    this.transport = transport(client);
+    this.transport = counting(transport(client), () => (this.counters.commands += 1));
     const { onError = 'open', timeoutMs = 500, engine = 'auto', libraryPrefix = 'fn:', loadLibrary = true } = options;
-    if (onError !== 'open' && onError !== 'closed') throw new TypeError(`onError must be 'open' or 'closed', not '${onError}'`);
+    if (!['open', 'closed', 'local'].includes(onError)) throw new TypeError(`onError must be 'open', 'closed' or 'local', not ${describeValue(onError)}`);
+    const localShare = options.localShare ?? 1;
+    if (typeof localShare !== 'number' || Number.isNaN(localShare)) throw new TypeError(`localShare must be a number, not ${describeValue(localShare)}`);
+    if (!(localShare > 0 && localShare <= 1)) throw new RangeError(`localShare must be more than 0 and at most 1, not ${localShare}`);
+    this.localShare = localShare;
     if (!['auto', 'module', 'library'].includes(engine)) throw new TypeError(`engine must be 'auto', 'module' or 'library', not '${engine}'`);
     if (!(Number.isFinite(timeoutMs) && timeoutMs > 0)) throw new TypeError('timeoutMs must be a positive number of ms');
     if (typeof libraryPrefix !== 'string') throw new TypeError('libraryPrefix must be a string');
@@ -215,7 +328,12 @@ export class RateLimiter {
     this.engineOption = engine;
     this.libraryPrefix = libraryPrefix;
     this.loadLibraryOption = loadLibrary;
-    this.now = options.now ?? Date.now;
+    if (options.now !== undefined && typeof options.now !== 'function') throw new TypeError(`now must be a function answering ms (a monotonic clock), not ${describeValue(options.now)}`);
+    this.now = options.now ?? (() => performance.now());
+    const denials = options.denialCache ?? 0;
+    if (typeof denials !== 'number' || !Number.isInteger(denials)) throw new TypeError(`denialCache must be an integer (a number of refusals), not ${describeValue(denials)}`);
+    if (denials < 0) throw new RangeError(`denialCache must be 0 (off) or more, not ${denials}`);
+    this.denials = denials > 0 ? new DenialCache(denials, this.now) : null;
     this.breaker = new Breaker(failures, cooldownMs, this.now);
     this.policyRefreshMs = options.policyRefreshMs ?? 10000;
     this.logger = options.logger ?? console;
@@ -235,18 +353,243 @@ export class RateLimiter {
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
   async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
-    return this.single('check', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
+    const cost = checkCost(options.cost ?? 1);
+    const id = this.denialId('check', key, spec, options.at);
+    // A TAKE that granted nothing refused one unit: every cost from 1 is refused meanwhile.
+    const cached = id && (this.denials!.get(id, cost, true) ?? (cost > 0 ? this.denials!.get(`take${id.slice(5)}`, Infinity, true, cost) : null));
+    if (cached) return this.counted(cached);
+    // A cost of 0 or above batchMax is a check of its own.
+    const batched = isLimit(spec) && spec.batchMs !== undefined && cost > 0 && cost <= spec.batchMax!;
+    const d = batched ? await this.batchCheck(key, spec, cost, options.at) : await this.single('check', key, spec, cost, options.at);
+    if (id) this.remember(id, key, spec, cost, d);
+    return this.counted(d);
   }
 
-  /** What `check` would answer now, changing nothing. */
+  /** What `check` would answer now, changing nothing (never answered from the denial cache). */
   async peek(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
-    return this.single('peek', key, spec, checkCost(options.cost ?? 1), atArgs(options.at));
+    return this.counted(await this.single('peek', key, spec, checkCost(options.cost ?? 1), options.at));
   }
 
   /** Gives back `cost` that admitted requests consumed (a request not served); the decision
    * right after (what a peek of cost 0 answers). */
   async refund(key: string, spec: LimitSpec, cost: number, options: { at?: number } = {}): Promise<Decision> {
-    return this.single('refund', key, spec, checkCost(cost), atArgs(options.at));
+    checkKey(key);
+    this.denials?.dropKey(key);
+    return this.counted(await this.single('refund', key, spec, checkCost(cost), options?.at));
+  }
+
+  /** A partial grant (`RATELIMIT.TAKE`): takes the largest cost from 0 to `max` that `check`
+   * would admit now, and consumes it; `granted` says how much (`allowed` is `granted > 0`). */
+  async take(key: string, spec: LimitSpec, max: number, options: { at?: number } = {}): Promise<Decision> {
+    const most = checkCost(max, 1);
+    const id = this.denialId('take', key, spec, options?.at);
+    const cached = id && this.denials!.get(id, most, false);
+    if (cached) return this.counted(cached);
+    const d = await this.single('take', key, spec, most, options?.at);
+    if (id) this.remember(id, key, spec, most, d);
+    return this.counted(d);
+  }
+
+  /** What this limiter has done: commands sent, decisions by source, batches' units. */
+  get stats(): Stats {
+    return { ...this.counters, decisions: { ...this.counters.decisions } };
+  }
+
+  /** Ends every batch, giving back (REFUND) the units they hold, and waits for the refunds.
+   * The client stays open (close it yourself); later calls start new batches. */
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.batches.values()].map((b) => b.inFlight).filter((p) => p !== null));
+    for (const b of this.batches.values()) {
+      clearTimeout(b.timer);
+      this.endHold(b);
+    }
+    this.batches.clear();
+    await Promise.allSettled([...this.refunds]);
+  }
+
+  // ---- batches ----
+
+  /** A check of a batched limit: from the units this process holds when they cover `cost`; else
+   * a TAKE (one in flight per key and limit, shared by the callers waiting for it). */
+  private async batchCheck(key: string, lim: Limit, cost: number, at: number | undefined): Promise<Decision> {
+    atArgs(at);
+    const b = this.batchFor(key, lim);
+    this.noteDemand(b, cost);
+    for (let round = 0; round < 4; round += 1) {
+      if (b.units > 0 && this.now() >= b.holdEnd) this.endHold(b);
+      if (b.units >= cost) return this.fromBatch(b, cost);
+      let refusal: Decision | null;
+      const own = !b.inFlight;
+      if (b.inFlight) {
+        b.waiting += cost;
+        try {
+          refusal = await b.inFlight;
+        } catch (error) {
+          return this.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
+        } finally {
+          b.waiting -= cost;
+        }
+      } else {
+        // Fewer units than this request: given back, and a batch of at least its cost taken.
+        if (b.units > 0) this.endHold(b);
+        const wanted = Math.max(cost, Math.min(lim.batchMax ?? lim.limit, Math.max(this.demand(b), cost + b.waiting)));
+        const taking = this.takeBatch(b, wanted, at);
+        b.inFlight = taking;
+        try {
+          refusal = await taking;
+        } catch (error) {
+          return this.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
+        } finally {
+          if (b.inFlight === taking) b.inFlight = null;
+        }
+      }
+      // A TAKE that granted nothing refuses a request of one unit exactly (its wait is until one
+      // unit can be granted); a larger request, or one its own TAKE did not cover, is asked of
+      // Redis for its own answer (the units granted stay in the batch).
+      if (refusal) return cost === 1 ? { ...refusal } : this.single('check', key, lim, cost, at);
+      if (own && b.units < cost) return this.single('check', key, lim, cost, at);
+    }
+    return this.single('check', key, lim, cost, at);
+  }
+
+  /** The batch of a key and limit, made at its first request. */
+  private batchFor(key: string, lim: Limit): Batch {
+    const id = `${key}\n${limitArgs(lim).join(' ')}`;
+    let b = this.batches.get(id);
+    if (!b) {
+      const now = this.now();
+      b = { id, key, lim, units: 0, holdEnd: 0, now0: now, taken: null, inFlight: null, waiting: 0, demandSince: now, demandNow: 0, demandBefore: 0, lastAsked: now };
+      this.batches.set(id, b);
+    }
+    return b;
+  }
+
+  /** Counts `cost` asked in the current hold-long interval of the batch's demand. */
+  private noteDemand(b: Batch, cost: number): void {
+    const now = this.now();
+    const hold = b.lim.batchMs!;
+    const passed = now - b.demandSince;
+    if (passed >= hold) {
+      b.demandBefore = passed < 2 * hold ? b.demandNow : 0;
+      b.demandNow = 0;
+      b.demandSince = now - (passed % hold);
+    }
+    b.demandNow += cost;
+    b.lastAsked = now;
+  }
+
+  /** Units asked over the last hold time: the current interval's, and the previous one's
+   * weighted by how much of it is still within the last hold time. */
+  private demand(b: Batch): number {
+    const hold = b.lim.batchMs!;
+    const into = Math.min(hold, Math.max(0, this.now() - b.demandSince));
+    return Math.ceil(b.demandNow + (b.demandBefore * (hold - into)) / hold);
+  }
+
+  /** One TAKE for the batch: null when it granted units (held now), the refusal when none. */
+  private async takeBatch(b: Batch, wanted: number, at: number | undefined): Promise<Decision | null> {
+    const d = await this.guard(() => this.request('take', b.key, b.lim, wanted, at));
+    if (d.granted === 0) return d;
+    const now = this.now();
+    b.units += d.granted;
+    b.taken = d;
+    b.holdEnd = now + b.lim.batchMs!;
+    b.now0 = now;
+    b.at0 = at;
+    this.counters.held += d.granted;
+    this.counters.batchTaken += d.granted;
+    this.arm(b, b.lim.batchMs!);
+    return null;
+  }
+
+  /** Admits `cost` from the units held. The numbers: the TAKE's, with `remaining` the units
+   * still held, and the times counted down since. */
+  private fromBatch(b: Batch, cost: number): Decision {
+    b.units -= cost;
+    this.counters.held -= cost;
+    this.counters.batchUsed += cost;
+    const taken = b.taken!;
+    const since = this.now() - b.now0;
+    return {
+      ...taken,
+      allowed: true,
+      granted: cost,
+      remaining: b.units,
+      retryAfterMs: 0,
+      resetAfterMs: Math.max(0, Math.ceil(taken.resetAfterMs - since)),
+      delayMs: Math.max(0, Math.ceil(taken.delayMs - since)),
+      source: 'local',
+      shadowRejected: false,
+    };
+  }
+
+  /** The hold ends: the units left are given back (REFUND, at the batch's own time when it was
+   * taken `at` one), a failure logged. */
+  private endHold(b: Batch): void {
+    const units = b.units;
+    b.units = 0;
+    b.holdEnd = 0;
+    if (units === 0) return;
+    this.counters.held -= units;
+    this.denials?.dropKey(b.key);
+    const at = b.at0 === undefined ? undefined : b.at0 + Math.floor(this.now() - b.now0);
+    const refund = this.strict(() => this.request('refund', b.key, b.lim, units, at)).then(
+      () => {
+        this.counters.batchRefunded += units;
+      },
+      (error) => {
+        this.logger.warn(`ratelimit: could not give back ${units} unused units of a batch on ${b.key} (${replyMessage(error)}): they return to the limit as it refills`);
+      },
+    );
+    this.refunds.add(refund);
+    void refund.finally(() => this.refunds.delete(refund));
+  }
+
+  /** The batch's timer: ends the hold when it is over (requests may not come to end it), and
+   * forgets the batch after two hold times without a request. */
+  private arm(b: Batch, ms: number): void {
+    clearTimeout(b.timer);
+    b.timer = setTimeout(() => {
+      const now = this.now();
+      const hold = b.lim.batchMs!;
+      if (b.units > 0 && now >= b.holdEnd) this.endHold(b);
+      if (b.units === 0 && b.inFlight === null && now - b.lastAsked >= 2 * hold) {
+        if (this.batches.get(b.id) === b) this.batches.delete(b.id);
+        return;
+      }
+      this.arm(b, b.units > 0 ? Math.max(1, Math.ceil(b.holdEnd - now)) : hold);
+    }, ms);
+    b.timer.unref?.();
+  }
+
+  /** The denial cache's entry for a call, after its arguments are checked; null without a cache. */
+  private denialId(kind: 'check' | 'take', key: string, spec: LimitSpec, at: number | undefined): string | null {
+    checkKey(key);
+    checkSpec(spec);
+    atArgs(at);
+    if (!this.denials || !this.cacheable(spec)) return null;
+    return `${kind}\n${key}\n${isPolicy(spec) ? `POLICY ${spec.name}` : limitArgs(spec).join(' ')}`;
+  }
+
+  /** Whether refusals of a limit may be answered again here: not with a BLOCK (a refusal after
+   * a block ends starts another, which an answer from here would skip). A policy's block is
+   * known from its definition once read (else its fallback's applies: the library, or the
+   * server without it). */
+  private cacheable(spec: LimitSpec): boolean {
+    if (!isPolicy(spec)) return spec.block === undefined;
+    const definition = this.cache.get(spec.name)?.definition;
+    if (definition) return definition.blockMs === 0;
+    return spec.fallback === undefined || spec.fallback.block === undefined;
+  }
+
+  /** Keeps a refusal Redis answered (not one of onError's). */
+  private remember(id: string, key: string, spec: LimitSpec, cost: number, d: Decision): void {
+    if ((d.source === 'module' || d.source === 'library') && this.cacheable(spec)) this.denials!.put(id, key, cost, d);
+  }
+
+  private counted<D extends Decision>(d: D): D {
+    this.counters.decisions[d.source] += 1;
+    return d;
   }
 
   /** One request against several limits, all or nothing (in a cluster, give the keys one hash
@@ -260,7 +603,7 @@ export class RateLimiter {
     const cost = checkCost(options.cost ?? 1);
     const at = atArgs(options.at);
     const keys = pairs.map(([key]) => key);
-    return this.decide(0, async () => {
+    return this.counted(await this.decide(0, async () => {
       const { reply, source, periods, peeked } = await this.run(
         async () => {
           const resolved = await Promise.all(pairs.map(([key, spec]) => this.resolveForModule(key, spec)));
@@ -279,20 +622,21 @@ export class RateLimiter {
           return { reply: await this.transport.send(args, prefixed[0]), periods: inline.map((l) => l.periodMs), peeked: [] as unknown[] };
         },
       );
-      const d = multiDecision(reply, source, periods);
+      const d = multiDecision(reply, source, periods, cost);
       d.limits.forEach((limitDecision, i) => {
         const peek = peeked[i];
         if (peek !== null && peek !== undefined) limitDecision.shadowRejected = limitDecision.allowed && !decision(peek, source, 0).allowed;
       });
       d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
       return d;
-    }, true);
+    }, cost, () => this.checkAllLocally(pairs, cost, options.at), true));
   }
 
   /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
   async reset(...keys: string[]): Promise<number> {
     if (keys.length === 0) throw new TypeError('reset needs at least one key');
     keys.forEach((key) => checkKey(key));
+    keys.forEach((key) => this.denials?.dropKey(key));
     return this.strict(async () => {
       const { reply } = await this.run(
         async () => ({ reply: await this.transport.send(['RATELIMIT.RESET', ...keys], keys[0]) }),
@@ -315,7 +659,7 @@ export class RateLimiter {
     if (typeof id !== 'string' || id === '') throw new TypeError('acquire needs { id }: the id the lease is held under (release it with the same)');
     const cost = checkCost(options.cost ?? 1, 1);
     const rest = [String(limitN), String(lease), 'ID', id, 'COST', String(cost), ...atArgs(options.at)];
-    return this.decide(leaseMs, async () => {
+    return this.counted(await this.decide(leaseMs, async () => {
       const { reply, source } = await this.run(
         async () => ({ reply: await this.transport.send(['RATELIMIT.ACQUIRE', key, ...rest], key) }),
         async () => {
@@ -323,8 +667,8 @@ export class RateLimiter {
           return { reply: await this.transport.send(['FCALL', 'ratelimit_acquire', '1', k, ...rest], k) };
         },
       );
-      return decision(reply, source, leaseMs);
-    });
+      return decision(reply, source, leaseMs, cost);
+    }, cost));
   }
 
   /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
@@ -374,21 +718,34 @@ export class RateLimiter {
 
   // ---- the engines ----
 
-  private single(command: 'check' | 'peek' | 'refund', key: string, spec: LimitSpec, cost: number, at: string[]): Promise<Decision> {
+  private single(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
     checkKey(key);
     checkSpec(spec);
+    atArgs(atMs);
+    return this.decide(this.knownPeriodMs(spec), () => this.request(command, key, spec, cost, atMs),
+      command === 'refund' ? 0 : cost, () => this.decideLocally(command, key, spec, cost, atMs));
+  }
+
+  /** One call on one limit, sent to the engine in use (no onError: RateLimitUnavailable as the
+   * guard raises it). */
+  private async request(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
+    const at = atArgs(atMs);
     const readonly = command === 'peek';
-    const moduleName = { check: 'RATELIMIT.CHECK', peek: 'RATELIMIT.PEEK', refund: 'RATELIMIT.REFUND' }[command];
-    return this.decide(this.knownPeriodMs(spec), async () => {
+    const moduleName = COMMANDS[command];
+    // TAKE's number is MAX, the others' COST; TAKE's reply carries the grant.
+    const amount = [command === 'take' ? 'MAX' : 'COST', String(cost)];
+    const replyCost = command === 'take' ? null : command === 'refund' ? 0 : cost;
+    {
       const { reply, source, periodMs: period, shadowRejected } = await this.run(
         async () => {
           const resolved = await this.resolveForModule(key, spec);
-          const args = [moduleName, key, ...resolved.args, 'COST', String(cost), ...at];
+          const args = [moduleName, key, ...resolved.args, ...amount, ...at];
           if (resolved.shadowAs && command !== 'refund') {
-            // What enforcement would answer, sent in the same round trip (pipelined).
+            // What enforcement would answer, sent in the same round trip (pipelined): for TAKE,
+            // whether it would have granted all of MAX.
             const enforced = this.transport.send(['RATELIMIT.PEEK', key, ...limitArgs(resolved.shadowAs), 'COST', String(cost), ...at], key, true);
             const [peeked, reply] = await Promise.all([enforced, this.transport.send(args, key, readonly)]);
-            const answered = decision(reply, 'module', resolved.periodMs);
+            const answered = decision(reply, 'module', resolved.periodMs, replyCost);
             return { reply, periodMs: resolved.periodMs, shadowRejected: answered.allowed && !decision(peeked, 'module', 0).allowed };
           }
           return { reply: await this.transport.send(args, key, readonly), periodMs: resolved.periodMs, shadowRejected: false };
@@ -397,12 +754,71 @@ export class RateLimiter {
           const inline = this.fallback(spec);
           const k = this.libraryPrefix + key;
           const fcall = readonly ? 'FCALL_RO' : 'FCALL';
-          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), 'COST', String(cost), ...at];
+          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), ...amount, ...at];
           return { reply: await this.transport.send(args, k, readonly), periodMs: inline.periodMs, shadowRejected: false };
         },
       );
-      return { ...decision(reply, source, period), shadowRejected };
-    });
+      return { ...decision(reply, source, period, replyCost), shadowRejected };
+    }
+  }
+
+  /** onError 'local': the call on the in-process limiter, at `at` or the machine's clock; null
+   * where the limit is not known here (a policy without a cached definition or a fallback, or a
+   * shadow policy), which fails open. */
+  private decideLocally(command: Command, key: string, spec: LimitSpec, cost: number, at: number | undefined): Decision | null {
+    const lim = this.localLimit(spec);
+    if (lim === null) return null;
+    const now = at ?? Date.now();
+    let reply: Reply;
+    let granted = 0;
+    if (command === 'take') {
+      reply = this.local.take(key, lim, cost, now);
+      granted = (reply as Reply & { granted: number }).granted;
+    } else if (command === 'refund') {
+      reply = this.local.refund(key, lim, cost, now);
+    } else {
+      reply = this.local.check(key, lim, cost, now, command === 'check');
+      granted = reply.allowed ? cost : 0;
+    }
+    return localDecision({ ...reply }, 'fallback', lim.periodMs, granted);
+  }
+
+  /** onError 'local' for checkAll: all or nothing in process; null (fail open) when a limit is
+   * not known here. */
+  private checkAllLocally(pairs: Array<[string, LimitSpec]>, cost: number, at: number | undefined): MultiDecision | null {
+    const limits = pairs.map(([, spec]) => this.localLimit(spec));
+    if (limits.some((l) => l === null)) return null;
+    const { overall, each } = this.local.checkAll(pairs.map(([key], i) => [key, limits[i]!]), cost, at ?? Date.now());
+    const decisions = each.map((reply, i) => localDecision({ ...reply }, 'fallback', limits[i]!.periodMs, reply.allowed ? cost : 0));
+    const shown = decisions.find((d) => d.remaining === overall.remaining && d.limit === overall.limit);
+    return { ...localDecision({ ...overall }, 'fallback', shown?.periodMs ?? limits[0]!.periodMs, overall.allowed ? cost : 0), limits: decisions };
+  }
+
+  /** The limit the in-process limiter applies for a spec, scaled by localShare. */
+  private localLimit(spec: LimitSpec): Limit | null {
+    let lim: Limit | undefined;
+    if (isPolicy(spec)) {
+      const cached = this.cache.get(spec.name);
+      if (cached?.definition) {
+        if (cached.definition.mode === 'shadow') return null;
+        lim = cached.definition.limitSpec;
+      } else {
+        lim = spec.fallback;
+      }
+    } else {
+      lim = spec;
+    }
+    if (!lim) return null;
+    if (this.localShare === 1) return lim;
+    let scaled = this.scaledLimits.get(lim);
+    if (!scaled) {
+      scaled = limit(lim.algorithm, share(lim.limit, this.localShare), lim.periodMs, {
+        ...(lim.burst !== undefined ? { burst: share(lim.burst, this.localShare) } : {}),
+        ...(lim.block !== undefined ? { block: lim.block } : {}),
+      });
+      this.scaledLimits.set(lim, scaled);
+    }
+    return scaled;
   }
 
   /** A spec's module arguments: inline as given; a policy by name, with its definition (period,
@@ -444,9 +860,10 @@ export class RateLimiter {
     return cached.definition;
   }
 
-  /** @internal a policy changed here: read it again at its next use. */
+  /** @internal a policy changed here: read it again at its next use; its refusals are void. */
   _forget(name: string): void {
     this.cache.delete(name);
+    this.denials?.dropMatching(`\nPOLICY ${name}`);
   }
 
   /** The inline limit the library applies for a spec. */
@@ -555,7 +972,8 @@ export class RateLimiter {
         this.breaker.failure();
         if (!this.down) {
           this.down = true;
-          this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${this.onError === 'open' ? 'open (admitted)' : 'closed (RateLimitUnavailable)'}`);
+          const failing = { open: 'open (admitted)', closed: 'closed (RateLimitUnavailable)', local: 'over to the in-process limiter' }[this.onError];
+          this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${failing}`);
         }
         throw new RateLimitUnavailable(`Redis unavailable: ${replyMessage(error)}`, { cause: error });
       }
@@ -573,14 +991,21 @@ export class RateLimiter {
   }
 
   /** A decision, with onError applied. */
-  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, multi = false): Promise<D> {
+  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, granted: number, local: (() => D | null) | null = null, multi = false): Promise<D> {
     try {
       return await this.guard(work);
     } catch (error) {
-      if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
-      const failed = errorDecision(periodMs);
-      return (multi ? { ...failed, limits: [] } : failed) as D;
+      return this.unavailable(error, periodMs, granted, local, multi);
     }
+  }
+
+  /** onError for a call that found Redis unavailable; any other error rejects as is. */
+  private unavailable<D extends Decision>(error: unknown, periodMs: number, granted: number, local: (() => D | null) | null, multi = false): D {
+    if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
+    const decided = this.onError === 'local' && local ? local() : null;
+    if (decided) return decided;
+    const failed = errorDecision(periodMs, granted);
+    return (multi ? { ...failed, limits: [] } : failed) as D;
   }
 
   /** A call without a decision to fall back to: RateLimitUnavailable whatever onError says. */

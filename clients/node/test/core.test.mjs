@@ -30,7 +30,7 @@ test('limit() takes the module\'s grammar and refuses a mistake when it is made'
 });
 
 test('every reply shape is the same decision', () => {
-  const expected = { allowed: false, limit: 20, remaining: 0, retryAfterMs: 184, resetAfterMs: 1984, delayMs: 0, source: 'module', shadowRejected: false, periodMs: 1000 };
+  const expected = { allowed: false, granted: 0, limit: 20, remaining: 0, retryAfterMs: 184, resetAfterMs: 1984, delayMs: 0, source: 'module', shadowRejected: false, periodMs: 1000 };
   const shapes = {
     'RESP2 (node-redis, ioredis)': [0, 20, 0, 184, 1984, 0],
     'RESP3 object (node-redis 5, 6)': { allowed: false, limit: 20, remaining: 0, retry_after_ms: 184, reset_after_ms: 1984, delay_ms: 0 },
@@ -41,6 +41,19 @@ test('every reply shape is the same decision', () => {
   for (const [name, reply] of Object.entries(shapes)) assert.deepEqual(decision(reply, 'module', 1000), expected, name);
   assert.equal(decision([1, 5, 4, 0, 10, 0], 'library', 0).allowed, true);
   assert.equal(decision(new Map([['allowed', true], ['limit', 1], ['remaining', 0], ['retry_after_ms', 0], ['reset_after_ms', 1], ['delay_ms', 0]]), 'module', 0).allowed, true);
+  assert.equal(decision([1, 5, 4, 0, 10, 0], 'library', 0, 3).granted, 3);
+  // TAKE's reply: the grant first (RESP3 key `granted`).
+  const takes = {
+    'RESP2': [3, 5, 2, 0, 900, 0],
+    'RESP3 object': { granted: 3, limit: 5, remaining: 2, retry_after_ms: 0, reset_after_ms: 900, delay_ms: 0 },
+    'RESP3 Map': new Map([['granted', 3], ['limit', 5], ['remaining', 2], ['retry_after_ms', 0], ['reset_after_ms', 900], ['delay_ms', 0]]),
+    'RESP3 flattened': ['granted', 3, 'limit', 5, 'remaining', 2, 'retry_after_ms', 0, 'reset_after_ms', 900, 'delay_ms', 0],
+  };
+  for (const [name, reply] of Object.entries(takes)) {
+    const d = decision(reply, 'module', 1000, null);
+    assert.deepEqual([d.allowed, d.granted, d.limit, d.remaining, d.resetAfterMs], [true, 3, 5, 2, 900], name);
+  }
+  assert.deepEqual([decision([0, 5, 0, 700, 700, 0], 'module', 1000, null).allowed, decision([0, 5, 0, 700, 700, 0], 'module', 1000, null).granted], [false, 0]);
   assert.throws(() => decision([1, 2, 3], 'module', 0), TypeError);
   assert.throws(() => decision({ allowed: true }, 'module', 0), TypeError);
 });

@@ -50,6 +50,7 @@ for (const engine of ['module', 'library']) {
         check: (k, a) => twin.call('RATELIMIT.CHECK', k, ...a),
         peek: (k, a) => twin.call('RATELIMIT.PEEK', k, ...a),
         refund: (k, a) => twin.call('RATELIMIT.REFUND', k, ...a),
+        take: (k, a) => twin.call('RATELIMIT.TAKE', k, ...a),
         checkall: (ks, a) => twin.call('RATELIMIT.CHECKALL', ks.length, ...ks, ...a),
         acquire: (k, a) => twin.call('RATELIMIT.ACQUIRE', k, ...a),
         release: (k, a) => twin.call('RATELIMIT.RELEASE', k, ...a),
@@ -59,6 +60,7 @@ for (const engine of ['module', 'library']) {
         check: (k, a) => twin.call('FCALL', 'ratelimit_check', 1, k, ...a),
         peek: (k, a) => twin.call('FCALL_RO', 'ratelimit_peek', 1, k, ...a),
         refund: (k, a) => twin.call('FCALL', 'ratelimit_refund', 1, k, ...a),
+        take: (k, a) => twin.call('FCALL', 'ratelimit_take', 1, k, ...a),
         checkall: (ks, a) => twin.call('FCALL', 'ratelimit_checkall', ks.length, ...ks, ...a),
         acquire: (k, a) => twin.call('FCALL', 'ratelimit_acquire', 1, k, ...a),
         release: (k, a) => twin.call('FCALL', 'ratelimit_release', 1, k, ...a),
@@ -81,7 +83,7 @@ for (const engine of ['module', 'library']) {
           if (l.block !== undefined) a.push('BLOCK', String(l.block));
           return a;
         };
-        const counts = { admitted: 0, refused: 0 };
+        const counts = { admitted: 0, refused: 0, partial: 0 };
         try {
           for (const algorithm of ALGORITHMS) {
             const ours = `c${c}:{${algorithm}}:mine`;
@@ -91,7 +93,7 @@ for (const engine of ['module', 'library']) {
               at += rand.pick([0, 1, 7, 150, 400, 1200]);
               if (rand() < 0.1) l = randomLimit(rand, algorithm); // parameters change now and then
               const cost = rand.pick([0, 1, 1, 1, 2, 3, l.burst ?? l.limit, 99]);
-              const op = rand.pick(['check', 'check', 'check', 'peek', 'refund', 'checkall', 'reset']);
+              const op = rand.pick(['check', 'check', 'check', 'peek', 'refund', 'take', 'take', 'checkall', 'reset']);
               const label = `${flavour.name} ${algorithm} step ${step} ${op} ${spec(l).join(' ')} COST ${cost} AT ${at}`;
               if (op === 'check' || op === 'peek') {
                 const d = await rl[op](ours, l, { cost, at });
@@ -100,7 +102,16 @@ for (const engine of ['module', 'library']) {
                 assert.equal(d.source, source, label);
                 assert.equal(d.periodMs, l.periodMs, label);
                 assert.equal(d.shadowRejected, false, label);
+                assert.equal(d.granted, d.allowed ? cost : 0, label);
                 counts[d.allowed ? 'admitted' : 'refused'] += 1;
+              } else if (op === 'take') {
+                const max = Math.max(1, cost);
+                const d = await rl.take(ours, l, max, { at });
+                const [granted, ...rest] = (await rawCall.take(theirs, [...spec(l), 'MAX', max, 'AT', at])).map(Number);
+                assert.deepEqual(pick(d), { ...fields([granted > 0 ? 1 : 0, ...rest]) }, label);
+                assert.equal(d.granted, granted, label);
+                assert.equal(d.source, source, label);
+                if (granted > 0 && granted < max) counts.partial += 1;
               } else if (op === 'refund') {
                 const d = await rl.refund(ours, l, cost, { at });
                 const expected = fields(await rawCall.refund(theirs, [...spec(l), 'COST', cost, 'AT', at]));
@@ -138,7 +149,7 @@ for (const engine of ['module', 'library']) {
               assert.equal(released, Number(await rawCall.release(`c${c}:lease:twin`, ['ID', id, 'AT', at])), label);
             }
           }
-          assert.ok(counts.admitted > 20 && counts.refused > 20, `both outcomes exercised: ${JSON.stringify(counts)}`);
+          assert.ok(counts.admitted > 20 && counts.refused > 20 && counts.partial > 0, `every outcome exercised: ${JSON.stringify(counts)}`);
           // The library's keys live under its own prefix; the module's under the key itself.
           const keys = await twin.keys(`*c${c}:lease`);
           if (engine === 'library') assert.ok(keys.every((k) => k.startsWith('fn:')), String(keys));

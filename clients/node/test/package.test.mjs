@@ -9,7 +9,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 
-import { freePort, raw, sleep, startServer } from './helpers.mjs';
+import { NO_MODULE, freePort, raw, sleep, startServer } from './helpers.mjs';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
@@ -21,6 +21,14 @@ export function readmeApp() {
   const match = /<!-- test: express-app[^>]*-->\n```js\n([\s\S]*?)```/.exec(readme);
   assert.ok(match, 'README.md has the express-app block');
   return match[1];
+}
+
+/** The README's round-trips example and the output it shows. */
+function readmeRoundTrips() {
+  const readme = readFileSync(join(root, 'README.md'), 'utf8');
+  const match = /<!-- test: round-trips[^>]*-->\n```js\n([\s\S]*?)```\n\n<!-- output -->\n```text\n([\s\S]*?)```/.exec(readme);
+  assert.ok(match, 'README.md has the round-trips block and its output');
+  return { code: match[1], output: match[2] };
 }
 
 describe('the packed tarball', () => {
@@ -96,6 +104,11 @@ export async function main(): Promise<number> {
   const d: Decision = await rl.check('api:alice', l, { cost: 3 });
   const all: MultiDecision = await rl.checkAll([['{a}1', l], ['{a}2', policy('api', { fallback: l })]]);
   const n: number = await rl.reset('a', 'b');
+  const near = new RateLimiter(new Redis({ lazyConnect: true }), { onError: 'local', localShare: 0.5, denialCache: 1000, now: () => performance.now() });
+  const taken: Decision = await near.take('jobs', limit('fixed-window', 5, '1h'), 3, { at: 0 });
+  const hot: Decision = await near.check('hot', limit('gcra', 1000, '1s', { batch: '50ms', batchMax: 100 }));
+  const counted: number = near.stats.commands + near.stats.decisions.cache + near.stats.held + taken.granted + hot.granted;
+  await near.close();
   const leased: string = await rl.withLease('jobs', 2, '30s', async (acquired: Decision) => acquired.source);
   const app = express();
   app.use(rateLimit({ limiter: rl, limit: l, key: (req) => req.get('X-API-Key') }));
@@ -112,7 +125,7 @@ export async function main(): Promise<number> {
     if (e instanceof RateLimited) return e.decision.retryAfterMs;
     if (e instanceof RateLimitUnavailable) return -1;
   }
-  return d.remaining + all.limits[0].remaining + n + leased.length;
+  return d.remaining + all.limits[0].remaining + n + leased.length + counted;
 }
 `;
     const bad = `import { limit } from 'redis-ratelimit-client';\nlimit('token-bucket', '10', '1s');\n`;
@@ -135,6 +148,27 @@ export async function main(): Promise<number> {
     const errors = output.trim().split('\n').filter((l) => /error TS/.test(l));
     assert.equal(errors.length, 1, output);
     assert.match(errors[0], /^bad\.mts\(2,\d+\): error TS2345/);
+  });
+
+  test("the README's round-trips example prints what the README shows", async (t) => {
+    if (NO_MODULE) return t.skip(NO_MODULE);
+    const { code, output } = readmeRoundTrips();
+    writeFileSync(join(project, 'round-trips.mjs'), code);
+    const server = await startServer({ module: true });
+    try {
+      const printed = await new Promise((resolve, reject) => {
+        const child = spawn(process.execPath, ['round-trips.mjs'], { cwd: project, env: { ...process.env, REDIS_URL: server.url }, stdio: ['ignore', 'pipe', 'pipe'] });
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (d) => (out += d));
+        child.stderr.on('data', (d) => (err += d));
+        child.on('error', reject);
+        child.on('exit', (status) => (status === 0 ? resolve(out) : reject(new Error(`exit ${status}: ${out}${err}`))));
+      });
+      assert.equal(printed, output);
+    } finally {
+      await server.stop();
+    }
   });
 
   test("the README's Express app: at most 10 lines, limited per key with headers, the library, failing open", async () => {

@@ -116,6 +116,12 @@ for (const flavour of CLIENTS.filter((c) => ['node-redis 6 RESP3', 'node-redis 6
       assert.deepEqual(seen, [false, false, false, false, true, true]);
       const info = await admin.info('ratelimit');
       assert.match(info, /ratelimit_policy_api:.*shadow_rejected=2/);
+      // take through the shadow policy: MAX granted; short of what enforcement grants, it says so.
+      const full = await rl.take('w', policy('api'), 3, { at });
+      assert.deepEqual([full.granted, full.allowed, full.shadowRejected], [3, true, false]);
+      const short = await rl.take('w', policy('api'), 3, { at });
+      assert.deepEqual([short.granted, short.allowed, short.shadowRejected], [3, true, true]);
+      assert.match(await admin.info('ratelimit'), /ratelimit_policy_api:.*shadow_rejected=3/);
       // checkAll: the shadow limit that would refuse says so; the enforced one admits.
       const both = await rl.checkAll([['{v}a', policy('api')], ['{v}b', limit('fixed-window', 5, '1m')]], { cost: 3, at });
       assert.deepEqual([both.allowed, both.shadowRejected, both.limits[0].shadowRejected, both.limits[1].shadowRejected], [true, false, false, false]);
@@ -125,6 +131,8 @@ for (const flavour of CLIENTS.filter((c) => ['node-redis 6 RESP3', 'node-redis 6
       await rl.policies.set('api', limit('token-bucket', 2, '1s', { burst: 4 }));
       const enforced = await rl.check('u', policy('api'), { at });
       assert.deepEqual([enforced.allowed, enforced.shadowRejected], [false, false]);
+      const taken = await rl.take('w', policy('api'), 3, { at });
+      assert.deepEqual([taken.granted, taken.allowed, taken.shadowRejected], [0, false, false]);
       // A policy the server lacks: its fallback, warned once; without one, the module's error.
       const fallback = policy('missing', { fallback: limit('fixed-window', 9, '1m') });
       assert.equal((await rl.check('m', fallback)).remaining, 8);

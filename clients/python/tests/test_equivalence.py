@@ -16,7 +16,8 @@ import redis.asyncio
 from redis_ratelimit import ALGORITHMS, AsyncRateLimiter, Limit, RateLimiter
 
 FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms")
-TIMED = ("RATELIMIT.CHECK", "RATELIMIT.PEEK", "RATELIMIT.REFUND", "RATELIMIT.CHECKALL", "RATELIMIT.ACQUIRE", "RATELIMIT.RELEASE")
+TIMED = ("RATELIMIT.CHECK", "RATELIMIT.PEEK", "RATELIMIT.REFUND", "RATELIMIT.CHECKALL", "RATELIMIT.ACQUIRE",
+         "RATELIMIT.RELEASE", "RATELIMIT.TAKE")
 T0 = 1_796_006_883_715
 
 
@@ -43,9 +44,11 @@ class AsyncClocked(Clocked, redis.asyncio.Redis):
 
 
 def raw(reply):
-    """The six fields from a raw reply, whatever its shape (the test's own reading)."""
+    """The six fields from a raw reply, whatever its shape (the test's own reading; TAKE's
+    RESP3 map names its first field `granted`)."""
     if isinstance(reply, dict):
-        reply = [reply[f.encode()] if f.encode() in reply else reply[f] for f in FIELDS]
+        named = {(k.decode() if isinstance(k, bytes) else k): v for k, v in reply.items()}
+        reply = [named["granted" if f == "allowed" and "granted" in named else f] for f in FIELDS]
     return tuple(int(v) for v in reply[:6])
 
 
@@ -61,15 +64,18 @@ def random_limit(rng: random.Random, algorithm: str) -> Limit:
 
 
 def plan(seed: int, algorithm: str):
-    """(time, operation, cost, limit) steps: check, peek, refund, check_all, reset."""
+    """(time, operation, cost, limit) steps: check, peek, refund, take, check_all, reset."""
     rng = random.Random(seed)
     limit = random_limit(rng, algorithm)
     other = random_limit(rng, rng.choice(ALGORITHMS))
     steps, now = [], T0
     for _ in range(25):
         now += rng.choice([0, 1, 7, 40, 150, 600])
-        op = rng.choices(["check", "peek", "refund", "check_all", "reset", "acquire", "release"], [6, 2, 2, 2, 1, 2, 1])[0]
+        op = rng.choices(["check", "peek", "refund", "take", "check_all", "reset", "acquire", "release"],
+                         [6, 2, 2, 3, 2, 1, 2, 1])[0]
         cost = rng.randint(0, 4) if op != "refund" else rng.randint(0, 3)
+        if op == "take":
+            cost = rng.randint(1, 9)  # MAX
         if op in ("acquire", "release"):  # a lease: (id, cost) on a concurrency limit of 3, 500 ms
             cost = (f"id{rng.randint(1, 3)}", rng.randint(1, 2))
         steps.append((now, op, cost, limit, other))
@@ -91,7 +97,11 @@ def twin_raw(client, engine, op, keys, cost, limit, other):
             return client.execute_command("RATELIMIT.CHECKALL", 2, *keys[:2], *spec, *other.args(), "COST", cost, *at)
         if op == "reset":
             return client.execute_command("RATELIMIT.RESET", keys[0])
+        if op == "take":
+            return client.execute_command("RATELIMIT.TAKE", keys[0], *spec, "MAX", cost, *at)
         return client.execute_command(f"RATELIMIT.{op.upper()}", keys[0], *spec, "COST", cost, *at)
+    if op == "take":
+        return client.fcall("ratelimit_take", 1, keys[0], *spec, "MAX", cost, *at)
     if op == "check_all":
         return client.fcall("ratelimit_checkall", 2, *keys[:2], *spec, *other.args(), "COST", cost, *at)
     if op == "reset":
@@ -144,9 +154,13 @@ async def run_sequence(server, engine, protocol, mode, algorithm, seed):
                 assert fields(got) == overall, where
                 assert [fields(d) for d in got.limits] == each, where
                 assert got.source == engine
+            elif op == "take":
+                assert (got.granted,) + fields(got)[1:] == raw(want), where
+                assert got.allowed == (got.granted > 0) and got.source == engine, where
             else:
                 assert fields(got) == raw(want), where
                 assert got.source == engine and got.period_ms == limit.period_ms, where
+                assert got.granted == (cost if got.allowed else 0), where
     finally:
         plain.close()
         if mode == "async":

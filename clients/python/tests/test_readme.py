@@ -1,6 +1,7 @@
 """README.md's code, run: the FastAPI app under uvicorn driven by httpx (with the module, with
 only the library, and with Redis unreachable), the Flask app through Flask's test client, the
-"From code" program against its printed output, and the FastAPI dependencies."""
+"From code" program against its printed output, the client-side decisions' program likewise,
+and the FastAPI dependencies."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def blocks():
     found = re.findall(r"```python\n(.*?)```(\n\n<!-- output -->\n```text\n(.*?)```)?", text, re.S)
     found = [(code, output or None) for code, _, output in found]
     # Each block either runs here or is the API's import list (run by test_api.py).
-    assert len(found) == 5, [code[:40] for code, _ in found]
+    assert len(found) == 6, [code[:40] for code, _ in found]
     return found
 
 
@@ -166,6 +167,19 @@ def test_the_code_prints_what_the_readme_shows(module_server, tmp_path):
     done = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout == output
+
+
+@pytest.mark.parametrize("engine", ["module", "library"])
+def test_the_client_side_decisions_print_what_the_readme_shows(engine, request, tmp_path):
+    server = request.getfixturevalue(f"{engine}_server")
+    code, output = block("denial_cache=")
+    (tmp_path / "program.py").write_text(code)
+    env = dict(os.environ, REDIS_URL=server.url)
+    prefix = "fn:" if engine == "library" else ""
+    server.client().delete(prefix + "jobs:acme", prefix + "search:all")
+    done = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == output.replace("module cache", f"{engine} cache")
 
 
 def test_the_fastapi_dependencies_combine_through_check_all(module_server, tmp_path, monkeypatch):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
+from fractions import Fraction
 import re
 import threading
 import time
@@ -20,6 +22,8 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tup
 
 import redis
 
+from ._clientside import Batch, Batches, DenialCache, Flight, target
+from ._local import AlgorithmMismatch, LocalLimiter
 from ._types import (
     BURST_ALGORITHMS,
     Decision,
@@ -29,6 +33,7 @@ from ._types import (
     Policy,
     RateLimitUnavailable,
     check_cost,
+    _amount,
     check_spec,
     period_ms,
 )
@@ -38,7 +43,9 @@ log = logging.getLogger("redis_ratelimit")
 FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms")
 LIBRARY_NAME = "ratelimit"
 ENGINES = ("auto", "module", "library")
-ON_ERROR = ("open", "closed")
+#: The sources of decisions Redis made.
+SERVERS = ("module", "library")
+ON_ERROR = ("open", "closed", "local")
 #: Error replies that mean the server cannot serve now (not the caller's mistake).
 _UNAVAILABLE_REPLIES = ("BUSY ", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "READONLY")
 _UNAVAILABLE_TYPES: Tuple[type, ...] = (
@@ -81,7 +88,15 @@ class LoadLibrary:
     code: str
 
 
-Op = Union[Call, Transaction, ListLibrary, LoadLibrary]
+@dataclass(frozen=True)
+class Join:
+    """Waits for a batch's TAKE in flight (sent by another caller of this limiter); the reply
+    is whether it ended in time."""
+
+    flight: Flight
+
+
+Op = Union[Call, Transaction, ListLibrary, LoadLibrary, Join]
 Plan = Generator[Op, Any, Any]
 
 
@@ -109,21 +124,26 @@ def _pairs(reply: Any) -> Dict[str, Any]:
     return {_text(k): _text(v) for k, v in items}
 
 
-def parse_decision(reply: Any, source: str, period: int = 0, shadow_rejected: bool = False) -> Decision:
-    """One decision from a RESP3 map (`allowed` a bool) or six integers (RESP2, the library)."""
+def parse_decision(
+    reply: Any, source: str, period: int = 0, shadow_rejected: bool = False, cost: int = 0, take: bool = False
+) -> Decision:
+    """One decision from a RESP3 map (`allowed`, or TAKE's `granted`) or six integers (RESP2,
+    the library). `granted`: TAKE's first field; else `cost` when allowed, 0 when not."""
     if isinstance(reply, dict):
         named = {_text(k): v for k, v in reply.items()}
-        values = [named[field] for field in FIELDS]
+        values = [named["granted" if take and field == "allowed" else field] for field in FIELDS]
     else:
         values = list(reply[:6])
-    allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (int(v) for v in values)
+    first, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (int(v) for v in values)
+    granted = first if take else (cost if first else 0)
+    allowed = granted > 0 if take else bool(first)
     return Decision(
-        bool(allowed), limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source, shadow_rejected, period
+        allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source, shadow_rejected, period, granted
     )
 
 
 def parse_multi(
-    reply: Any, source: str, periods: Sequence[int], shadow: Sequence[bool] = ()
+    reply: Any, source: str, periods: Sequence[int], shadow: Sequence[bool] = (), cost: int = 0
 ) -> MultiDecision:
     """A CHECKALL reply (RESP2: the overall decision then one per key; RESP3: the overall map
     with its `limits`)."""
@@ -133,7 +153,7 @@ def parse_multi(
     else:
         overall, each = reply[0], list(reply[1:])
     shadow = list(shadow) or [False] * len(each)
-    limits = [parse_decision(r, source, p, s) for r, p, s in zip(each, periods, shadow)]
+    limits = [parse_decision(r, source, p, s, cost) for r, p, s in zip(each, periods, shadow)]
     top = parse_decision(overall, source)
     return MultiDecision(
         top.allowed,
@@ -148,9 +168,10 @@ def parse_multi(
     )
 
 
-def error_decision(period: int = 0) -> Decision:
-    """What `on_error="open"` answers: admitted, every number 0, `source="error"`."""
-    return Decision(True, 0, 0, 0, 0, 0, "error", False, period)
+def error_decision(period: int = 0, granted: int = 0) -> Decision:
+    """What `on_error="open"` answers: admitted (`granted` the cost asked), every number 0,
+    `source="error"`."""
+    return Decision(True, 0, 0, 0, 0, 0, "error", False, period, granted)
 
 
 def library_code() -> str:
@@ -231,6 +252,15 @@ class _Definition:
         self.shadow = fields.get("mode") == "shadow"
         self.period_ms = int(fields.get("period_ms", fields.get("lease_ms", 0)))
 
+    def limit(self) -> Optional[Limit]:
+        """The same limit as a `Limit` (None for a concurrency policy)."""
+        try:
+            burst = int(self.fields["burst"]) if self.algorithm in BURST_ALGORITHMS else None
+            block = int(self.fields.get("block_ms") or 0) or None
+            return Limit(self.algorithm, int(self.fields["limit"]), self.period_ms, burst=burst, block=block)
+        except (KeyError, ValueError, TypeError):
+            return None
+
     def inline(self) -> List[str]:
         """The same limit as inline arguments (to PEEK what enforcement would answer)."""
         words = [self.algorithm, str(self.fields["limit"]), f"{self.period_ms}ms"]
@@ -241,6 +271,12 @@ class _Definition:
         return words
 
 
+_FUNCTIONS = {
+    "CHECK": "ratelimit_check",
+    "PEEK": "ratelimit_peek",
+    "REFUND": "ratelimit_refund",
+    "TAKE": "ratelimit_take",
+}
 _NO_SUCH_POLICY = re.compile(r"no such policy '([^']*)'")
 
 
@@ -256,14 +292,24 @@ class Core:
         breaker_failures: int = 3,
         breaker_cooldown: float = 1.0,
         policy_refresh: float = 10.0,
+        denial_cache: Optional[int] = None,
+        local_share: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be 'open' or 'closed', not {on_error!r}")
+            raise ValueError(f"on_error must be 'open', 'closed' or 'local', not {on_error!r}")
         if not isinstance(prefix, str):
             raise TypeError("prefix must be a str")
+        if denial_cache is not None and (isinstance(denial_cache, bool) or not isinstance(denial_cache, int)):
+            raise TypeError(f"denial_cache must be an int (entries) or None, not {type(denial_cache).__name__}")
+        if denial_cache is not None and denial_cache < 0:
+            raise ValueError(f"denial_cache must be 0 (off) or more entries, not {denial_cache}")
+        if isinstance(local_share, bool) or not isinstance(local_share, (int, float)):
+            raise TypeError(f"local_share must be a number, not {type(local_share).__name__}")
+        if not 0 < local_share <= 1:
+            raise ValueError(f"local_share must be above 0 and at most 1, not {local_share!r}")
         self.mode = engine
         self.on_error = on_error
         self.prefix = prefix
@@ -276,6 +322,13 @@ class Core:
         self._policies: Dict[str, Tuple[float, Optional[_Definition]]] = {}
         self._warned: set = set()
         self._code: Optional[str] = None
+        self.cache = DenialCache(denial_cache) if denial_cache else None
+        self.batches = Batches()
+        self.local_share = Fraction(local_share)
+        self.local = LocalLimiter() if on_error == "local" else None
+        self._scaled: Dict[Limit, Limit] = {}
+        #: Counters: "commands" sent to Redis, and decisions per source.
+        self.stats: Dict[str, int] = {}
 
     # -- engines -------------------------------------------------------------------------
 
@@ -480,23 +533,26 @@ class Core:
 
     # -- the calls -----------------------------------------------------------------------
 
-    def decide(self, verb: str, key: str, spec: LimitSpec, cost: int) -> Plan:
-        """CHECK, PEEK or REFUND of `key` against `spec`."""
+    def decide(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
+        """CHECK, PEEK, REFUND or TAKE (`cost`: its MAX) of `key` against `spec`, at the
+        server's time or `AT at`."""
         _key(key)
         check_spec(spec)
-        check_cost(cost)
-        function = {"CHECK": "ratelimit_check", "PEEK": "ratelimit_peek", "REFUND": "ratelimit_refund"}[verb]
+        check_cost(cost, 1 if verb == "TAKE" else 0)
+        check_at(at)
+        function = _FUNCTIONS[verb]
+        take = verb == "TAKE"
         for attempt in (0, 1):
             module_args, library_args, period, shadow = yield from self._resolve(spec)
-            cost_args = ["COST", str(cost)]
+            cost_args = ["MAX" if take else "COST", str(cost)] + ([] if at is None else ["AT", str(at)])
             try:
-                if shadow is not None and verb == "CHECK":
+                if shadow is not None and verb in ("CHECK", "TAKE"):
                     # What enforcement answers, in the same round trip (one MULTI).
-                    peek = ("RATELIMIT.PEEK", key, *shadow.inline(), *cost_args)
-                    check = ("RATELIMIT.CHECK", key, *module_args, *cost_args)
+                    peek = ("RATELIMIT.PEEK", key, *shadow.inline(), "COST", str(cost), *cost_args[2:])
+                    check = (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
                     enforced, answered = yield Transaction((peek, check))
                     rejected = not parse_decision(enforced, "module").allowed
-                    decision = parse_decision(answered, "module", period, rejected)
+                    decision = parse_decision(answered, "module", period, rejected, cost, take)
                     if rejected:
                         log.info(
                             "redis_ratelimit: shadow policy '%s' would have rejected %s (retry in %d ms); admitted",
@@ -508,12 +564,12 @@ class Core:
                 module = None if module_args is None else (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
                 library = None if library_args is None else [*library_args, *cost_args]
                 reply, source = yield from self._call(module, function, [key], library, verb == "PEEK")
-                return parse_decision(reply, source, period)
+                return parse_decision(reply, source, period, False, cost, take)
             except redis.ResponseError as error:
                 if attempt or not self._forget(error, [spec]):
                     raise
 
-    def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int) -> Plan:
+    def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int, at: Optional[int] = None) -> Plan:
         pairs = list(pairs)
         if not pairs:
             raise ValueError("check_all needs at least one (key, limit) pair")
@@ -523,13 +579,14 @@ class Core:
             _key(pair[0])
             check_spec(pair[1])
         check_cost(cost)
+        check_at(at)
         keys = [key for key, _ in pairs]
         specs = [spec for _, spec in pairs]
         for attempt in (0, 1):
             resolved = []
             for spec in specs:
                 resolved.append((yield from self._resolve(spec)))
-            cost_args = ["COST", str(cost)]
+            cost_args = ["COST", str(cost)] + ([] if at is None else ["AT", str(at)])
             periods = [r[2] for r in resolved]
             try:
                 module = None
@@ -549,9 +606,9 @@ class Core:
                     replies = yield Transaction(peeks + (module,))
                     verdicts = iter(not parse_decision(r, "module").allowed for r in replies[:-1])
                     flags = [next(verdicts) if s is not None else False for s in shadows]
-                    return parse_multi(replies[-1], "module", periods, flags)
+                    return parse_multi(replies[-1], "module", periods, flags, cost)
                 reply, source = yield from self._call(module, "ratelimit_checkall", keys, library)
-                return parse_multi(reply, source, periods)
+                return parse_multi(reply, source, periods, (), cost)
             except redis.ResponseError as error:
                 if attempt or not self._forget(error, specs):
                     raise
@@ -565,7 +622,7 @@ class Core:
         check_cost(cost, 1)
         args = [str(limit), _word(lease), "ID", lease_id, "COST", str(cost)]
         reply, source = yield from self._call(("RATELIMIT.ACQUIRE", key, *args), "ratelimit_acquire", [key], args)
-        return parse_decision(reply, source, lease_ms)
+        return parse_decision(reply, source, lease_ms, False, cost)
 
     def release(self, key: str, lease_id: str) -> Plan:
         _key(key)
@@ -611,12 +668,20 @@ class Core:
 
     # -- errors --------------------------------------------------------------------------
 
-    def guarded(self, plan: Plan, period: int = 0, decides: bool = True) -> Plan:
+    def guarded(
+        self,
+        plan: Plan,
+        period: int = 0,
+        decides: bool = True,
+        local: Optional[Callable[[], Any]] = None,
+        granted: int = 0,
+    ) -> Plan:
         """Runs `plan` under the breaker: Redis unavailable (or the breaker open) gives
-        `error_decision` with `on_error="open"` (for calls that decide), else raises
+        `error_decision` with `on_error="open"` (for calls that decide), `local()` with
+        `on_error="local"` (as "open" where it answers None or there is none), else raises
         `RateLimitUnavailable`; an error reply is the caller's and is raised as it is."""
         if not self.breaker.allow():
-            return self._fail(None, period, decides)
+            return self._fail(None, period, decides, local, granted)
         done = False
         try:
             result = yield from plan
@@ -628,30 +693,301 @@ class Core:
                 raise
             self.breaker.failure()
             done = True
-            return self._fail(error, period, decides)
+            return self._fail(error, period, decides, local, granted)
         finally:
             if not done:
                 self.breaker.abandon()
         self.breaker.success()
         return result
 
-    def _fail(self, error: Optional[BaseException], period: int, decides: bool) -> Any:
+    def _fail(
+        self,
+        error: Optional[BaseException],
+        period: int,
+        decides: bool,
+        local: Optional[Callable[[], Any]] = None,
+        granted: int = 0,
+    ) -> Any:
         why = f"{type(error).__name__}: {error}" if error is not None else "breaker open"
+        answer = None
+        if self.on_error == "local" and decides and local is not None:
+            answer = local()
         if error is not None:
             log.warning(
                 "redis_ratelimit: Redis unavailable (%s): %s",
                 why,
-                "failing open" if self.on_error == "open" and decides else "failing closed",
+                "deciding in process"
+                if answer is not None
+                else "failing open"
+                if self.on_error != "closed" and decides
+                else "failing closed",
             )
-        if self.on_error == "open" and decides:
-            return error_decision(period)
+        if answer is not None:
+            return answer
+        if self.on_error != "closed" and decides:
+            return error_decision(period, granted)
         raise RateLimitUnavailable(f"Redis unavailable ({why})") from error
+
+    # -- client-side decisions -----------------------------------------------------------
+
+    def now_ms(self, at: Optional[int]) -> int:
+        """The time of the denial cache and the batches: `at`, else the monotonic clock."""
+        return at if at is not None else int(self.clock() * 1000)
+
+    def _count(self, what: str, n: int = 1) -> None:
+        self.stats[what] = self.stats.get(what, 0) + n
+
+    def request(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
+        """check, peek, refund or take (`cost`: its max), with the denial cache, the batches
+        and the local fallback."""
+        _key(key)
+        check_spec(spec)
+        if verb == "TAKE":
+            _amount(cost, "max", 1)
+        else:
+            check_cost(cost)
+        check_at(at)
+        now = self.now_ms(at)
+        yield from self._refund_due(now, at)
+        where = target(key, spec)
+        asked = 1 if verb == "TAKE" else cost
+        if self.cache is not None:
+            if verb in ("CHECK", "TAKE"):
+                hit = self.cache.get(where, asked, now)
+                if hit is not None:
+                    self._count("cache")
+                    return hit
+            elif verb == "REFUND":
+                self.cache.drop_key(key)
+        if verb == "CHECK" and isinstance(spec, Limit) and spec.batch is not None and 0 < cost <= spec.batch_limit:
+            decision = yield from self._batched(key, spec, cost, at, now)
+        else:
+            decision = yield from self.guarded(
+                self.decide(verb, key, spec, cost, at),
+                spec_period(spec),
+                True,
+                lambda: self._local(verb, key, spec, cost, at),
+                cost,
+            )
+        if self.cache is not None and verb in ("CHECK", "TAKE") and decision.source in SERVERS and self._cacheable(spec):
+            self.cache.put(where, asked, decision, now)
+        self._count(decision.source)
+        return decision
+
+    def _cacheable(self, spec: LimitSpec) -> bool:
+        """Whether refusals of `spec` may be answered again here: not with a BLOCK. A refusal
+        that comes after a block has ended starts another one; answered from the cache instead,
+        it would not, and the key could be admitted while per-request checks are still blocked.
+        A policy's block is known from its definition once read, else its fallback's applies."""
+        if isinstance(spec, Limit):
+            return spec.block is None
+        cached = self._policies.get(spec.name)
+        if cached is not None and cached[1] is not None:
+            return int(cached[1].fields.get("block_ms") or 0) == 0
+        return spec.fallback is None or spec.fallback.block is None
+
+    def _batched(self, key: str, limit: Limit, cost: int, at: Optional[int], now: int) -> Plan:
+        """A CHECK answered from the units the batch holds, taking more with one TAKE (shared
+        by concurrent callers) when they do not cover `cost`."""
+        batch = self.batches.get(key, limit)
+        while True:
+            flight = leftover = None
+            with batch.lock:
+                if cost <= batch.held and now < batch.until:
+                    return batch.local(cost, now)
+                if batch.flight is not None:
+                    flight = batch.flight
+                else:
+                    if batch.held and now >= batch.until:
+                        leftover, batch.held = batch.held, 0
+                    most = max(cost - batch.held, batch.size(now))
+                    mine = batch.flight = Flight()
+            if flight is None:
+                break
+            if not (yield Join(flight)):
+                # The TAKE in flight did not end in time: this request asks for itself.
+                return (yield from self.guarded(
+                    self.decide("CHECK", key, limit, cost, at), limit.period_ms, True,
+                    lambda: self._local("CHECK", key, limit, cost, at), cost))
+        short = 0
+        try:
+            if leftover:
+                yield from self._refund_units(batch, leftover, at)
+            decision = yield from self.guarded(
+                self.decide("TAKE", key, limit, most, at),
+                limit.period_ms,
+                True,
+                lambda: self._local("CHECK", key, limit, cost, at),
+                cost,
+            )
+            if decision.source not in SERVERS:
+                return decision  # Redis unavailable: on_error's answer for this request
+            if decision.granted:
+                self._count("taken", decision.granted)
+                with batch.lock:
+                    batch.held += decision.granted
+                    batch.until, batch.taken_at, batch.reply = now + batch.hold_ms, now, decision
+                    batch.virtual = at is not None
+                self.batches.holding(batch)  # (the batches' lock is never taken inside a batch's)
+            with batch.lock:
+                if cost <= batch.held:
+                    batch.held -= cost
+                    batch.used(cost, now)
+                    return batch.decision(cost, now, decision.source)
+                short = cost - batch.held
+        finally:
+            with batch.lock:
+                batch.flight = None
+            mine.finish()
+        if not decision.granted and short == 1:
+            return decision  # the TAKE's refusal is the CHECK of one unit's
+        # Refused: the wait until the server can grant the units the batch lacks.
+        peek = yield from self.guarded(self.decide("PEEK", key, limit, short, at), limit.period_ms, True, None, 0)
+        return replace(peek, allowed=False, granted=0, delay_ms=0, source=decision.source)
+
+    def _refund_units(self, batch: Batch, units: int, at: Optional[int]) -> Plan:
+        """Gives back the units a batch did not use (a failure is logged: they count until the
+        key's state refills or slides past them)."""
+        try:
+            yield from self.guarded(self.decide("REFUND", batch.key, batch.limit, units, at), 0, False)
+            self._count("refunded", units)
+            if self.cache is not None:
+                self.cache.drop_key(batch.key)
+        except Exception as error:  # noqa: BLE001 - logged, never lost silently
+            log.warning(
+                "redis_ratelimit: refund of %d unused batch units of %s not done (%s: %s)",
+                units,
+                batch.key,
+                type(error).__name__,
+                error,
+            )
+
+    def _refund_due(self, now: Optional[int], at: Optional[int]) -> Plan:
+        """Refunds what the batches whose hold has ended hold (every batch's with now None)."""
+        for batch, units in self.batches.due(now):
+            yield from self._refund_units(batch, units, at)
+
+    def sweep(self) -> Plan:
+        """Refunds the batches whose hold has ended on the limiter's clock (the timers' plan)."""
+        yield from self._refund_due(self.now_ms(None), None)
+
+    def next_sweep_s(self) -> Optional[float]:
+        """Seconds until the next hold ends on the limiter's clock, None if none."""
+        end = self.batches.next_end()
+        return None if end is None else max(0.0, (end - self.now_ms(None)) / 1000)
+
+    def close(self) -> Plan:
+        """Gives back every unit the batches hold."""
+        yield from self._refund_due(None, None)
+
+    def forget(self, keys: Sequence[str]) -> None:
+        """A reset through this limiter: the keys' cached refusals and held units are gone."""
+        for key in keys:
+            if self.cache is not None:
+                self.cache.drop_key(key)
+            self.batches.drop_key(key)
+            if self.local is not None:
+                self.local.reset(key)
+
+    # -- the local fallback --------------------------------------------------------------
+
+    def local_limit(self, spec: LimitSpec) -> Tuple[Optional[Limit], bool]:
+        """The limit the local fallback decides with, scaled by `local_share`, and whether it
+        is a shadow policy's: a Limit, a policy's cached definition, else its fallback; None
+        without any."""
+        shadow = False
+        if isinstance(spec, Limit):
+            base: Optional[Limit] = spec
+        else:
+            cached = self._policies.get(spec.name)
+            definition = cached[1] if cached is not None else None
+            base = definition.limit() if definition is not None else None
+            shadow = definition is not None and definition.shadow
+            if base is None:
+                base = spec.fallback
+        if base is None:
+            return None, False
+        scaled = self._scaled.get(base)
+        if scaled is None:
+            share = self.local_share
+            scaled = Limit(
+                base.algorithm,
+                max(1, int(base.limit * share)),
+                base.period_ms,
+                burst=None if base.burst is None else max(1, int(base.burst * share)),
+                block=base.block,
+            )
+            if len(self._scaled) > 1024:
+                self._scaled.clear()
+            self._scaled[base] = scaled
+        return scaled, shadow
+
+    def _local(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int]) -> Optional[Decision]:
+        """The in-process decision of `on_error="local"`; None where there is no limit to
+        decide with (a policy without a cached definition nor a fallback)."""
+        if self.local is None:
+            return None
+        limit, shadow = self.local_limit(spec)
+        if limit is None:
+            return None
+        now = at if at is not None else int(time.time() * 1000)
+        try:
+            if verb == "TAKE":
+                granted, fields = self.local.take(key, limit, cost, now)
+            else:
+                fields = getattr(self.local, verb.lower())(key, limit, cost, now)
+                granted = cost if fields[0] else 0
+        except AlgorithmMismatch as error:
+            raise redis.ResponseError(
+                f"ERR the key holds another algorithm ({error}) than '{limit.algorithm}' (in process)"
+            ) from None
+        allowed, limit_, remaining, retry, reset, delay = fields
+        rejected = False
+        if shadow and not allowed and verb in ("CHECK", "TAKE"):
+            rejected, allowed, retry = True, True, 0
+            granted = cost
+        return Decision(bool(allowed), limit_, remaining, retry, reset, delay, "fallback", rejected, limit.period_ms, granted)
+
+    def local_check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int, at: Optional[int]) -> Optional[MultiDecision]:
+        """check_all in process, all or nothing (None: some limit has nothing to decide with)."""
+        if self.local is None:
+            return None
+        limits = [self.local_limit(spec)[0] for _, spec in pairs]
+        if any(limit is None for limit in limits):
+            return None
+        now = at if at is not None else int(time.time() * 1000)
+        keys = [key for key, _ in pairs]
+        peeks = [self.local.peek(key, limit, cost, now) for key, limit in zip(keys, limits)]
+        if all(fields[0] for fields in peeks):
+            peeks = [self.local.check(key, limit, cost, now) for key, limit in zip(keys, limits)]
+        each = [
+            Decision(bool(f[0]), f[1], f[2], f[3], f[4], f[5], "fallback", False, limit.period_ms, cost if f[0] else 0)
+            for f, limit in zip(peeks, limits)
+        ]
+        least = min(each, key=lambda d: d.remaining)
+        retry = -1 if any(d.retry_after_ms < 0 for d in each) else max(d.retry_after_ms for d in each)
+        return MultiDecision(
+            all(d.allowed for d in each), least.limit, least.remaining, retry,
+            max(d.reset_after_ms for d in each), max(d.delay_ms for d in each), "fallback", False, each,
+        )
 
 
 def _unknown_command(error: Exception) -> bool:
     """The server has no such command (a cluster client says so before sending it)."""
     text = str(error).lower()
     return "unknown command" in text or "command doesn't exist in redis commands" in text
+
+
+def check_at(at: object) -> Optional[int]:
+    """`at`: the call's time in ms since the Unix epoch (the module's `AT`), an int from 0 to
+    below 2^53, or None (the server's clock)."""
+    if at is None:
+        return None
+    if isinstance(at, bool) or not isinstance(at, int):
+        raise TypeError(f"at must be an int of ms since the Unix epoch, not {type(at).__name__}")
+    if not 0 <= at < 2**53:
+        raise ValueError(f"at must be from 0 to below 2^53 ms, not {at}")
+    return at
 
 
 def _key(key: object) -> str:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 import redis.asyncio
 
-from ._core import Call, Core, ListLibrary, LoadLibrary, Plan, Transaction, spec_period
+from ._core import Call, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
 from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimited, RateLimitUnavailable
 
 log = logging.getLogger("redis_ratelimit")
@@ -21,7 +23,20 @@ log = logging.getLogger("redis_ratelimit")
 DEFAULT_TIMEOUT = 0.5
 #: `from_url`'s client, made at the first call.
 _LATER = object()
-_LIMITER_OPTIONS = ("on_error", "engine", "prefix", "breaker_failures", "breaker_cooldown", "policy_refresh")
+_LIMITER_OPTIONS = (
+    "on_error",
+    "engine",
+    "prefix",
+    "breaker_failures",
+    "breaker_cooldown",
+    "policy_refresh",
+    "denial_cache",
+    "local_share",
+)
+#: How long a sync caller waits for another thread's batch TAKE before asking for itself (s).
+JOIN_TIMEOUT = 5.0
+#: The longest a batches' timer sleeps before looking again (s).
+SWEEP_WAIT_MAX = 60.0
 
 
 class _Common:
@@ -29,8 +44,11 @@ class _Common:
 
     _core: Core
 
-    def _run(self, plan: Plan, period: int = 0, decides: bool = True) -> Any:
+    def _run(self, plan: Plan) -> Any:
         raise NotImplementedError
+
+    def _guard(self, plan: Plan, period: int = 0, decides: bool = False) -> Any:
+        return self._run(self._core.guarded(plan, period, decides))
 
     @property
     def engine(self) -> Optional[str]:
@@ -41,47 +59,68 @@ class _Common:
     def on_error(self) -> str:
         return self._core.on_error
 
-    def check(self, key: str, limit: LimitSpec, cost: int = 1) -> Any:
-        """Decides one request of `cost` on `key` and consumes it if admitted: a `Decision`."""
-        return self._run(self._core.decide("CHECK", key, limit, cost), spec_period(limit))
+    @property
+    def stats(self) -> Dict[str, int]:
+        """Counters since the limiter was made: "commands" sent to Redis, and the decisions
+        answered per source ("module", "library", "cache", "local", "fallback", "error"),
+        "taken" and "refunded": units batches took with TAKE and gave back."""
+        return dict(self._core.stats)
 
-    def peek(self, key: str, limit: LimitSpec, cost: int = 1) -> Any:
-        """What `check` would answer now, changing nothing."""
-        return self._run(self._core.decide("PEEK", key, limit, cost), spec_period(limit))
+    def held(self) -> int:
+        """Units the batches of this limiter hold now (taken, not yet admitted nor refunded)."""
+        return self._core.batches.held()
 
-    def refund(self, key: str, limit: LimitSpec, cost: int) -> Any:
+    def check(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Any:
+        """Decides one request of `cost` on `key` and consumes it if admitted: a `Decision`.
+        at: the call's time in ms since the Unix epoch (the module's `AT`), else the server's."""
+        return self._run(self._core.request("CHECK", key, limit, cost, at))
+
+    def peek(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Any:
+        """What `check` would answer now, changing nothing (always asks Redis)."""
+        return self._run(self._core.request("PEEK", key, limit, cost, at))
+
+    def refund(self, key: str, limit: LimitSpec, cost: int, *, at: Optional[int] = None) -> Any:
         """Gives back up to `cost` that earlier checks consumed; the decision right after."""
-        return self._run(self._core.decide("REFUND", key, limit, cost), spec_period(limit))
+        return self._run(self._core.request("REFUND", key, limit, cost, at))
 
-    def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1) -> Any:
+    def take(self, key: str, limit: LimitSpec, max: int, *, at: Optional[int] = None) -> Any:
+        """Grants and consumes the largest cost up to `max` that `check` would admit
+        (`RATELIMIT.TAKE`): a `Decision` whose `granted` says how much (0: refused)."""
+        return self._run(self._core.request("TAKE", key, limit, max, at))
+
+    def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1, *, at: Optional[int] = None) -> Any:
         """One request against several limits, all or nothing (`RATELIMIT.CHECKALL`; in a
         cluster the keys need one hash tag): a `MultiDecision`."""
         pairs = list(pairs)
-        return self._run(self._core.check_all(pairs, cost), decides=True, multi=len(pairs))
+        core = self._core
+        plan = core.guarded(core.check_all(pairs, cost, at), 0, True, lambda: core.local_check_all(pairs, cost, at), cost)
+        return self._run(_multi_on_error(plan, len(pairs)))
 
     def reset(self, *keys: str) -> Any:
         """Deletes limiters (of the engine that serves); how many existed."""
-        return self._run(self._core.reset(keys), decides=False)
+        self._core.forget(keys)
+        return self._guard(self._core.reset(keys))
 
     def acquire(self, key: str, limit: int, lease: Period, *, id: str, cost: int = 1) -> Any:
         """Takes (or renews) a lease of `cost` under `id` on a concurrency limit of `limit`, for
         `lease` (`"30s"`); refused if it does not fit (look at `allowed`)."""
         from ._types import period_ms
 
-        return self._run(self._core.acquire(key, limit, lease, id, cost), period_ms(lease, "lease"))
+        plan = self._core.acquire(key, limit, lease, id, cost)
+        return self._run(self._core.guarded(plan, period_ms(lease, "lease"), True, None, cost))
 
     def release(self, key: str, id: str) -> Any:
         """Gives `id`'s lease back: 1 if it held one, else 0."""
-        return self._run(self._core.release(key, id), decides=False)
+        return self._guard(self._core.release(key, id))
 
     def detect_engine(self) -> Any:
         """Finds the engine that serves ("module" or "library"), loading the Functions library
         if it is needed and missing, and logs it; calls do this by themselves when needed."""
-        return self._run(self._core.detect(), decides=False)
+        return self._guard(self._core.detect())
 
     def load_library(self) -> Any:
         """`FUNCTION LOAD REPLACE` of the package's library (on every primary of a cluster)."""
-        return self._run(self._core.load_library(), decides=False)
+        return self._guard(self._core.load_library())
 
 
 class Policies:
@@ -93,19 +132,19 @@ class Policies:
 
     def set(self, name: str, limit: Limit, shadow: bool = False) -> Any:
         """Defines (or replaces) policy `name` as `limit`, in shadow mode if `shadow`."""
-        return self._limiter._run(self._limiter._core.policy_set(name, limit, shadow), decides=False)
+        return self._limiter._guard(self._limiter._core.policy_set(name, limit, shadow))
 
     def get(self, name: str) -> Any:
         """Its definition (`algorithm`, `limit`, `period_ms`, `burst`, `mode`, `block_ms`), or None."""
-        return self._limiter._run(self._limiter._core.policy_get(name), decides=False)
+        return self._limiter._guard(self._limiter._core.policy_get(name))
 
     def delete(self, name: str) -> Any:
         """Removes it: whether it existed."""
-        return self._limiter._run(self._limiter._core.policy_delete(name), decides=False)
+        return self._limiter._guard(self._limiter._core.policy_delete(name))
 
     def list(self) -> Any:
         """The names, sorted."""
-        return self._limiter._run(self._limiter._core.policy_list(), decides=False)
+        return self._limiter._guard(self._limiter._core.policy_list())
 
 
 class AsyncPolicies(Policies):
@@ -139,6 +178,10 @@ class RateLimiter(_Common):
         self.client = client
         self._core = Core(**options)
         self.policies = Policies(self)
+        self._sweeper: Optional[threading.Thread] = None
+        self._sweep_wake = threading.Condition()
+        self._sleep_until = 0.0
+        self._closed = False
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "RateLimiter":
@@ -156,7 +199,46 @@ class RateLimiter(_Common):
         return cls(client, **options)
 
     def close(self) -> None:
-        self.client.close()
+        """Refunds the units the batches hold (a failure is logged), then closes the client."""
+        with self._sweep_wake:
+            self._closed = True
+            self._sweep_wake.notify()
+        if self._sweeper is not None and self._sweeper is not threading.current_thread():
+            self._sweeper.join(5.0)
+        try:
+            self._execute(self._core.close())
+        finally:
+            self.client.close()
+
+    def _schedule(self) -> None:
+        """A hold ends on the limiter's clock: the batches' thread refunds it then."""
+        delay = self._core.next_sweep_s()
+        if delay is None or self._closed:
+            return
+        with self._sweep_wake:
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(target=self._sweep_loop, name="redis_ratelimit-batches", daemon=True)
+                self._sweeper.start()
+            if time.monotonic() + delay < self._sleep_until:
+                self._sleep_until = 0.0
+                self._sweep_wake.notify()
+
+    def _sweep_loop(self) -> None:
+        while True:
+            with self._sweep_wake:
+                while not self._closed:
+                    delay = self._core.next_sweep_s()
+                    if delay is not None and delay <= 0:
+                        break
+                    wait = SWEEP_WAIT_MAX if delay is None else min(delay, SWEEP_WAIT_MAX)
+                    self._sleep_until = time.monotonic() + (wait if delay is not None else float("inf"))
+                    self._sweep_wake.wait(wait)
+                if self._closed:
+                    return
+            try:
+                self._execute(self._core.sweep())
+            except Exception as error:  # noqa: BLE001 - the refunds log their own failures
+                log.warning("redis_ratelimit: batch refunds failed (%s: %s)", type(error).__name__, error)
 
     def __enter__(self) -> "RateLimiter":
         return self
@@ -165,6 +247,11 @@ class RateLimiter(_Common):
         self.close()
 
     def _perform(self, op: Any) -> Any:
+        if isinstance(op, Join):
+            timeout = self.client.get_connection_kwargs().get("socket_timeout") if hasattr(
+                self.client, "get_connection_kwargs") else None
+            return op.flight.event.wait(2 * timeout if timeout else JOIN_TIMEOUT)
+        self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
         if isinstance(op, Call):
             return self.client.execute_command(*op.args)
         if isinstance(op, Transaction):
@@ -178,10 +265,13 @@ class RateLimiter(_Common):
             return self.client.function_load(op.code, replace=True)
         raise TypeError(op)
 
-    def _run(self, plan: Plan, period: int = 0, decides: bool = True, multi: int = 0) -> Any:
-        plan = self._core.guarded(plan, period, decides)
-        if multi:
-            plan = _multi_on_error(plan, multi)
+    def _run(self, plan: Plan) -> Any:
+        try:
+            return self._execute(plan)
+        finally:
+            self._schedule()
+
+    def _execute(self, plan: Plan) -> Any:
         reply: Any = None
         error: Optional[BaseException] = None
         while True:
@@ -235,6 +325,9 @@ class AsyncRateLimiter(_Common):
         self.timeout = timeout
         self._core = Core(**options)
         self.policies = AsyncPolicies(self)
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timer_when = 0.0
+        self._sweeps: set = set()
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
@@ -259,10 +352,21 @@ class AsyncRateLimiter(_Common):
         return self._client
 
     async def aclose(self) -> None:
+        """Refunds the units the batches hold (a failure is logged), then closes the client."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._client is None:
             return
-        close = getattr(self._client, "aclose", None) or self._client.close
-        await close()
+        try:
+            await self._execute(self._core.close())
+        finally:
+            close = getattr(self._client, "aclose", None) or self._client.close
+            await close()
+
+    async def close(self) -> None:
+        """`aclose()`."""
+        await self.aclose()
 
     async def __aenter__(self) -> "AsyncRateLimiter":
         return self
@@ -271,6 +375,14 @@ class AsyncRateLimiter(_Common):
         await self.aclose()
 
     async def _perform(self, op: Any) -> Any:
+        if isinstance(op, Join):
+            if op.flight.event.is_set():
+                return True
+            future = asyncio.get_running_loop().create_future()
+            op.flight.futures.append(future)
+            await future  # bounded by the call's timeout (a redis.TimeoutError: ask for itself)
+            return True
+        self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
         if isinstance(op, Call):
             return await self.client.execute_command(*op.args)
         if isinstance(op, Transaction):
@@ -284,10 +396,41 @@ class AsyncRateLimiter(_Common):
             return await self.client.function_load(op.code, replace=True)
         raise TypeError(op)
 
-    async def _run(self, plan: Plan, period: int = 0, decides: bool = True, multi: int = 0) -> Any:
-        plan = self._core.guarded(plan, period, decides)
-        if multi:
-            plan = _multi_on_error(plan, multi)
+    async def _run(self, plan: Plan) -> Any:
+        try:
+            return await self._execute(plan)
+        finally:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """A hold ends on the limiter's clock: a timer refunds it then."""
+        delay = self._core.next_sweep_s()
+        if delay is None:
+            return
+        delay = min(delay, SWEEP_WAIT_MAX)
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        if self._timer is not None and self._timer_when <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_when = when
+        self._timer = loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        task = asyncio.ensure_future(self._sweep())
+        self._sweeps.add(task)
+        task.add_done_callback(self._sweeps.discard)
+
+    async def _sweep(self) -> None:
+        try:
+            await self._execute(self._core.sweep())
+        except Exception as error:  # noqa: BLE001 - the refunds log their own failures
+            log.warning("redis_ratelimit: batch refunds failed (%s: %s)", type(error).__name__, error)
+        self._schedule()
+
+    async def _execute(self, plan: Plan) -> Any:
         reply: Any = None
         error: Optional[BaseException] = None
         try:
@@ -303,6 +446,9 @@ class AsyncRateLimiter(_Common):
                     else:
                         reply = await asyncio.wait_for(self._perform(op), self.timeout)
                 except asyncio.TimeoutError as e:
+                    if isinstance(op, Join):
+                        reply = False  # the TAKE in flight did not end in time
+                        continue
                     error = redis.TimeoutError(f"no reply within {self.timeout} s")
                     error.__cause__ = e
                 except Exception as e:

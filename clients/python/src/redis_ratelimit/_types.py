@@ -77,8 +77,10 @@ class Limit:
     algorithm: one of the module's six (`ALGORITHMS`, case-insensitive); limit: requests per
     period, 1 to 10^12; period: `"1m"`, `"250ms"`, an int of ms or a `timedelta` (1 ms to 3650
     days); burst: a bucket's or gcra's capacity (default: limit), only for those three; block: a
-    penalty block for whoever exceeds the limit (the period's syntax). Checked here, when it is
-    made: a bad limit is a `ValueError` (or `TypeError`) before any call.
+    penalty block for whoever exceeds the limit (the period's syntax); batch: decide from units
+    taken ahead with `RATELIMIT.TAKE` and held for this long (the period's syntax, e.g. "50ms";
+    see the README's "Batches"), at most `batch_max` units at once (default: limit). Checked
+    here, when it is made: a bad limit is a `ValueError` (or `TypeError`) before any call.
     """
 
     algorithm: str
@@ -86,6 +88,8 @@ class Limit:
     period: Period
     burst: Optional[int] = None
     block: Optional[Period] = None
+    batch: Optional[Period] = None
+    batch_max: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ALGORITHMS:
@@ -103,11 +107,32 @@ class Limit:
             _amount(self.burst, "burst")
         if self.block is not None:
             period_ms(self.block, "block")
+        if self.batch is not None:
+            period_ms(self.batch, "batch")
+        if self.batch_max is not None:
+            if self.batch is None:
+                raise ValueError(f"batch_max={self.batch_max!r} needs batch (a hold time such as '50ms')")
+            _amount(self.batch_max, "batch_max")
 
     @property
     def period_ms(self) -> int:
         """The period in ms."""
         return period_ms(self.period)
+
+    @property
+    def block_ms(self) -> Optional[int]:
+        """The penalty block in ms, None without one."""
+        return None if self.block is None else period_ms(self.block, "block")
+
+    @property
+    def batch_ms(self) -> Optional[int]:
+        """How long units taken for a batch are held (ms), None without batches."""
+        return None if self.batch is None else period_ms(self.batch, "batch")
+
+    @property
+    def batch_limit(self) -> int:
+        """The most units one batch holds: `batch_max`, by default the limit."""
+        return self.batch_max if self.batch_max is not None else self.limit
 
     @property
     def capacity(self) -> int:
@@ -173,10 +198,12 @@ class Decision:
     how much cost could still pass now; retry_after_ms: 0 when allowed, else when the same
     request would pass (-1: never, its cost is above the limit); reset_after_ms: when the key is
     as good as new; delay_ms: the leaky bucket's wait before processing; source: "module",
-    "library" or "error" (Redis unreachable and `on_error="open"`: admitted, every number 0);
-    shadow_rejected: a shadow policy admitted what enforcement would have rejected; period_ms:
-    the limit's period (a lease's duration), 0 where unknown, for headers such as
-    `RateLimit-Policy`'s `w`.
+    "library", "error" (Redis unreachable and `on_error="open"`: admitted, every number 0),
+    "cache" (a refusal answered again by the denial cache), "local" (admitted from a batch's
+    units) or "fallback" (decided in process, `on_error="local"`); shadow_rejected: a shadow
+    policy admitted what enforcement would have rejected; period_ms: the limit's period (a
+    lease's duration), 0 where unknown, for headers such as `RateLimit-Policy`'s `w`; granted:
+    the units granted (`take`: the grant; other calls: the cost when allowed, else 0).
     """
 
     allowed: bool
@@ -188,6 +215,7 @@ class Decision:
     source: str
     shadow_rejected: bool = False
     period_ms: int = 0
+    granted: int = 0
 
 
 @dataclass(frozen=True)
