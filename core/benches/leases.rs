@@ -73,11 +73,14 @@ fn main() {
             assert_eq!(fresh, Ok(None), "lease {i} of {n}");
         }
         let held = HELD.load(Ordering::Relaxed) - before;
-        memory.push(format!(
-            "{n}: {:.1} B a lease counted, {:.1} B allocated",
-            (std::mem::size_of::<Leases>() + set.heap_bytes()) as f64 / n as f64,
-            held as f64 / n as f64
-        ));
+        memory.push(vec![
+            n.to_string(),
+            format!(
+                "{:.1}",
+                (std::mem::size_of::<Leases>() + set.heap_bytes()) as f64 / n as f64
+            ),
+            format!("{:.1}", held as f64 / n as f64),
+        ]);
         let mut state = (set, 0u64);
         bench.case(
             &format!("a new lease, then its release, beside {n}"),
@@ -109,11 +112,12 @@ fn main() {
             },
         );
     }
-    bench.note(format!(
-        "Bytes a lease of a 16-byte id takes, by leases in the set: {} (counted: the set's \
-         `heap_bytes` and its header, what `MEMORY USAGE` reports; allocated: what the set asked \
-         the allocator for, before the allocator's own rounding).",
-        memory.join("; ")
-    ));
+    bench.table(
+        "Bytes a lease of a 16-byte id takes: counted, the set's `heap_bytes` and its header (what \
+         `MEMORY USAGE` reports); allocated, what the set asked the allocator for (before the \
+         allocator rounds it up to its size classes):",
+        &["leases", "bytes a lease, counted", "bytes a lease, allocated"],
+        &memory,
+    );
     bench.finish();
 }

@@ -32,11 +32,11 @@ fn main() {
     for &entries in sizes {
         let log = full_log(entries);
         if let State::SlidingLog(entries_of) = &log.state {
-            memory.push(format!(
-                "{entries}: {} B ({:.2} B an entry)",
-                entries_of.heap_bytes(),
-                entries_of.heap_bytes() as f64 / entries as f64
-            ));
+            memory.push(vec![
+                entries.to_string(),
+                entries_of.heap_bytes().to_string(),
+                format!("{:.2}", entries_of.heap_bytes() as f64 / entries as f64),
+            ]);
         }
         let mut rejected = (log.clone(), T0 + entries - 1);
         let mut sliding = (log, T0 + entries - 1);
@@ -66,10 +66,10 @@ fn main() {
             },
         );
     }
-    bench.note(format!(
-        "Heap bytes of a full log (what `MEMORY USAGE` adds for it), by entries, one a \
-         millisecond: {}.",
-        memory.join("; ")
-    ));
+    bench.table(
+        "Heap bytes of a full log (what `MEMORY USAGE` adds for it), entries a millisecond apart:",
+        &["entries", "heap bytes", "bytes an entry"],
+        &memory,
+    );
     bench.finish();
 }

@@ -119,8 +119,16 @@ impl Bench {
         });
     }
 
-    /// A line printed under the table (what a memory figure counts, for instance).
-    pub fn note(&mut self, text: String) {
+    /// A table printed under the timings (what a structure's memory comes to, for instance).
+    pub fn table(&mut self, title: &str, head: &[&str], rows: &[Vec<String>]) {
+        let mut text = format!(
+            "{title}\n\n| {} |\n|{}\n",
+            head.join(" | "),
+            "---|".repeat(head.len())
+        );
+        for row in rows {
+            text.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
         self.notes.push(text);
     }
 
@@ -139,10 +147,10 @@ impl Bench {
                 row.name, row.median, row.min, row.max, row.calls
             );
         }
-        for note in &self.notes {
-            println!("\n{note}");
-        }
         println!();
+        for note in &self.notes {
+            println!("{note}");
+        }
     }
 }
 
