@@ -326,7 +326,9 @@ fn floor_rows(results: &Results) -> Vec<Vec<String>> {
                 } else {
                     x(dearer(results, (P16, s), set))
                 },
-                kilo(rps(results, HOT16, s)),
+                results
+                    .case(HOT16, s)
+                    .map_or(String::new(), |c| kilo(c.rps())),
                 if limiter {
                     x(speedup(results, (HOT16, s), (HOT16, Subject::Incr)))
                 } else {
@@ -450,7 +452,7 @@ fn memory_rows(results: &Results) -> Vec<Vec<String>> {
                 format!("{:.0} B", m.bytes_per_key),
                 added,
                 vs_set,
-                m.memory_usage.map_or("n/a".into(), |b| format!("{b} B")),
+                m.memory_usage.map_or(String::new(), |b| format!("{b} B")),
             ]
         })
         .collect()
