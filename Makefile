@@ -86,7 +86,7 @@ bench: build ## The core's own speed per algorithm, then module vs Lua scripts, 
 	cargo bench --config profile.bench.opt-level=3 --bench compare
 
 profile: export RATELIMIT_MODULE := $(MODULE)
-profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word (~7 min); see target/bench/profile/
+profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word; a policy (~15 min); see target/bench/profile/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash benches/profile.sh
 
