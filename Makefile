@@ -80,7 +80,9 @@ test-matrix: build ## The integration suites once per server found (Redis 7.0-8.
 	bash tests/matrix.sh
 
 bench: export RATELIMIT_MODULE := $(MODULE)
-bench: build ## Module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a replica; RESP3 (~4 min; BENCH_QUICK=1: ~2); see target/bench/
+bench: build ## The core's own speed per algorithm, then module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a replica; RESP3 (~5 min; BENCH_QUICK=1: ~2); see target/bench/
+	@mkdir -p target/bench
+	set -o pipefail; cargo bench -p redis-ratelimit-core | tee target/bench/core.md
 	cargo bench --config profile.bench.opt-level=3 --bench compare
 
 bench-clients: export RATELIMIT_MODULE := $(MODULE)
@@ -89,7 +91,7 @@ bench-clients: build ## The Node package's batches on one hot key and denial cac
 	node benches/clients/decisions.mjs
 
 profile: export RATELIMIT_MODULE := $(MODULE)
-profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word (~7 min); see target/bench/profile/
+profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word; a policy (~15 min); see target/bench/profile/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash benches/profile.sh
 

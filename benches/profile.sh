@@ -72,17 +72,37 @@ start() {
     session=$1
     local lib=${2:-$module}
     dumps=0
-    port=$(free_port)
-    rm -f "$out/callgrind.session.$session"*
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out/callgrind.session.$session" \
-        "$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-        --repl-diskless-sync-delay 0 --dir "$(realpath "$out")" --dbfilename "dump.$session.rdb" \
-        --loadmodule "$lib" --logfile "$(realpath "$out")/redis.$session.log" \
-        >"$out/valgrind.$session.log" 2>&1 &
-    server_pid=$!
-    for _ in $(seq 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
+    local attempt
+    for attempt in 1 2 3; do
+        port=$(free_port)
+        rm -f "$out/callgrind.session.$session"*
+        valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out/callgrind.session.$session" \
+            "$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+            --repl-diskless-sync-delay 0 --dir "$(realpath "$out")" --dbfilename "dump.$session.rdb" \
+            --loadmodule "$lib" --logfile "$(realpath "$out")/redis.$session.log" \
+            >"$out/valgrind.$session.log" 2>&1 &
+        server_pid=$!
+        ours "$port" "$server_pid" && return 0
+        kill -9 "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+        echo "profile: $session: attempt $attempt: no server of ours on port $port" >&2
+    done
     echo "profile: redis-server under valgrind did not start (see $out/valgrind.$session.log)" >&2
     exit 1
+}
+
+# ours PORT PID: waits until the server answering on PORT is process PID (valgrind runs it in its
+# own process). Another process may take a free port while valgrind starts (the machine runs other
+# tests): then ours cannot bind and exits, and no command of ours goes to the other server.
+ours() {
+    local pid
+    for _ in $(seq 300); do
+        pid=$(redis-cli -p "$1" info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')
+        [ "$pid" = "$2" ] && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
 }
 
 stop() {
@@ -146,7 +166,7 @@ attach_replica() {
     "$server" --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$replica_dir" \
         --loadmodule "$lib" --logfile "$replica_dir/redis.log" >/dev/null 2>&1 &
     replica_pid=$!
-    for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    ours "$rport" "$replica_pid" || { echo "profile: $session: no replica of ours on port $rport" >&2; exit 1; }
     redis-cli -p "$rport" replicaof 127.0.0.1 "$port" >/dev/null
     local info master
     for _ in $(seq 3000); do

@@ -13,21 +13,21 @@
 //! - the in-server cost per call (`INFO commandstats`, usec_per_call) of every run;
 //! - memory per key (`used_memory` delta over many keys, and `MEMORY USAGE`): module, library,
 //!   Lua scripts, `SET k v PXAT t`, and a `CL.THROTTLE` key of ours and of redis-cell;
-//! - the cost per call as the keyspace grows, and as the sliding log's limit grows;
-//! - `RATELIMIT.ACQUIRE` and `RATELIMIT.RELEASE` with 10, 1,000 and 100,000 live leases on one
-//!   key, and the memory a lease takes;
+//! - the cost per call as the keyspace grows;
 //! - every algorithm's CHECK from clients speaking RESP2 and RESP3 (`HELLO 3`), with the bench's
 //!   own load generator (resp.rs), since redis-benchmark speaks RESP2 only;
 //! - consuming calls of `SET k v PXAT t`, `INCR` and every CHECK without and then with a replica
 //!   attached (a second redis-server with the module, replicating from ours, on CPU 1 when
 //!   pinned, killed afterwards), as a master runs in production.
 //!
-//! Writes `target/bench/results.md` (also printed), `results.json` and `throughput.svg`.
+//! Writes `target/bench/results.md` (also printed: the tables docs/benchmarks.md quotes) and
+//! `results.json` (every repetition). The algorithms' own speed, without Redis (the sliding log
+//! as it grows, the leases as they grow), is the core's benchmarks' (core/benches/).
 //! `BENCH_QUICK=1` makes a smoke run of about a minute; `BENCH_REPS` and `BENCH_RUN_SECS` override
 //! the repetitions (5 by default, 3 in quick mode) and the target length of one redis-benchmark
 //! run (0.25 s by default). More short rounds resist the host's drift better than a few long ones.
-//! `BENCH_ONLY=leases` (a comma-separated list of `memory`, `throughput`, `resp`, `scaling`, `log`,
-//! `leases`, `replica`) runs only those phases and writes `results-only.md` and `results-only.json`
+//! `BENCH_ONLY=replica` (a comma-separated list of `memory`, `throughput`, `resp`, `scaling`,
+//! `replica`) runs only those phases and writes `results-only.md` and `results-only.json`
 //! instead, so a partial run never passes for a whole one (`scaling` reads `throughput`'s figures).
 //! redis-server is pinned to CPU 0 and redis-benchmark to CPU 1 when `taskset` and two CPUs are
 //! there; `BENCH_PIN=0` turns that off.
@@ -39,7 +39,6 @@
 
 use redis_ratelimit_testkit as common;
 mod drive;
-mod leases;
 mod machine;
 mod memory;
 mod model;
@@ -87,10 +86,6 @@ struct Config {
     /// Keyspace sizes of the scaling runs, besides `keys` (whose figures come from the
     /// throughput runs at pipeline 16). Every subject runs at every size.
     scaling_keys: Vec<u64>,
-    /// Sliding-log limits (entries per key) of the log scaling runs.
-    log_limits: Vec<u64>,
-    /// Calls per repetition and limit in the log scaling runs.
-    log_calls: u64,
     /// Pin redis-server to CPU 0 and redis-benchmark to CPU 1, so they do not take turns on one
     /// core (`BENCH_PIN=0` turns it off; needs `taskset` and two CPUs).
     pin: bool,
@@ -112,8 +107,6 @@ impl Config {
                 memory_marginal_from: 9_000,
                 log_memory_keys: 300,
                 scaling_keys: vec![1_000],
-                log_limits: vec![10, 100, 1_000, 10_000],
-                log_calls: 2_000,
                 pin: false,
                 only: None,
             }
@@ -128,8 +121,6 @@ impl Config {
                 memory_marginal_from: 17_000,
                 log_memory_keys: 600,
                 scaling_keys: vec![1_000, 1_000_000],
-                log_limits: vec![10, 100, 1_000, 10_000, 100_000],
-                log_calls: 5_000,
                 pin: false,
                 only: None,
             }
@@ -290,16 +281,6 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
     })? {
         results.scaling = scaling;
     }
-    if let Some(log) = phase(config, "log", "sliding-log scaling", || {
-        bench.log_scaling_phase()
-    })? {
-        results.log_scaling = log;
-    }
-    if let Some(leases) = phase(config, "leases", "concurrency leases", || {
-        bench.lease_phase()
-    })? {
-        results.lease_scaling = leases;
-    }
     // Last: once a replica has been attached, the server keeps feeding its replication backlog.
     if let Some(replica) = phase(config, "replica", "without and with a replica", || {
         bench.replica_phase()
@@ -331,11 +312,6 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
 
     let markdown = report::markdown(&results);
     let json = report::json(&results);
-    let svg = if config.only.is_some() {
-        String::new()
-    } else {
-        report::svg(&results)
-    };
     fs::create_dir_all(out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
     let files = if config.only.is_some() {
         vec![
@@ -346,7 +322,6 @@ fn run(config: &Config, out_dir: &Path) -> Result<(), String> {
         vec![
             ("results.md", markdown.as_str()),
             ("results.json", json.as_str()),
-            ("throughput.svg", svg.as_str()),
         ]
     };
     for &(name, text) in &files {

@@ -51,6 +51,8 @@ impl Kind {
 
 /// Entries per key of the logs whose memory is measured.
 const LOG_ENTRIES: u64 = 100;
+/// Leases in the concurrency key whose memory is measured (`ratelimit.max-leases`' default).
+const LEASES: u64 = 100_000;
 
 impl Bench<'_> {
     /// `used_memory` delta per key over many keys in the same state, and `MEMORY USAGE` of one.
@@ -242,6 +244,37 @@ impl Bench<'_> {
                 ]
             },
         )?);
+        // A concurrency key of LEASES leases of 16-byte ids (a day long, so none expires), per
+        // lease: the set's own bytes are the core's benchmark's (core/benches/leases.rs), this is
+        // what the server's allocator adds up to.
+        let mut leases = self.memory_of(
+            Kind {
+                id: "concurrency/leases".into(),
+                label: format!("concurrency, {LEASES} leases of 16-byte ids in one key, a lease"),
+                side: Side::Ours,
+                keys: 1,
+                calls_per_key: LEASES,
+                marginal_from: None,
+                expect_first: Some(1),
+            },
+            move |c: u64| {
+                [
+                    "RATELIMIT.ACQUIRE",
+                    "rl:000000000000",
+                    "1000000000000",
+                    "86400000",
+                    "ID",
+                    &format!("id:{c:013}"),
+                    "AT",
+                    &base.to_string(),
+                ]
+                .map(String::from)
+                .to_vec()
+            },
+        )?;
+        leases.bytes_per_key /= LEASES as f64;
+        leases.memory_usage = None;
+        results.push(leases);
         Ok(results)
     }
 

@@ -287,32 +287,6 @@ pub struct ScalingResult {
     pub points: Vec<(u64, Option<Summary>, Option<Summary>)>,
 }
 
-/// The sliding log's cost per call with `limit` entries in the log.
-#[derive(Clone, Debug, Default)]
-pub struct LogScalingResult {
-    pub limit: u64,
-    pub native_consume: Option<Summary>,
-    pub native_reject: Option<Summary>,
-    pub lua_consume: Option<Summary>,
-    pub lua_reject: Option<Summary>,
-    pub note: Option<String>,
-}
-
-/// `RATELIMIT.ACQUIRE`/`RELEASE` with `leases` live leases of 16-byte ids on one key.
-#[derive(Clone, Debug, Default)]
-pub struct LeaseScalingResult {
-    pub leases: u64,
-    /// usec_per_call of an ACQUIRE of a new id, of the RELEASE of it, of a renewal.
-    pub acquire: Option<Summary>,
-    pub release: Option<Summary>,
-    pub renew: Option<Summary>,
-    /// `MEMORY USAGE` of the key.
-    pub memory_usage: u64,
-    /// The `used_memory` delta of one key of this many leases, per lease (measured at the
-    /// largest size only).
-    pub used_memory_per_lease: Option<f64>,
-}
-
 /// Where and how the run happened.
 #[derive(Clone, Debug, Default)]
 pub struct Machine {
@@ -345,8 +319,6 @@ pub struct Results {
     pub cases: Vec<CaseResult>,
     pub memory: Vec<MemoryResult>,
     pub scaling: Vec<ScalingResult>,
-    pub log_scaling: Vec<LogScalingResult>,
-    pub lease_scaling: Vec<LeaseScalingResult>,
     pub notes: Vec<String>,
 }
 

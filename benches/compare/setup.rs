@@ -98,10 +98,6 @@ impl<'a> Bench<'a> {
         self.query_on(side, redis::cmd("INFO").arg(section))
     }
 
-    pub(crate) fn resetstat(&mut self) -> Result<(), String> {
-        self.resetstat_on(Side::Ours)
-    }
-
     pub(crate) fn resetstat_on(&mut self, side: Side) -> Result<(), String> {
         self.query_on::<()>(side, redis::cmd("CONFIG").arg("RESETSTAT"))?;
         // The module zeroes its own counters from an event-loop callback after the command
@@ -162,20 +158,6 @@ impl<'a> Bench<'a> {
                 .unwrap_or(0)
         };
         Ok((field("allowed"), field("rejected")))
-    }
-
-    /// Sends `count` commands, `produce(i, buf)` appending the i-th in RESP, pipelined on a
-    /// fresh connection to our server; see [`pipeline_on`](Self::pipeline_on).
-    pub(crate) fn pipeline<F>(
-        &self,
-        count: u64,
-        expect_first: Option<i64>,
-        produce: F,
-    ) -> Result<(), String>
-    where
-        F: Fn(u64, &mut Vec<u8>) + Send + 'static,
-    {
-        self.pipeline_on(Side::Ours, count, expect_first, produce)
     }
 
     /// Sends `count` commands, `produce(i, buf)` appending the i-th in RESP, pipelined on a
