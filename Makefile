@@ -80,10 +80,11 @@ test-matrix: build ## The integration suites once per server found (Redis 7.0-8.
 	bash tests/matrix.sh
 
 bench: export RATELIMIT_MODULE := $(MODULE)
-bench: build ## The core's own speed per algorithm, then module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a replica; RESP3 (~5 min; BENCH_QUICK=1: ~2); see target/bench/
+bench: build ## The core's own speed per algorithm, then module vs Lua scripts, library, SET PXAT, INCR, redis-cell; a replica; RESP3; then bench-clients (~7 min; BENCH_QUICK=1: ~3); see target/bench/
 	@mkdir -p target/bench
 	set -o pipefail; cargo bench -p redis-ratelimit-core | tee target/bench/core.md
 	cargo bench --config profile.bench.opt-level=3 --bench compare
+	@if [ -z "$$BENCH_ONLY" ]; then $(MAKE) --no-print-directory bench-clients; fi
 
 bench-clients: export RATELIMIT_MODULE := $(MODULE)
 bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs (~1 min; BENCH_QUICK=1: ~20 s); see target/bench/clients/
