@@ -32,7 +32,7 @@ use redis_module::raw;
 use std::sync::Arc;
 
 use crate::algorithms::block::{self, Blocking};
-use crate::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Write};
+use crate::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Written};
 use crate::api::{has, rm};
 use crate::error;
 use crate::log::log_warning;
@@ -426,9 +426,11 @@ pub(crate) fn evaluate(
     commit: bool,
     block_ms: Option<u64>,
 ) -> Result<Evaluation, String> {
-    // What the key needs once the slot is closed: a new limiter to store, the expiry, and what
-    // replicates the write. The slot lives in this block and is dropped where it is at its end
+    // A limiter the call creates is written here, in place, by the core; what else the key needs
+    // once the slot is closed (whether to store that limiter, the expiry, and what replicates
+    // the write) is small. The slot lives in this block and is dropped where it is at its end
     // (moving it out to drop it, or the handle out of it, would copy the limiter).
+    let mut created: Option<Limiter> = None;
     let (outcome, blocking, create, expires_at_ms, replicated) = {
         let mut slot = txn.slot();
         let mut stored = match &mut slot {
@@ -441,33 +443,36 @@ pub(crate) fn evaluate(
         let was_blocked = stored
             .as_deref()
             .is_some_and(|limiter| limiter.blocked_until_ms != 0);
-        let (outcome, write, blocking) = block::check_blocking(
+        let (outcome, written, blocking) = block::check_blocking_into(
             stored.as_deref_mut().map(|l| &mut **l),
             request,
             commit,
             block_ms,
+            &mut created,
         )
         .map_err(|mismatch| {
             error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
         })?;
         // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
         let expires_at_ms = outcome.t_ms.saturating_add(outcome.decision.reset_after_ms);
-        match write {
-            Write::Nothing => return Ok(Evaluation { outcome, blocking }),
-            Write::Created(limiter) => {
+        match written {
+            Written::Nothing => return Ok(Evaluation { outcome, blocking }),
+            Written::Created => {
+                let Some(limiter) = created.as_ref() else {
+                    return Ok(Evaluation { outcome, blocking });
+                };
                 let replicated = match blocking {
                     Blocking::Started(until_ms) => Replicated::Block(until_ms),
                     // A log replicates what it appended, not its whole state.
                     _ if request.algorithm == Algorithm::SlidingLog => Replicated::LogAppend,
-                    _ => match value::pack(&limiter) {
+                    _ => match value::pack(limiter) {
                         Some(words) => Replicated::Packed(words),
                         None => Replicated::Whole(Box::new(limiter.clone())),
                     },
                 };
-                let create = Some(Create::New(limiter));
-                (outcome, blocking, create, expires_at_ms, replicated)
+                (outcome, blocking, Create::New, expires_at_ms, replicated)
             }
-            Write::Updated => {
+            Written::Updated => {
                 let Some(handle) = stored.as_mut() else {
                     return Ok(Evaluation { outcome, blocking });
                 };
@@ -479,7 +484,7 @@ pub(crate) fn evaluate(
                     Blocking::Started(until_ms) => (
                         outcome,
                         blocking,
-                        None,
+                        Create::Nothing,
                         handle.expires_at_ms(),
                         Replicated::Block(until_ms),
                     ),
@@ -494,21 +499,26 @@ pub(crate) fn evaluate(
                             None => Replicated::Whole(Box::new(Limiter::clone(handle))),
                         };
                         // The same limiter, stored anew in the form it now fits.
-                        let unblocked = (was_blocked
+                        let create = if was_blocked
                             && handle.blocked_until_ms == 0
-                            && request.algorithm != Algorithm::SlidingLog)
-                            .then(|| Create::Unblocked(Limiter::clone(handle)));
-                        (outcome, blocking, unblocked, expires_at_ms, replicated)
+                            && request.algorithm != Algorithm::SlidingLog
+                        {
+                            created = Some(Limiter::clone(handle));
+                            Create::Unblocked
+                        } else {
+                            Create::Nothing
+                        };
+                        (outcome, blocking, create, expires_at_ms, replicated)
                     }
                 }
             }
         }
     };
-    match create {
-        Some(Create::New(limiter)) => txn.create(limiter).map_err(refused)?,
+    match (create, created) {
+        (Create::New, Some(limiter)) => txn.create(limiter).map_err(refused)?,
         // If Redis refused the value, the boxed one it holds is the same state.
-        Some(Create::Unblocked(limiter)) => txn.create(limiter).unwrap_or(()),
-        None => {}
+        (Create::Unblocked, Some(limiter)) => txn.create(limiter).unwrap_or(()),
+        _ => {}
     }
     txn.expire_at(expires_at_ms);
     let payload = txn.replicate();
@@ -526,12 +536,15 @@ pub(crate) fn evaluate(
     Ok(Evaluation { outcome, blocking })
 }
 
-/// A limiter [`evaluate`] stores in the key whole.
+/// Which limiter [`evaluate`] stores in the key whole (the one in its `created`).
+#[derive(Clone, Copy)]
 enum Create {
-    /// The key held none (or one equivalent to a fresh one).
-    New(Limiter),
+    /// None: the key's value was changed where it is, if at all.
+    Nothing,
+    /// A new one: the key held none (or one equivalent to a fresh one).
+    New,
     /// The same limiter, a block over: in the form it now fits.
-    Unblocked(Limiter),
+    Unblocked,
 }
 
 /// How [`evaluate`] replicates a write: `ratelimit.apply`'s payload, encoded from what the call
