@@ -166,6 +166,8 @@ pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
     ])
 }
 
+/// Inlined: a CHECK on a packed value unpacks it into its handle, in place (`make profile`).
+#[inline(always)]
 fn unpack(words: &[u64; 4]) -> Limiter {
     let bits = halves(words);
     let field = |at, width| get(&bits, at, width) as u64;
