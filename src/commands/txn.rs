@@ -245,13 +245,16 @@ impl<'c> Txn<'c> {
             After::Delete => self.key.delete(),
         }
         if self.staged {
-            let more = self
-                .more
-                .as_deref()
-                .map_or(&[][..], |more| &more.payloads[..]);
-            for payload in std::iter::once(&self.payload).chain(more) {
-                if let Some(bytes) = payload.as_slice() {
-                    replicate_apply(self.call, self.name, bytes);
+            // The first payload, then the rare ones after it (no iterator over both: every
+            // consuming CHECK runs this).
+            if let Some(bytes) = self.payload.as_slice() {
+                replicate_apply(self.call, self.name, bytes);
+            }
+            if let Some(more) = self.more.as_deref() {
+                for payload in &more.payloads {
+                    if let Some(bytes) = payload.as_slice() {
+                        replicate_apply(self.call, self.name, bytes);
+                    }
                 }
             }
         }
