@@ -649,6 +649,7 @@ mod tests {
         }
         let expected = handle.clone();
         assert_eq!(handle.store(), Ok(pack(&expected)));
+        drop(handle);
         let stored = value.to_limiter();
         assert_eq!(
             stored.state,
@@ -681,12 +682,14 @@ mod tests {
         let mut handle = value.limiter();
         handle.last_ms += 1;
         assert!(handle.store().is_ok());
+        drop(handle);
         assert_eq!(value.to_limiter().last_ms, original.last_ms + 1);
         // A block takes the boxed form, in place.
         let mut handle = value.limiter();
         handle.blocked_until_ms = handle.last_ms + 10;
         let blocked = handle.clone();
         assert_eq!(handle.store(), Ok(None));
+        drop(handle);
         assert!(value.boxed().is_some());
         assert_eq!(value.to_limiter(), blocked);
     }

@@ -12,7 +12,9 @@
 //!   so when the block ends the key answers as its algorithm would then.
 //! - The first consuming call after the block clears it.
 
-use super::{check, check_into, AlgorithmMismatch, Decision, Limiter, Outcome, Request, Write, Written};
+use super::{
+    check, check_into, AlgorithmMismatch, Decision, Limiter, Outcome, Request, Write, Written,
+};
 
 /// What a block did to a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
