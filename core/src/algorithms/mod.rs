@@ -726,9 +726,23 @@ fn drive<A: FixedSize>(
     }
 }
 
-/// `⌈a / b⌉` for `b > 0`.
+/// `⌈a / b⌉` for `b > 0`. Inlined, with one hardware division when both fit a word (a `u128`
+/// division is a call; the scaled quantities of most limits fit a word).
+#[inline(always)]
 pub fn ceil_div(a: u128, b: u128) -> u128 {
-    a.div_ceil(b)
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a.div_ceil(b)),
+        _ => a.div_ceil(b),
+    }
+}
+
+/// `⌊a / b⌋` for `b > 0`, as [`ceil_div`] computes it.
+#[inline(always)]
+pub fn floor_div(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b),
+        _ => a / b,
+    }
 }
 
 /// A `u128` quantity of ms or requests as `u64`, saturating (only reachable beyond the bounds
