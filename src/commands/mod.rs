@@ -217,17 +217,14 @@ impl Call {
 
     /// The six fields of a decision: an array of integers (RESP2) or a map with a boolean
     /// `allowed` (RESP3). `extra` more map entries follow, written by the caller (RESP3 only).
-    /// Inlined, with the RESP2 array written out: every CHECK's reply (`make profile`).
+    /// Inlined: every CHECK's reply (`make profile`).
     #[inline(always)]
     pub fn reply_decision(&self, decision: &Decision, resp3: bool, extra: usize) {
-        if resp3 {
-            self.reply_fields(decision, None, resp3, extra);
-            return;
-        }
         let fields = decision.to_array();
-        self.reply_array(fields.len());
-        for value in fields {
-            self.reply_integer(value);
+        if resp3 {
+            self.reply_map_of(&fields, false, decision.allowed, extra);
+        } else {
+            self.reply_array_of(&fields);
         }
     }
 
@@ -244,35 +241,52 @@ impl Call {
         if let Some(granted) = granted {
             fields[0] = i64::try_from(granted).unwrap_or(i64::MAX);
         }
-        if !resp3 {
-            self.reply_array(fields.len());
-            for value in fields {
-                self.reply_integer(value);
-            }
-            return;
+        if resp3 {
+            self.reply_map_of(&fields, granted.is_some(), decision.allowed, extra);
+        } else {
+            self.reply_array_of(&fields);
         }
+    }
+
+    /// The six fields as a RESP2 array of integers.
+    #[inline(always)]
+    fn reply_array_of(&self, fields: &[i64; 6]) {
+        self.reply_array(fields.len());
+        for &value in fields {
+            self.reply_integer(value);
+        }
+    }
+
+    /// The six fields as a RESP3 map of `extra` more entries: `allowed` a boolean, or with
+    /// `granted` the integer `granted`, then the five integers under their names.
+    #[inline(always)]
+    fn reply_map_of(&self, fields: &[i64; 6], granted: bool, allowed: bool, extra: usize) {
         // SAFETY: the command's context.
         unsafe { rm!(RedisModule_ReplyWithMap)(self.ctx, (fields.len() + extra) as _) };
         let cached = field_names::get();
-        for (i, (name, value)) in DECISION_FIELDS.iter().zip(fields).enumerate() {
-            if i == 0 && granted.is_some() {
-                self.reply_name(c"granted");
-                self.reply_integer(value);
-                continue;
+        if granted {
+            self.reply_name(c"granted");
+            self.reply_integer(fields[0]);
+        } else {
+            match cached {
+                // SAFETY: the command's context and a reply made at load and never freed.
+                Some(names) => unsafe {
+                    rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[0]);
+                },
+                None => self.reply_name(DECISION_FIELDS[0]),
             }
+            // SAFETY: the command's context.
+            unsafe { rm!(RedisModule_ReplyWithBool)(self.ctx, c_int::from(allowed)) };
+        }
+        for i in 1..fields.len() {
             match cached {
                 // SAFETY: the command's context and a reply made at load and never freed.
                 Some(names) => unsafe {
                     rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[i]);
                 },
-                None => self.reply_name(name),
+                None => self.reply_name(DECISION_FIELDS[i]),
             }
-            if *name == c"allowed" {
-                // SAFETY: the command's context.
-                unsafe { rm!(RedisModule_ReplyWithBool)(self.ctx, c_int::from(decision.allowed)) };
-            } else {
-                self.reply_integer(value);
-            }
+            self.reply_integer(fields[i]);
         }
     }
 }
