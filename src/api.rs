@@ -52,6 +52,7 @@ macro_rules! required {
                 function
             }};
         }
+        pub(crate) use rm;
     };
 }
 
@@ -105,4 +106,3 @@ required!($;
     RedisModule_CreateString,
     RedisModule_FreeString,
 );
-pub(crate) use rm;

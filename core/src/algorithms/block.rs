@@ -67,7 +67,7 @@ pub fn check_blocking(
 }
 
 /// [`check_blocking`], with a created limiter written into `created` (see
-/// [`check_into`](super::check_into)). Inlined: every CHECK's path, where the caller's match on
+/// [`check_into`]). Inlined: every CHECK's path, where the caller's match on
 /// the result then needs no copy of it (`make profile`).
 #[inline(always)]
 pub fn check_blocking_into(
