@@ -269,10 +269,7 @@ impl Call {
             self.reply_integer(fields[0]);
         } else {
             match cached {
-                // SAFETY: the command's context and a reply made at load and never freed.
-                Some(names) => unsafe {
-                    rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[0]);
-                },
+                Some(names) => names.send(self.ctx, names.decision[0]),
                 None => self.reply_name(DECISION_FIELDS[0]),
             }
             // SAFETY: the command's context.
@@ -280,10 +277,7 @@ impl Call {
         }
         for i in 1..fields.len() {
             match cached {
-                // SAFETY: the command's context and a reply made at load and never freed.
-                Some(names) => unsafe {
-                    rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[i]);
-                },
+                Some(names) => names.send(self.ctx, names.decision[i]),
                 None => self.reply_name(DECISION_FIELDS[i]),
             }
             self.reply_integer(fields[i]);
@@ -332,6 +326,7 @@ impl KeyGroups {
 /// single copy of its bytes, where `ReplyWithSimpleString` costs several appends and a `strlen`,
 /// so a RESP3 reply costs about what the RESP2 array does.
 pub(crate) mod field_names {
+    use std::ffi::c_int;
     use std::sync::OnceLock;
 
     use redis_module::raw;
@@ -343,6 +338,25 @@ pub(crate) mod field_names {
     pub(crate) struct FieldNames {
         pub decision: [*mut raw::RedisModuleCallReply; 6],
         pub limits: *mut raw::RedisModuleCallReply,
+        /// `RedisModule_ReplyWithCallReply`, found present when the keys were made: a RESP3
+        /// reply sends six keys through it, without looking it up each time.
+        send: SendReply,
+    }
+
+    type SendReply =
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, *mut raw::RedisModuleCallReply) -> c_int;
+
+    impl FieldNames {
+        /// Sends `key`, one of these replies, as the next element of the command's reply.
+        #[inline(always)]
+        pub(crate) fn send(
+            &self,
+            ctx: *mut raw::RedisModuleCtx,
+            key: *mut raw::RedisModuleCallReply,
+        ) {
+            // SAFETY: a command's context and a reply made at load and never freed.
+            unsafe { (self.send)(ctx, key) };
+        }
     }
 
     // SAFETY: the replies are written once at load and only read afterwards, on Redis's main
@@ -361,10 +375,11 @@ pub(crate) mod field_names {
     /// Makes the keys (from OnLoad). Without them (an API missing, a refused call) replies send
     /// their keys as simple strings: the same map to a client.
     pub(crate) fn make(ctx: *mut raw::RedisModuleCtx) -> bool {
-        if !(has!(RedisModule_Call)
-            && has!(RedisModule_CallReplyType)
-            && has!(RedisModule_ReplyWithCallReply))
-        {
+        // SAFETY: the API table is written once at load and only read afterwards.
+        let Some(send) = (unsafe { raw::RedisModule_ReplyWithCallReply }) else {
+            return false;
+        };
+        if !(has!(RedisModule_Call) && has!(RedisModule_CallReplyType)) {
             return false;
         }
         let echo = |name: &std::ffi::CStr| -> Option<*mut raw::RedisModuleCallReply> {
@@ -390,7 +405,13 @@ pub(crate) mod field_names {
         let Some(limits) = echo(c"limits") else {
             return false;
         };
-        NAMES.set(FieldNames { decision, limits }).is_ok()
+        NAMES
+            .set(FieldNames {
+                decision,
+                limits,
+                send,
+            })
+            .is_ok()
     }
 }
 
