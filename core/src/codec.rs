@@ -103,7 +103,12 @@ pub struct StackBuf {
 impl Default for StackBuf {
     fn default() -> Self {
         StackBuf {
-            bytes: [std::mem::MaybeUninit::uninit(); STACK_BUF_LEN],
+            // SAFETY: an array of `MaybeUninit` is valid uninitialised (made so in one piece: an
+            // array of `uninit()` elements was zeroed on every CHECK).
+            bytes: unsafe {
+                std::mem::MaybeUninit::<[std::mem::MaybeUninit<u8>; STACK_BUF_LEN]>::uninit()
+                    .assume_init()
+            },
             len: 0,
             overflowed: false,
         }

@@ -244,7 +244,9 @@ fn is_policy(word: &[u8]) -> bool {
 }
 
 /// `algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]` (see [`parse_check`]) or
-/// `POLICY name [COST cost] [AT unix-ms]`, options in any order, each once.
+/// `POLICY name [COST cost] [AT unix-ms]`, options in any order, each once. Inlined: every
+/// CHECK's arguments, whose result is then read where it is made (`make profile`).
+#[inline(always)]
 pub fn parse_call<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<'a>, ArgError> {
     let Some(name) = args.first().filter(|word| is_policy(word)).and(args.get(1)) else {
         if args.first().is_some_and(|word| is_policy(word)) {

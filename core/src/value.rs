@@ -26,6 +26,7 @@
 //! an encoding change; tests/integration/fixtures/ pins it byte for byte.
 
 use std::borrow::Cow;
+use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 
 use crate::algorithms::{Algorithm, Kind, Limiter, Params, State};
@@ -166,6 +167,8 @@ pub fn pack(limiter: &Limiter) -> Option<[u64; 4]> {
     ])
 }
 
+/// Inlined: a CHECK on a packed value unpacks it into its handle, in place (`make profile`).
+#[inline(always)]
 fn unpack(words: &[u64; 4]) -> Limiter {
     let bits = halves(words);
     let field = |at, width| get(&bits, at, width) as u64;
@@ -322,7 +325,7 @@ impl Value {
             // which `&mut self` borrows whole for the handle's lifetime.
             Form::Boxed(pointer) => LimiterRef::Boxed(unsafe { &mut *pointer }),
             Form::Packed(words) => LimiterRef::Packed {
-                limiter: unpack(&words),
+                limiter: ManuallyDrop::new(unpack(&words)),
                 value: self,
             },
         }
@@ -409,13 +412,13 @@ pub struct Refused;
 pub enum LimiterRef<'a> {
     Packed {
         value: &'a mut Value,
-        limiter: Limiter,
+        limiter: ManuallyDrop<Limiter>,
     },
     Boxed(&'a mut Limiter),
     /// A compact word (`compact.rs`), the key's value itself.
     Compact {
         word: u64,
-        limiter: Limiter,
+        limiter: ManuallyDrop<Limiter>,
         holder: &'a dyn Holder,
     },
 }
@@ -425,7 +428,7 @@ impl<'a> LimiterRef<'a> {
     pub fn compact(word: u64, holder: &'a dyn Holder) -> LimiterRef<'a> {
         LimiterRef::Compact {
             word,
-            limiter: compact::expand(word),
+            limiter: ManuallyDrop::new(compact::expand(word)),
             holder,
         }
     }
@@ -464,7 +467,7 @@ impl LimiterRef<'_> {
             LimiterRef::Packed { value, limiter } => {
                 let Some(packed) = pack(limiter) else {
                     // No longer packable (a block started): the boxed form, in place.
-                    **value = Value::new(limiter.clone());
+                    **value = Value::new(Limiter::clone(limiter));
                     return Ok(None);
                 };
                 value.set_words(packed);
@@ -479,6 +482,21 @@ impl LimiterRef<'_> {
                 Ok(pack(limiter))
             }
             LimiterRef::Boxed(_) => Ok(None),
+        }
+    }
+}
+
+/// Drops the copy a packed or compact handle changes: it holds a bucket's or a window's state
+/// (no heap), unless a caller replaced it whole. Written out rather than left to the drop glue,
+/// which is a call on every CHECK (`make profile`).
+impl Drop for LimiterRef<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let LimiterRef::Packed { limiter, .. } | LimiterRef::Compact { limiter, .. } = self {
+            if matches!(limiter.state, State::SlidingLog(_) | State::Concurrency(_)) {
+                // SAFETY: the handle's own copy, dropped once, here, as the handle goes.
+                unsafe { ManuallyDrop::drop(limiter) };
+            }
         }
     }
 }
@@ -631,6 +649,7 @@ mod tests {
         }
         let expected = handle.clone();
         assert_eq!(handle.store(), Ok(pack(&expected)));
+        drop(handle);
         let stored = value.to_limiter();
         assert_eq!(
             stored.state,
@@ -663,12 +682,14 @@ mod tests {
         let mut handle = value.limiter();
         handle.last_ms += 1;
         assert!(handle.store().is_ok());
+        drop(handle);
         assert_eq!(value.to_limiter().last_ms, original.last_ms + 1);
         // A block takes the boxed form, in place.
         let mut handle = value.limiter();
         handle.blocked_until_ms = handle.last_ms + 10;
         let blocked = handle.clone();
         assert_eq!(handle.store(), Ok(None));
+        drop(handle);
         assert!(value.boxed().is_some());
         assert_eq!(value.to_limiter(), blocked);
     }

@@ -3,6 +3,7 @@
 //! `RATELIMIT.PEEK  key ...` (the same arguments)
 
 use std::ffi::c_int;
+use std::mem::MaybeUninit;
 
 use redis_module::raw;
 
@@ -68,19 +69,22 @@ pub fn parse_call_with<'a>(
     name: &str,
     parse: fn(&[&'a [u8]], u64) -> Result<CallArgs<'a>, ArgError>,
 ) -> Result<CallArgs<'a>, String> {
-    let count = call.argc().saturating_sub(first);
     // Extra arguments are options given twice or unknown: let the parser name them.
-    let mut slices: [&[u8]; MAX_ARGS + 2] = [&[]; MAX_ARGS + 2];
-    let count = count.min(slices.len());
-    for (i, slot) in slices[..count].iter_mut().enumerate() {
-        *slot = call.bytes(first + i);
+    const ROOM: usize = MAX_ARGS + 2;
+    let count = call.argc().saturating_sub(first).min(ROOM);
+    // Only the arguments there are are written (every CHECK runs this: not the whole array).
+    let mut slots = [MaybeUninit::<&[u8]>::uninit(); ROOM];
+    for (slot, &arg) in slots.iter_mut().zip(call.raw_args().iter().skip(first)) {
+        slot.write(call.bytes_of(arg));
     }
+    // SAFETY: the first `count` slots (at most `ROOM`) were written just above.
+    let slices: &[&'a [u8]] = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast(), count) };
     let result = if call.argc() < 4 {
         Err(ArgError::WrongArity)
     } else {
-        parse(&slices[..count], max_log_limit())
+        parse(slices, max_log_limit())
     };
-    result.map_err(|error| error.message(name, &slices[..count]))
+    result.map_err(|error| error.message(name, slices))
 }
 
 fn run(call: &Call, commit: bool) -> c_int {

@@ -320,10 +320,7 @@ fn reply(call: &Call, overall: &Decision, decisions: &[Decision]) {
     if resp3 {
         call.reply_decision(overall, true, 1);
         match super::field_names::get() {
-            // SAFETY: the command's context and a reply made at load and never freed.
-            Some(names) => unsafe {
-                rm!(RedisModule_ReplyWithCallReply)(call.ctx, names.limits);
-            },
+            Some(names) => names.send(call.ctx, names.limits),
             None => call.reply_name(c"limits"),
         }
         call.reply_array(decisions.len());

@@ -139,33 +139,41 @@ fn run_acquire(call: &Call) -> c_int {
         now_ms: parsed.at_ms.unwrap_or_else(now_ms),
     };
     let mut txn = Txn::open(call, call.raw_arg(1), true);
-    let mut stored = match txn.slot() {
-        Slot::WrongType => return call.error(error::WRONG_TYPE),
-        Slot::Empty => None,
-        Slot::Limiter(handle) => Some(handle),
-    };
-    let (acquired, write) =
-        match concurrency::acquire(stored.as_deref_mut(), &request, max_leases(), true) {
-            Ok(decided) => decided,
-            Err(error) => return call.error(&acquire_error(error)),
+    // The handle borrows the key: it is done with, in this block, before the key is written.
+    let (acquired, expires_at_ms) = {
+        let mut stored = match txn.slot() {
+            Slot::WrongType => return call.error(error::WRONG_TYPE),
+            Slot::Empty => None,
+            Slot::Limiter(handle) => Some(handle),
         };
-    // A lease set is boxed: an update is in place already, and `store` keeps it there.
-    let expires_at_ms = match (write, stored) {
-        (Write::Nothing, _) => None,
-        (Write::Updated, Some(mut handle)) => {
-            if let Err(why) = handle.store() {
-                return call.error(&refused(why));
+        let (acquired, write) =
+            match concurrency::acquire(stored.as_deref_mut(), &request, max_leases(), true) {
+                Ok(decided) => decided,
+                Err(error) => return call.error(&acquire_error(error)),
+            };
+        // A lease set is boxed: an update is in place already, and `store` keeps it there.
+        let expires_at_ms = match write {
+            Write::Nothing => None,
+            Write::Updated => match stored {
+                Some(mut handle) => {
+                    if let Err(why) = handle.store() {
+                        return call.error(&refused(why));
+                    }
+                    Some(handle.expires_at_ms())
+                }
+                None => None,
+            },
+            Write::Created(limiter) => {
+                // The key held nothing to keep a handle on; the new limiter goes in whole.
+                drop(stored);
+                let expires_at_ms = limiter.expires_at_ms();
+                if let Err(why) = txn.create(limiter) {
+                    return call.error(&refused(why));
+                }
+                Some(expires_at_ms)
             }
-            Some(handle.expires_at_ms())
-        }
-        (Write::Updated, None) => None,
-        (Write::Created(limiter), _) => {
-            let expires_at_ms = limiter.expires_at_ms();
-            if let Err(why) = txn.create(limiter) {
-                return call.error(&refused(why));
-            }
-            Some(expires_at_ms)
-        }
+        };
+        (acquired, expires_at_ms)
     };
     if let Some(expires_at_ms) = expires_at_ms {
         txn.expire_at(expires_at_ms);
@@ -238,6 +246,7 @@ fn run_release(call: &Call) -> c_int {
             )
         }
     };
+    drop(handle);
     match after {
         Some(expires_at_ms) => txn.expire_at(expires_at_ms),
         None => txn.delete(),

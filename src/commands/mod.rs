@@ -32,7 +32,7 @@ use redis_module::raw;
 use std::sync::Arc;
 
 use crate::algorithms::block::{self, Blocking};
-use crate::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Write};
+use crate::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Written};
 use crate::api::{has, rm};
 use crate::error;
 use crate::log::log_warning;
@@ -121,11 +121,27 @@ impl Call {
         unsafe { *self.argv.add(i) }
     }
 
+    /// Every argument as Redis holds it, the command name first.
+    pub fn raw_args(&self) -> &[*mut raw::RedisModuleString] {
+        if self.argc == 0 {
+            return &[];
+        }
+        // SAFETY: argv holds argc valid pointers for the duration of the command, which a
+        // `Call` (made by `guard` for one command) does not outlive.
+        unsafe { std::slice::from_raw_parts(self.argv, self.argc) }
+    }
+
     /// Argument `i`'s bytes, borrowed in place.
     pub fn bytes(&self, i: usize) -> &[u8] {
+        self.bytes_of(self.raw_arg(i))
+    }
+
+    /// The bytes of `arg`, one of [`raw_args`](Call::raw_args), borrowed in place.
+    #[inline(always)]
+    pub fn bytes_of(&self, arg: *mut raw::RedisModuleString) -> &[u8] {
         let mut len = 0usize;
         // SAFETY: a valid string of this command; Redis keeps it alive until the command returns.
-        let ptr = unsafe { rm!(RedisModule_StringPtrLen)(self.raw_arg(i), &mut len) };
+        let ptr = unsafe { rm!(RedisModule_StringPtrLen)(arg, &mut len) };
         if ptr.is_null() {
             return &[];
         }
@@ -201,8 +217,15 @@ impl Call {
 
     /// The six fields of a decision: an array of integers (RESP2) or a map with a boolean
     /// `allowed` (RESP3). `extra` more map entries follow, written by the caller (RESP3 only).
+    /// Inlined: every CHECK's reply (`make profile`).
+    #[inline(always)]
     pub fn reply_decision(&self, decision: &Decision, resp3: bool, extra: usize) {
-        self.reply_fields(decision, None, resp3, extra);
+        let fields = decision.to_array();
+        if resp3 {
+            self.reply_map_of(&fields, false, decision.allowed, extra);
+        } else {
+            self.reply_array_of(&fields);
+        }
     }
 
     /// [`reply_decision`](Call::reply_decision)'s fields, the first one `allowed` or, given
@@ -218,35 +241,46 @@ impl Call {
         if let Some(granted) = granted {
             fields[0] = i64::try_from(granted).unwrap_or(i64::MAX);
         }
-        if !resp3 {
-            self.reply_array(fields.len());
-            for value in fields {
-                self.reply_integer(value);
-            }
-            return;
+        if resp3 {
+            self.reply_map_of(&fields, granted.is_some(), decision.allowed, extra);
+        } else {
+            self.reply_array_of(&fields);
         }
+    }
+
+    /// The six fields as a RESP2 array of integers.
+    #[inline(always)]
+    fn reply_array_of(&self, fields: &[i64; 6]) {
+        self.reply_array(fields.len());
+        for &value in fields {
+            self.reply_integer(value);
+        }
+    }
+
+    /// The six fields as a RESP3 map of `extra` more entries: `allowed` a boolean, or with
+    /// `granted` the integer `granted`, then the five integers under their names.
+    #[inline(always)]
+    fn reply_map_of(&self, fields: &[i64; 6], granted: bool, allowed: bool, extra: usize) {
         // SAFETY: the command's context.
         unsafe { rm!(RedisModule_ReplyWithMap)(self.ctx, (fields.len() + extra) as _) };
         let cached = field_names::get();
-        for (i, (name, value)) in DECISION_FIELDS.iter().zip(fields).enumerate() {
-            if i == 0 && granted.is_some() {
-                self.reply_name(c"granted");
-                self.reply_integer(value);
-                continue;
-            }
+        if granted {
+            self.reply_name(c"granted");
+            self.reply_integer(fields[0]);
+        } else {
             match cached {
-                // SAFETY: the command's context and a reply made at load and never freed.
-                Some(names) => unsafe {
-                    rm!(RedisModule_ReplyWithCallReply)(self.ctx, names.decision[i]);
-                },
-                None => self.reply_name(name),
+                Some(names) => names.send(self.ctx, names.decision[0]),
+                None => self.reply_name(DECISION_FIELDS[0]),
             }
-            if *name == c"allowed" {
-                // SAFETY: the command's context.
-                unsafe { rm!(RedisModule_ReplyWithBool)(self.ctx, c_int::from(decision.allowed)) };
-            } else {
-                self.reply_integer(value);
+            // SAFETY: the command's context.
+            unsafe { rm!(RedisModule_ReplyWithBool)(self.ctx, c_int::from(allowed)) };
+        }
+        for i in 1..fields.len() {
+            match cached {
+                Some(names) => names.send(self.ctx, names.decision[i]),
+                None => self.reply_name(DECISION_FIELDS[i]),
             }
+            self.reply_integer(fields[i]);
         }
     }
 }
@@ -292,6 +326,7 @@ impl KeyGroups {
 /// single copy of its bytes, where `ReplyWithSimpleString` costs several appends and a `strlen`,
 /// so a RESP3 reply costs about what the RESP2 array does.
 pub(crate) mod field_names {
+    use std::ffi::c_int;
     use std::sync::OnceLock;
 
     use redis_module::raw;
@@ -303,6 +338,25 @@ pub(crate) mod field_names {
     pub(crate) struct FieldNames {
         pub decision: [*mut raw::RedisModuleCallReply; 6],
         pub limits: *mut raw::RedisModuleCallReply,
+        /// `RedisModule_ReplyWithCallReply`, found present when the keys were made: a RESP3
+        /// reply sends six keys through it, without looking it up each time.
+        send: SendReply,
+    }
+
+    type SendReply =
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, *mut raw::RedisModuleCallReply) -> c_int;
+
+    impl FieldNames {
+        /// Sends `key`, one of these replies, as the next element of the command's reply.
+        #[inline(always)]
+        pub(crate) fn send(
+            &self,
+            ctx: *mut raw::RedisModuleCtx,
+            key: *mut raw::RedisModuleCallReply,
+        ) {
+            // SAFETY: a command's context and a reply made at load and never freed.
+            unsafe { (self.send)(ctx, key) };
+        }
     }
 
     // SAFETY: the replies are written once at load and only read afterwards, on Redis's main
@@ -321,10 +375,11 @@ pub(crate) mod field_names {
     /// Makes the keys (from OnLoad). Without them (an API missing, a refused call) replies send
     /// their keys as simple strings: the same map to a client.
     pub(crate) fn make(ctx: *mut raw::RedisModuleCtx) -> bool {
-        if !(has!(RedisModule_Call)
-            && has!(RedisModule_CallReplyType)
-            && has!(RedisModule_ReplyWithCallReply))
-        {
+        // SAFETY: the API table is written once at load and only read afterwards.
+        let Some(send) = (unsafe { raw::RedisModule_ReplyWithCallReply }) else {
+            return false;
+        };
+        if !(has!(RedisModule_Call) && has!(RedisModule_CallReplyType)) {
             return false;
         }
         let echo = |name: &std::ffi::CStr| -> Option<*mut raw::RedisModuleCallReply> {
@@ -350,7 +405,13 @@ pub(crate) mod field_names {
         let Some(limits) = echo(c"limits") else {
             return false;
         };
-        NAMES.set(FieldNames { decision, limits }).is_ok()
+        NAMES
+            .set(FieldNames {
+                decision,
+                limits,
+                send,
+            })
+            .is_ok()
     }
 }
 
@@ -426,9 +487,11 @@ pub(crate) fn evaluate(
     commit: bool,
     block_ms: Option<u64>,
 ) -> Result<Evaluation, String> {
-    // What the key needs once the slot is closed: a new limiter to store, the expiry, and what
-    // replicates the write. The slot lives in this block and is dropped where it is at its end
+    // A limiter the call creates is written here, in place, by the core; what else the key needs
+    // once the slot is closed (whether to store that limiter, the expiry, and what replicates
+    // the write) is small. The slot lives in this block and is dropped where it is at its end
     // (moving it out to drop it, or the handle out of it, would copy the limiter).
+    let mut created: Option<Limiter> = None;
     let (outcome, blocking, create, expires_at_ms, replicated) = {
         let mut slot = txn.slot();
         let mut stored = match &mut slot {
@@ -441,33 +504,36 @@ pub(crate) fn evaluate(
         let was_blocked = stored
             .as_deref()
             .is_some_and(|limiter| limiter.blocked_until_ms != 0);
-        let (outcome, write, blocking) = block::check_blocking(
+        let (outcome, written, blocking) = block::check_blocking_into(
             stored.as_deref_mut().map(|l| &mut **l),
             request,
             commit,
             block_ms,
+            &mut created,
         )
         .map_err(|mismatch| {
             error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
         })?;
         // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
         let expires_at_ms = outcome.t_ms.saturating_add(outcome.decision.reset_after_ms);
-        match write {
-            Write::Nothing => return Ok(Evaluation { outcome, blocking }),
-            Write::Created(limiter) => {
+        match written {
+            Written::Nothing => return Ok(Evaluation { outcome, blocking }),
+            Written::Created => {
+                let Some(limiter) = created.as_ref() else {
+                    return Ok(Evaluation { outcome, blocking });
+                };
                 let replicated = match blocking {
                     Blocking::Started(until_ms) => Replicated::Block(until_ms),
                     // A log replicates what it appended, not its whole state.
                     _ if request.algorithm == Algorithm::SlidingLog => Replicated::LogAppend,
-                    _ => match value::pack(&limiter) {
+                    _ => match value::pack(limiter) {
                         Some(words) => Replicated::Packed(words),
                         None => Replicated::Whole(Box::new(limiter.clone())),
                     },
                 };
-                let create = Some(Create::New(limiter));
-                (outcome, blocking, create, expires_at_ms, replicated)
+                (outcome, blocking, Create::New, expires_at_ms, replicated)
             }
-            Write::Updated => {
+            Written::Updated => {
                 let Some(handle) = stored.as_mut() else {
                     return Ok(Evaluation { outcome, blocking });
                 };
@@ -479,7 +545,7 @@ pub(crate) fn evaluate(
                     Blocking::Started(until_ms) => (
                         outcome,
                         blocking,
-                        None,
+                        Create::Nothing,
                         handle.expires_at_ms(),
                         Replicated::Block(until_ms),
                     ),
@@ -494,21 +560,26 @@ pub(crate) fn evaluate(
                             None => Replicated::Whole(Box::new(Limiter::clone(handle))),
                         };
                         // The same limiter, stored anew in the form it now fits.
-                        let unblocked = (was_blocked
+                        let create = if was_blocked
                             && handle.blocked_until_ms == 0
-                            && request.algorithm != Algorithm::SlidingLog)
-                            .then(|| Create::Unblocked(Limiter::clone(handle)));
-                        (outcome, blocking, unblocked, expires_at_ms, replicated)
+                            && request.algorithm != Algorithm::SlidingLog
+                        {
+                            created = Some(Limiter::clone(handle));
+                            Create::Unblocked
+                        } else {
+                            Create::Nothing
+                        };
+                        (outcome, blocking, create, expires_at_ms, replicated)
                     }
                 }
             }
         }
     };
-    match create {
-        Some(Create::New(limiter)) => txn.create(limiter).map_err(refused)?,
+    match (create, created) {
+        (Create::New, Some(limiter)) => txn.create(limiter).map_err(refused)?,
         // If Redis refused the value, the boxed one it holds is the same state.
-        Some(Create::Unblocked(limiter)) => txn.create(limiter).unwrap_or(()),
-        None => {}
+        (Create::Unblocked, Some(limiter)) => txn.create(limiter).unwrap_or(()),
+        _ => {}
     }
     txn.expire_at(expires_at_ms);
     let payload = txn.replicate();
@@ -526,12 +597,15 @@ pub(crate) fn evaluate(
     Ok(Evaluation { outcome, blocking })
 }
 
-/// A limiter [`evaluate`] stores in the key whole.
+/// Which limiter [`evaluate`] stores in the key whole (the one in its `created`).
+#[derive(Clone, Copy)]
 enum Create {
-    /// The key held none (or one equivalent to a fresh one).
-    New(Limiter),
+    /// None: the key's value was changed where it is, if at all.
+    Nothing,
+    /// A new one: the key held none (or one equivalent to a fresh one).
+    New,
     /// The same limiter, a block over: in the form it now fits.
-    Unblocked(Limiter),
+    Unblocked,
 }
 
 /// How [`evaluate`] replicates a write: `ratelimit.apply`'s payload, encoded from what the call

@@ -12,7 +12,9 @@
 //!   so when the block ends the key answers as its algorithm would then.
 //! - The first consuming call after the block clears it.
 
-use super::{check, AlgorithmMismatch, Decision, Limiter, Outcome, Request, Write};
+use super::{
+    check, check_into, AlgorithmMismatch, Decision, Limiter, Outcome, Request, Write, Written,
+};
 
 /// What a block did to a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,15 +48,35 @@ pub fn blocked_answer(own: &Decision, until_ms: u64, t_ms: u64) -> Decision {
 
 /// [`check`] with the key's block and the call's `BLOCK` (`block_ms`: its duration, `None`
 /// without one). A block started by a committing call is stored in `stored` (then
-/// [`Write::Updated`]). Inlined: every CHECK's path, where the caller's match on the result
-/// then needs no copy of it (`make profile`).
-#[inline(always)]
+/// [`Write::Updated`]).
 pub fn check_blocking(
     stored: Option<&mut Limiter>,
     request: &Request,
     commit: bool,
     block_ms: Option<u64>,
 ) -> Result<(Outcome, Write, Blocking), AlgorithmMismatch> {
+    let mut created = None;
+    let (outcome, written, blocking) =
+        check_blocking_into(stored, request, commit, block_ms, &mut created)?;
+    let write = match (written, created) {
+        (Written::Updated, _) => Write::Updated,
+        (Written::Created, Some(limiter)) => Write::Created(limiter),
+        _ => Write::Nothing,
+    };
+    Ok((outcome, write, blocking))
+}
+
+/// [`check_blocking`], with a created limiter written into `created` (see
+/// [`check_into`]). Inlined: every CHECK's path, where the caller's match on
+/// the result then needs no copy of it (`make profile`).
+#[inline(always)]
+pub fn check_blocking_into(
+    stored: Option<&mut Limiter>,
+    request: &Request,
+    commit: bool,
+    block_ms: Option<u64>,
+    created: &mut Option<Limiter>,
+) -> Result<(Outcome, Written, Blocking), AlgorithmMismatch> {
     if let Some(limiter) = stored.as_deref() {
         let t_ms = request.now_ms.max(limiter.last_ms);
         if limiter.blocked_at(t_ms) {
@@ -63,11 +85,11 @@ pub fn check_blocking(
             let (own, _) = check(Some(&mut copy), request, false)?;
             let decision = blocked_answer(&own.decision, until_ms, t_ms);
             let outcome = Outcome::new(decision, t_ms, request.cost);
-            return Ok((outcome, Write::Nothing, Blocking::Blocked));
+            return Ok((outcome, Written::Nothing, Blocking::Blocked));
         }
     }
     let mut stored = stored;
-    let (outcome, write) = check(stored.as_deref_mut(), request, commit)?;
+    let (outcome, written) = check_into(stored.as_deref_mut(), request, commit, created)?;
     let starts = commit
         && request.cost > 0
         && !outcome.decision.allowed
@@ -81,9 +103,9 @@ pub fn check_blocking(
                 decision,
                 ..outcome
             };
-            Ok((outcome, Write::Updated, Blocking::Started(until_ms)))
+            Ok((outcome, Written::Updated, Blocking::Started(until_ms)))
         }
-        _ => Ok((outcome, write, Blocking::None)),
+        _ => Ok((outcome, written, Blocking::None)),
     }
 }
 

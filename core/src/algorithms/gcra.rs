@@ -11,7 +11,7 @@
 //! rate, rounded up) and never clamped, as redis-cell and Redis's `GCRA` keep it: a key whose TAT
 //! is beyond the new tolerance rejects until time catches up.
 
-use super::{ceil_div, to_u64, Decision, FixedSize, Params, State};
+use super::{ceil_div, floor_div, to_u64, Decision, FixedSize, Params, State};
 
 pub(crate) struct Gcra;
 
@@ -62,7 +62,7 @@ impl FixedSize for Gcra {
         let decision = Decision {
             allowed,
             limit: params.capacity,
-            remaining: to_u64(tolerance.saturating_sub(after) / period),
+            remaining: to_u64(floor_div(tolerance.saturating_sub(after), period)),
             retry_after_ms,
             reset_after_ms: to_u64(ceil_div(after, rate)),
             delay_ms: 0,

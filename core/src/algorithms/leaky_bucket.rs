@@ -4,7 +4,7 @@
 //!
 //! State: `level`, the queued work in scaled units (`c` requests are `c·P`), drained by `L` per ms.
 
-use super::{ceil_div, to_u64, Decision, FixedSize, Params, State};
+use super::{ceil_div, floor_div, to_u64, Decision, FixedSize, Params, State};
 
 pub(crate) struct LeakyBucket;
 
@@ -59,7 +59,10 @@ impl FixedSize for LeakyBucket {
         let decision = Decision {
             allowed,
             limit: params.capacity,
-            remaining: to_u64(capacity.saturating_sub(after) / u128::from(params.period_ms)),
+            remaining: to_u64(floor_div(
+                capacity.saturating_sub(after),
+                u128::from(params.period_ms),
+            )),
             retry_after_ms,
             reset_after_ms: reset_after(params, after),
             delay_ms,

@@ -423,6 +423,17 @@ pub enum Write {
     Created(Limiter),
 }
 
+/// What [`check_into`] did to the stored value; a limiter it created is in the caller's slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Nothing changed.
+    Nothing,
+    /// `stored` was updated in place.
+    Updated,
+    /// The key was absent (or equivalent to fresh): the limiter to store is in `created`.
+    Created,
+}
+
 /// Evaluates `request` against the stored limiter (`None` when the key is absent).
 ///
 /// With `commit` and an admitted request of positive cost the state is written: in place when a
@@ -433,6 +444,25 @@ pub fn check(
     request: &Request,
     commit: bool,
 ) -> Result<(Outcome, Write), AlgorithmMismatch> {
+    let mut created = None;
+    let (outcome, written) = check_into(stored, request, commit, &mut created)?;
+    let write = match (written, created) {
+        (Written::Updated, _) => Write::Updated,
+        (Written::Created, Some(limiter)) => Write::Created(limiter),
+        _ => Write::Nothing,
+    };
+    Ok((outcome, write))
+}
+
+/// [`check`], with a created limiter written into `created` (left as it is otherwise) rather
+/// than returned: every CHECK's path, where a limiter moved through the results would be copied
+/// at each step (`make profile`).
+pub fn check_into(
+    stored: Option<&mut Limiter>,
+    request: &Request,
+    commit: bool,
+    created: &mut Option<Limiter>,
+) -> Result<(Outcome, Written), AlgorithmMismatch> {
     if let Some(limiter) = &stored {
         let kind = limiter.kind();
         if kind != Kind::Rate(request.algorithm) {
@@ -440,12 +470,27 @@ pub fn check(
         }
     }
     let result = match request.algorithm {
-        Algorithm::TokenBucket => drive::<token_bucket::TokenBucket>(stored, request, commit),
-        Algorithm::LeakyBucket => drive::<leaky_bucket::LeakyBucket>(stored, request, commit),
-        Algorithm::FixedWindow => drive::<fixed_window::FixedWindow>(stored, request, commit),
-        Algorithm::SlidingWindow => drive::<sliding_window::SlidingWindow>(stored, request, commit),
-        Algorithm::SlidingLog => sliding_log::check(stored, request, commit),
-        Algorithm::Gcra => drive::<gcra::Gcra>(stored, request, commit),
+        Algorithm::TokenBucket => {
+            drive::<token_bucket::TokenBucket>(stored, request, commit, created)
+        }
+        Algorithm::LeakyBucket => {
+            drive::<leaky_bucket::LeakyBucket>(stored, request, commit, created)
+        }
+        Algorithm::FixedWindow => {
+            drive::<fixed_window::FixedWindow>(stored, request, commit, created)
+        }
+        Algorithm::SlidingWindow => {
+            drive::<sliding_window::SlidingWindow>(stored, request, commit, created)
+        }
+        Algorithm::SlidingLog => match sliding_log::check(stored, request, commit) {
+            (outcome, Write::Nothing) => (outcome, Written::Nothing),
+            (outcome, Write::Updated) => (outcome, Written::Updated),
+            (outcome, Write::Created(limiter)) => {
+                *created = Some(limiter);
+                (outcome, Written::Created)
+            }
+        },
+        Algorithm::Gcra => drive::<gcra::Gcra>(stored, request, commit, created),
     };
     Ok(result)
 }
@@ -638,7 +683,8 @@ fn drive<A: FixedSize>(
     stored: Option<&mut Limiter>,
     request: &Request,
     commit: bool,
-) -> (Outcome, Write) {
+    created: &mut Option<Limiter>,
+) -> (Outcome, Written) {
     let new_params = &request.params;
     let (t_ms, carried) = match stored.as_deref() {
         Some(limiter) => {
@@ -659,7 +705,7 @@ fn drive<A: FixedSize>(
     let (decision, after) = A::decide(carried, new_params, request.cost, t_ms);
     let outcome = Outcome::new(decision, t_ms, request.cost);
     if !(commit && outcome.consumed) {
-        return (outcome, Write::Nothing);
+        return (outcome, Written::Nothing);
     }
     let limiter = Limiter {
         params: *new_params,
@@ -671,15 +717,32 @@ fn drive<A: FixedSize>(
     match stored {
         Some(slot) => {
             *slot = limiter;
-            (outcome, Write::Updated)
+            (outcome, Written::Updated)
         }
-        None => (outcome, Write::Created(limiter)),
+        None => {
+            *created = Some(limiter);
+            (outcome, Written::Created)
+        }
     }
 }
 
-/// `⌈a / b⌉` for `b > 0`.
+/// `⌈a / b⌉` for `b > 0`. Inlined, with one hardware division when both fit a word (a `u128`
+/// division is a call; the scaled quantities of most limits fit a word).
+#[inline(always)]
 pub fn ceil_div(a: u128, b: u128) -> u128 {
-    a.div_ceil(b)
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a.div_ceil(b)),
+        _ => a.div_ceil(b),
+    }
+}
+
+/// `⌊a / b⌋` for `b > 0`, as [`ceil_div`] computes it.
+#[inline(always)]
+pub fn floor_div(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b),
+        _ => a / b,
+    }
 }
 
 /// A `u128` quantity of ms or requests as `u64`, saturating (only reachable beyond the bounds

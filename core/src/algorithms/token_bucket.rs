@@ -3,7 +3,7 @@
 //!
 //! State: `tokens` in scaled units (`c` requests are `c·P`), refilled by `L` per elapsed ms.
 
-use super::{ceil_div, to_u64, Decision, FixedSize, Params, State};
+use super::{ceil_div, floor_div, to_u64, Decision, FixedSize, Params, State};
 
 pub(crate) struct TokenBucket;
 
@@ -59,7 +59,7 @@ impl FixedSize for TokenBucket {
         let decision = Decision {
             allowed,
             limit: params.capacity,
-            remaining: to_u64(after / period),
+            remaining: to_u64(floor_div(after, period)),
             retry_after_ms,
             reset_after_ms: reset_after(params, after),
             delay_ms: 0,
