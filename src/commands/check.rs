@@ -74,8 +74,8 @@ pub fn parse_call_with<'a>(
     let count = call.argc().saturating_sub(first).min(ROOM);
     // Only the arguments there are are written (every CHECK runs this: not the whole array).
     let mut slots = [MaybeUninit::<&[u8]>::uninit(); ROOM];
-    for (slot, &arg) in slots.iter_mut().zip(call.raw_args().iter().skip(first)) {
-        slot.write(call.bytes_of(arg));
+    for (slot, arg) in slots.iter_mut().zip(call.args_from(first)) {
+        slot.write(arg);
     }
     // SAFETY: the first `count` slots (at most `ROOM`) were written just above.
     let slices: &[&'a [u8]] = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast(), count) };

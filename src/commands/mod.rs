@@ -136,9 +136,20 @@ impl Call {
         self.bytes_of(self.raw_arg(i))
     }
 
-    /// The bytes of `arg`, one of [`raw_args`](Call::raw_args), borrowed in place.
+    /// The bytes of the arguments from position `first` on (0: the command name), in order.
     #[inline(always)]
-    pub fn bytes_of(&self, arg: *mut raw::RedisModuleString) -> &[u8] {
+    pub fn args_from(&self, first: usize) -> impl Iterator<Item = &[u8]> {
+        self.raw_args()
+            .iter()
+            .skip(first)
+            .map(|&arg| self.bytes_of(arg))
+    }
+
+    /// The bytes of `arg`, borrowed in place. Private: `arg` is always one of this call's
+    /// arguments ([`raw_args`](Call::raw_args), [`raw_arg`](Call::raw_arg)), which the safety of
+    /// the read below rests on.
+    #[inline(always)]
+    fn bytes_of(&self, arg: *mut raw::RedisModuleString) -> &[u8] {
         let mut len = 0usize;
         // SAFETY: a valid string of this command; Redis keeps it alive until the command returns.
         let ptr = unsafe { rm!(RedisModule_StringPtrLen)(arg, &mut len) };
