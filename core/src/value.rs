@@ -493,7 +493,7 @@ impl Drop for LimiterRef<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         if let LimiterRef::Packed { limiter, .. } | LimiterRef::Compact { limiter, .. } = self {
-            if matches!(limiter.state, State::SlidingLog(_) | State::Concurrency(_)) {
+            if limiter.state.owns_heap() {
                 // SAFETY: the handle's own copy, dropped once, here, as the handle goes.
                 unsafe { ManuallyDrop::drop(limiter) };
             }

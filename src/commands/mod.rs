@@ -231,16 +231,13 @@ impl Call {
     /// Inlined: every CHECK's reply (`make profile`).
     #[inline(always)]
     pub fn reply_decision(&self, decision: &Decision, resp3: bool, extra: usize) {
-        let fields = decision.to_array();
-        if resp3 {
-            self.reply_map_of(&fields, false, decision.allowed, extra);
-        } else {
-            self.reply_array_of(&fields);
-        }
+        self.reply_fields(decision, None, resp3, extra);
     }
 
     /// [`reply_decision`](Call::reply_decision)'s fields, the first one `allowed` or, given
-    /// `granted` (TAKE), `granted`: that integer in its place, under RESP3 too.
+    /// `granted` (TAKE), `granted`: that integer in its place, under RESP3 too. Inlined, so a
+    /// CHECK's reply (`granted` none) is written without the branches it does not take.
+    #[inline(always)]
     pub fn reply_fields(
         &self,
         decision: &Decision,

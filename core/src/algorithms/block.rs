@@ -58,12 +58,7 @@ pub fn check_blocking(
     let mut created = None;
     let (outcome, written, blocking) =
         check_blocking_into(stored, request, commit, block_ms, &mut created)?;
-    let write = match (written, created) {
-        (Written::Updated, _) => Write::Updated,
-        (Written::Created, Some(limiter)) => Write::Created(limiter),
-        _ => Write::Nothing,
-    };
-    Ok((outcome, write, blocking))
+    Ok((outcome, written.with(created), blocking))
 }
 
 /// [`check_blocking`], with a created limiter written into `created` (see

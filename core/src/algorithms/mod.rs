@@ -316,6 +316,22 @@ pub enum State {
     Concurrency(Box<Leases>),
 }
 
+impl State {
+    /// The state holds memory of its own (a log's entries, a lease set): dropping it frees that.
+    /// Exhaustive, so a new kind of state says whether it does.
+    #[inline(always)]
+    pub fn owns_heap(&self) -> bool {
+        match self {
+            State::TokenBucket { .. }
+            | State::LeakyBucket { .. }
+            | State::FixedWindow { .. }
+            | State::SlidingWindow { .. }
+            | State::Gcra { .. } => false,
+            State::SlidingLog(_) | State::Concurrency(_) => true,
+        }
+    }
+}
+
 /// A stored limiter: its parameters, the time of its last consuming call and its state at that time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limiter {
@@ -434,6 +450,17 @@ pub enum Written {
     Created,
 }
 
+impl Written {
+    /// The [`Write`] this stands for, given the `created` slot it was written with.
+    pub fn with(self, created: Option<Limiter>) -> Write {
+        match (self, created) {
+            (Written::Updated, _) => Write::Updated,
+            (Written::Created, Some(limiter)) => Write::Created(limiter),
+            _ => Write::Nothing,
+        }
+    }
+}
+
 /// Evaluates `request` against the stored limiter (`None` when the key is absent).
 ///
 /// With `commit` and an admitted request of positive cost the state is written: in place when a
@@ -446,12 +473,7 @@ pub fn check(
 ) -> Result<(Outcome, Write), AlgorithmMismatch> {
     let mut created = None;
     let (outcome, written) = check_into(stored, request, commit, &mut created)?;
-    let write = match (written, created) {
-        (Written::Updated, _) => Write::Updated,
-        (Written::Created, Some(limiter)) => Write::Created(limiter),
-        _ => Write::Nothing,
-    };
-    Ok((outcome, write))
+    Ok((outcome, written.with(created)))
 }
 
 /// [`check`], with a created limiter written into `created` (left as it is otherwise) rather
