@@ -6,6 +6,7 @@ are asserted loosely; the breaker's effect is counted."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -143,3 +144,32 @@ def test_from_url_sets_the_timeout_and_no_retries(own_server):
     started = time.monotonic()
     assert rl.check("k", LIMIT).source == "error"
     assert time.monotonic() - started < 1.5  # one timeout of 0.2 s, not four with backoff
+
+
+def test_the_default_timeout_is_a_gateways_100_ms(own_server):
+    assert RateLimiter.from_url(own_server.url).client.get_connection_kwargs()["socket_timeout"] == 0.1
+    arl = AsyncRateLimiter.from_url(own_server.url)
+    assert arl.timeout == 0.1
+    assert arl.client.connection_pool.connection_kwargs["socket_timeout"] == 0.1
+    assert arl.client.connection_pool.connection_kwargs["socket_connect_timeout"] == 0.1
+
+
+def test_the_breaker_logs_opening_and_closing_at_the_same_level(own_server, caplog):
+    """uvicorn shows WARNING and up by default: Redis coming back must be seen where its going
+    was."""
+    rl = RateLimiter.from_url(own_server.url, timeout=0.2, breaker_failures=2, breaker_cooldown=0.01)
+    assert rl.check("k", LIMIT).source == "library"
+    own_server.stop()
+    caplog.set_level(logging.DEBUG, logger="redis_ratelimit")
+    for _ in range(2):
+        assert rl.check("k", LIMIT).source == "error"
+    assert rl._core.breaker.is_open
+    own_server.resume()
+    deadline = time.monotonic() + 10
+    while rl.check("k", LIMIT).source != "library":  # the probe goes after the cool-down
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    opened = [r for r in caplog.records if "breaker open" in r.getMessage()]
+    closed = [r for r in caplog.records if "breaker closed" in r.getMessage()]
+    assert len(opened) == 1 and len(closed) == 1, caplog.text
+    assert opened[0].levelno == closed[0].levelno == logging.WARNING

@@ -219,7 +219,8 @@ class Breaker:
     def success(self) -> None:
         with self._lock:
             if self.is_open:
-                log.info("redis_ratelimit: Redis answers again: breaker closed")
+                # At the failure's level: a team that sees the failure sees the recovery.
+                log.warning("redis_ratelimit: Redis answers again: breaker closed")
             self.failures = 0
             self.probing = False
 

@@ -19,8 +19,9 @@ from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimit
 
 log = logging.getLogger("redis_ratelimit")
 
-#: What `from_url` waits for Redis (connect and each reply), in seconds.
-DEFAULT_TIMEOUT = 0.5
+#: What `from_url` waits for Redis (connect and each reply), in seconds: a gateway's limiter
+#: must not add more than this to a request when Redis stalls.
+DEFAULT_TIMEOUT = 0.1
 #: `from_url`'s client, made at the first call.
 _LATER = object()
 _LIMITER_OPTIONS = (

@@ -1,0 +1,191 @@
+"""What the Python package costs per call, beside the raw client in the same run: sequential
+`RateLimiter.check` (sync) and `AsyncRateLimiter.check` (asyncio) against redis-py's own
+`execute_command("RATELIMIT.CHECK", ...)` of the same limit, RESP2 and RESP3, on loopback, one
+process. The limiter is `from_url`'s: its timeout (`DEFAULT_TIMEOUT`) and its breaker on; the raw
+client gets the same `socket_timeout`.
+
+    python benches/clients/overhead.py [--calls 20000] [--rounds 5] [--out target/bench/clients]
+
+Run it with a Python that has the package installed (`make test-python` builds one:
+target/python/venv/bin/python), or with RATELIMIT_PY_SRC=1 to import clients/python/src.
+Starts its own redis-server (RATELIMIT_SERVER, else the one on PATH) with the module
+(RATELIMIT_MODULE, default target/release's) on a free loopback port and stops it. Each round
+runs both sides of each case back to back (alternating which goes first); the table gives the
+median of the rounds in µs per call and the ratio package / raw. Prints a markdown table and
+writes it to OUT/overhead-python.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if os.environ.get("RATELIMIT_PY_SRC"):
+    sys.path.insert(0, str(ROOT / "clients/python/src"))
+
+import redis  # noqa: E402
+import redis.asyncio  # noqa: E402
+
+import redis_ratelimit  # noqa: E402
+from redis_ratelimit import AsyncRateLimiter, Limit, RateLimiter  # noqa: E402
+from redis_ratelimit._limiter import DEFAULT_TIMEOUT  # noqa: E402
+
+#: Admits every call (a consuming CHECK each time), as a gateway's common case.
+LIMIT = Limit("token-bucket", 10**9, "1s")
+RAW = ("RATELIMIT.CHECK", "token-bucket", str(LIMIT.limit), "1s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, module: str):
+        binary = os.environ.get("RATELIMIT_SERVER") or shutil.which("redis-server")
+        if not binary:
+            raise SystemExit("overhead.py: no redis-server (make deps installs it)")
+        if not os.path.isfile(module):
+            raise SystemExit(f"overhead.py: no module at {module} (make build, or RATELIMIT_MODULE=...)")
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="rl-overhead-")
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", self.dir, "--loadmodule", module]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_timeout=1).ping()
+                return
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise SystemExit(f"overhead.py: {' '.join(args)} did not start")
+                time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def sync_sides(url: str, protocol: int, calls: int):
+    limiter = RateLimiter.from_url(url, protocol=protocol)
+    raw = redis.Redis.from_url(url, protocol=protocol, socket_timeout=DEFAULT_TIMEOUT,
+                               socket_connect_timeout=DEFAULT_TIMEOUT)
+
+    def package() -> float:
+        check = limiter.check
+        started = time.perf_counter()
+        for _ in range(calls):
+            check("overhead:package", LIMIT)
+        return (time.perf_counter() - started) / calls * 1e6
+
+    def plain() -> float:
+        execute = raw.execute_command
+        args = (RAW[0], "overhead:raw", *RAW[1:])
+        started = time.perf_counter()
+        for _ in range(calls):
+            execute(*args)
+        return (time.perf_counter() - started) / calls * 1e6
+
+    assert limiter.check("overhead:package", LIMIT).source == "module"
+    return package, plain, lambda: (limiter.close(), raw.close())
+
+
+def async_sides(url: str, protocol: int, calls: int, loop: asyncio.AbstractEventLoop):
+    limiter = AsyncRateLimiter.from_url(url, protocol=protocol)
+    raw = redis.asyncio.Redis.from_url(url, protocol=protocol, socket_timeout=DEFAULT_TIMEOUT,
+                                       socket_connect_timeout=DEFAULT_TIMEOUT)
+
+    async def package() -> float:
+        check = limiter.check
+        started = time.perf_counter()
+        for _ in range(calls):
+            await check("overhead:package", LIMIT)
+        return (time.perf_counter() - started) / calls * 1e6
+
+    async def plain() -> float:
+        execute = raw.execute_command
+        args = (RAW[0], "overhead:raw", *RAW[1:])
+        started = time.perf_counter()
+        for _ in range(calls):
+            await execute(*args)
+        return (time.perf_counter() - started) / calls * 1e6
+
+    async def close():
+        await limiter.aclose()
+        await raw.aclose()
+
+    assert loop.run_until_complete(limiter.check("overhead:package", LIMIT)).source == "module"
+    return (lambda: loop.run_until_complete(package()), lambda: loop.run_until_complete(plain()),
+            lambda: loop.run_until_complete(close()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=str(ROOT / "target/bench/clients"))
+    options = parser.parse_args()
+    module = os.environ.get("RATELIMIT_MODULE") or str(ROOT / "target/release/libredis_ratelimit.so")
+    server = Server(module)
+    loop = asyncio.new_event_loop()
+    rows = []
+    try:
+        for mode in ("sync", "asyncio"):
+            for protocol in (2, 3):
+                if mode == "sync":
+                    package, plain, close = sync_sides(server.url, protocol, options.calls)
+                else:
+                    package, plain, close = async_sides(server.url, protocol, options.calls, loop)
+                ours, theirs = [], []
+                for round_ in range(options.rounds):
+                    first, second = (package, plain) if round_ % 2 == 0 else (plain, package)
+                    a, b = first(), second()
+                    ours.append(a if first is package else b)
+                    theirs.append(b if first is package else a)
+                close()
+                p, r = statistics.median(ours), statistics.median(theirs)
+                rows.append((mode, protocol, p, r))
+                print(f"{mode} RESP{protocol}: package {p:.1f} µs, raw {r:.1f} µs, {p / r:.3f}x", file=sys.stderr)
+    finally:
+        loop.close()
+        server.stop()
+    lines = [
+        f"Python package vs redis-py {redis.__version__} per sequential call (µs, median of {options.rounds} "
+        f"rounds of {options.calls:,} calls; Python {sys.version.split()[0]}, "
+        f"hiredis {'on' if redis.utils.HIREDIS_AVAILABLE else 'off'}, timeout {DEFAULT_TIMEOUT} s):",
+        "",
+        "| client | protocol | `check` | raw `execute_command` | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, protocol, p, r in rows:
+        name = "RateLimiter" if mode == "sync" else "AsyncRateLimiter"
+        lines.append(f"| {name} ({mode}) | RESP{protocol} | {p:.1f} | {r:.1f} | {p / r:.2f}x |")
+    table = "\n".join(lines) + "\n"
+    print(table, end="")
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overhead-python.md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
