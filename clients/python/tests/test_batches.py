@@ -268,3 +268,61 @@ def test_threads_share_a_batch(module_server, key):
     rl.close()
     plain = module_server.client()
     assert int(plain.execute_command("RATELIMIT.PEEK", key, *limit.args(), "COST", 0, "AT", T0)[2]) == 10_000 - 800
+
+
+class Mirrored(redis.Redis):
+    """A client that replays each TAKE of `key` on `twin` as one-unit CHECKs at the same `AT`
+    (and each REFUND as it is): the twin's state is what per-request checks of the same units
+    make of it. `takes`: (AT, the delay_ms the last of those CHECKs got), one per grant."""
+
+    key = twin = ""
+    takes: List[Tuple[int, int]] = []
+
+    def execute_command(self, *args, **options):
+        reply = super().execute_command(*args, **options)
+        words = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
+        library = words[0] == "FCALL"
+        verb = words[1].upper() if library else words[0].upper()
+        key_at = 3 if library else 1
+        if words[key_at].endswith(self.key) and verb in ("RATELIMIT_TAKE", "RATELIMIT.TAKE") and reply[0] > 0:
+            check = list(words)
+            check[key_at] = words[key_at][: -len(self.key)] + self.twin
+            check[1 if library else 0] = "ratelimit_check" if library else "RATELIMIT.CHECK"
+            at = check.index("MAX")
+            check[at:at + 2] = ["COST", "1"]
+            for _ in range(reply[0]):
+                last = super().execute_command(*check)
+                assert last[0] == 1, last
+            self.takes.append((int(words[words.index("AT") + 1]), last[5]))
+        elif words[key_at].endswith(self.key) and verb in ("RATELIMIT_REFUND", "RATELIMIT.REFUND"):
+            refund = list(words)
+            refund[key_at] = words[key_at][: -len(self.key)] + self.twin
+            super().execute_command(*refund)
+        return reply
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_leaky_buckets_local_delay_is_never_below_a_per_request_checks(server, seed):
+    """A request admitted from a batch reports the last TAKE's `delay_ms` (the wait of its last
+    unit) counted down: never less than the wait per-request CHECKs of the batch's units would
+    have given the last of them, counted down alike."""
+    rng = random.Random(seed)
+    batched = Limit("leaky-bucket", 10, "1s", burst=20, batch="1s")
+    key = f"delay:{seed}:{time.time_ns()}"
+    client = Mirrored(port=server.port, protocol=2)
+    client.key, client.twin, client.takes = key, key + ":twin", []
+    rl = RateLimiter(client)
+    now = T0 + 7_200_000
+    local = 0
+    for _ in range(400):
+        now += rng.choice([0, 0, 1, 5, 20, 60, 150])
+        d = rl.check(key, batched, at=now)
+        if not d.allowed:
+            continue
+        taken_at, last_wait = client.takes[-1]
+        per_request = max(0, last_wait - (now - taken_at))
+        assert d.delay_ms >= per_request, (d, client.takes[-1], now)
+        assert d.delay_ms == per_request  # the TAKE's delay_ms is that wait exactly
+        local += d.source == "local"
+    rl.close()
+    assert local > 20 and len(client.takes) > 5  # many came from batches

@@ -16,7 +16,7 @@ from fractions import Fraction
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
@@ -62,9 +62,15 @@ _UNAVAILABLE_TYPES: Tuple[type, ...] = (
 
 @dataclass(frozen=True)
 class Call:
-    """One command: `client.execute_command(*args)`."""
+    """One command: `client.execute_command(*args)`.
+
+    late: for a command whose reply must not be lost (a batch's TAKE grants units): if the
+    runner stops waiting for the reply (the caller was cancelled, or its timeout fired) and the
+    reply comes all the same, the runner gives it to `late(reply)` (an error reply is dropped).
+    """
 
     args: Tuple[Any, ...]
+    late: Optional[Callable[[Any], None]] = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -438,12 +444,13 @@ class Core:
         keys: Sequence[str],
         args: Optional[Sequence[Any]],
         readonly: bool = False,
+        late: Optional[Callable[[Any, str], None]] = None,
     ) -> Plan:
         """The module's command, or the library's `function` on the prefixed keys with `args`
         (None: this call has no library form, e.g. a policy without a fallback); (reply, source)."""
         if self.mode != "library" and self.engine != "library" and module is not None:
             try:
-                reply = yield Call(module)
+                reply = yield Call(module, None if late is None else lambda reply: late(reply, "module"))
             except redis.RedisError as error:  # a cluster client: RedisError
                 if self.mode == "module" or not _unknown_command(error):
                     raise
@@ -462,14 +469,15 @@ class Core:
         self._use("library")
         command: Tuple[Any, ...] = ("FCALL_RO" if readonly else "FCALL", function, len(keys))
         command += tuple(self.prefix + key for key in keys) + tuple(args)
+        landing = None if late is None else lambda reply: late(reply, "library")
         try:
-            reply = yield Call(command)
+            reply = yield Call(command, landing)
         except redis.ResponseError as error:
             if "function not found" not in str(error).lower():
                 raise
             self._library_ready = False  # flushed meanwhile: load it again, once
             yield from self.ensure_library()
-            reply = yield Call(command)
+            reply = yield Call(command, landing)
         return reply, "library"
 
     # -- policies ------------------------------------------------------------------------
@@ -534,9 +542,17 @@ class Core:
 
     # -- the calls -----------------------------------------------------------------------
 
-    def decide(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
+    def decide(
+        self,
+        verb: str,
+        key: str,
+        spec: LimitSpec,
+        cost: int,
+        at: Optional[int] = None,
+        late: Optional[Callable[[Any, str], None]] = None,
+    ) -> Plan:
         """CHECK, PEEK, REFUND or TAKE (`cost`: its MAX) of `key` against `spec`, at the
-        server's time or `AT at`."""
+        server's time or `AT at`; `late(reply, source)`: see `Call.late`."""
         _key(key)
         check_spec(spec)
         check_cost(cost, 1 if verb == "TAKE" else 0)
@@ -564,7 +580,7 @@ class Core:
                     return decision
                 module = None if module_args is None else (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
                 library = None if library_args is None else [*library_args, *cost_args]
-                reply, source = yield from self._call(module, function, [key], library, verb == "PEEK")
+                reply, source = yield from self._call(module, function, [key], library, verb == "PEEK", late)
                 return parse_decision(reply, source, period, False, cost, take)
             except redis.ResponseError as error:
                 if attempt or not self._forget(error, [spec]):
@@ -806,16 +822,21 @@ class Core:
             if flight is None:
                 break
             if not (yield Join(flight)):
-                # The TAKE in flight did not end in time: this request asks for itself.
+                # The TAKE in flight did not end within this call's timeout: Redis did not
+                # answer in time, for this call too (a CHECK of its own would wait once more,
+                # and a CHECK whose caller then goes away loses its unit).
                 return (yield from self.guarded(
-                    self.decide("CHECK", key, limit, cost, at), limit.period_ms, True,
+                    _no_answer("the batch's TAKE in flight did not end in time"), limit.period_ms, True,
                     lambda: self._local("CHECK", key, limit, cost, at), cost))
         short = 0
         try:
             if leftover:
                 yield from self._refund_units(batch, leftover, at)
+            # A grant whose reply this call does not wait for (cancelled, timed out) still lands
+            # in the batch: held, then refunded when the hold ends or the limiter closes.
+            late = lambda reply, source: self._land(batch, most, at, reply, source)  # noqa: E731
             decision = yield from self.guarded(
-                self.decide("TAKE", key, limit, most, at),
+                self.decide("TAKE", key, limit, most, at, late),
                 limit.period_ms,
                 True,
                 lambda: self._local("CHECK", key, limit, cost, at),
@@ -845,6 +866,25 @@ class Core:
         # Refused: the wait until the server can grant the units the batch lacks.
         peek = yield from self.guarded(self.decide("PEEK", key, limit, short, at), limit.period_ms, True, None, 0)
         return replace(peek, allowed=False, granted=0, delay_ms=0, source=decision.source)
+
+    def _land(self, batch: Batch, most: int, at: Optional[int], reply: Any, source: str) -> None:
+        """A batch TAKE's reply that came after its caller stopped waiting: its grant is held
+        by the batch (from now, for the hold time), so that it is admitted or refunded."""
+        try:
+            decision = parse_decision(reply, source, batch.limit.period_ms, False, most, True)
+        except Exception as error:  # noqa: BLE001 - a reply of another shape: said, not hidden
+            log.warning("redis_ratelimit: a late TAKE reply for %s could not be read (%r): %s", batch.key, reply, error)
+            return
+        if not decision.granted:
+            return
+        now = self.now_ms(at)
+        self._count("taken", decision.granted)
+        self._count("late", decision.granted)
+        with batch.lock:
+            batch.held += decision.granted
+            batch.until, batch.taken_at, batch.reply = now + batch.hold_ms, now, decision
+            batch.virtual = at is not None
+        self.batches.holding(batch)
 
     def _refund_units(self, batch: Batch, units: int, at: Optional[int]) -> Plan:
         """Gives back the units a batch did not use (a failure is logged: they count until the
@@ -971,6 +1011,12 @@ class Core:
             all(d.allowed for d in each), least.limit, least.remaining, retry,
             max(d.reset_after_ms for d in each), max(d.delay_ms for d in each), "fallback", False, each,
         )
+
+
+def _no_answer(why: str) -> Plan:
+    """A plan that fails as a call without a reply in time does."""
+    raise redis.TimeoutError(why)
+    yield  # a generator
 
 
 def _unknown_command(error: Exception) -> bool:

@@ -38,6 +38,10 @@ _LIMITER_OPTIONS = (
 JOIN_TIMEOUT = 5.0
 #: The longest a batches' timer sleeps before looking again (s).
 SWEEP_WAIT_MAX = 60.0
+#: How long a batch TAKE's reply is still awaited after its caller stopped waiting (cancelled,
+#: timed out), so that its grant is held and refunded rather than lost; `close()` waits for
+#: these too (s).
+LATE_REPLY_WAIT = 5.0
 
 
 class _Common:
@@ -179,6 +183,8 @@ class RateLimiter(_Common):
         self.client = client
         self._core = Core(**options)
         self.policies = Policies(self)
+        #: Threads reading batch TAKE replies that came after their caller's timeout.
+        self._late: set = set()
         self._sweeper: Optional[threading.Thread] = None
         self._sweep_wake = threading.Condition()
         self._sleep_until = 0.0
@@ -206,6 +212,8 @@ class RateLimiter(_Common):
             self._sweep_wake.notify()
         if self._sweeper is not None and self._sweeper is not threading.current_thread():
             self._sweeper.join(5.0)
+        for reader in list(self._late):
+            reader.join(LATE_REPLY_WAIT)
         try:
             self._execute(self._core.close())
         finally:
@@ -254,6 +262,8 @@ class RateLimiter(_Common):
             return op.flight.event.wait(2 * timeout if timeout else JOIN_TIMEOUT)
         self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
         if isinstance(op, Call):
+            if op.late is not None and _plain_client(self.client):
+                return self._keep_reply(op)
             return self.client.execute_command(*op.args)
         if isinstance(op, Transaction):
             pipe = self.client.pipeline(transaction=True)
@@ -265,6 +275,62 @@ class RateLimiter(_Common):
         if isinstance(op, LoadLibrary):
             return self.client.function_load(op.code, replace=True)
         raise TypeError(op)
+
+    def _keep_reply(self, op: Call) -> Any:
+        """`op` on a connection of the client's pool whose reply is not dropped when the
+        client's `socket_timeout` fires: the connection stays open, and a thread reads the late
+        reply (for `op.late`) before giving the connection back (redis-py drops a timed-out
+        connection, and the reply with it)."""
+        pool = self.client.connection_pool
+        conn = _get_connection(pool, op.args[0])
+        try:
+            conn.send_command(*op.args)
+            reply = conn.read_response(disconnect_on_error=False)
+        except redis.ResponseError:
+            pool.release(conn)
+            raise
+        except redis.TimeoutError:
+            if getattr(conn, "_sock", None) is None:  # the send timed out: nothing was sent whole
+                pool.release(conn)
+            else:
+                self._read_late(pool, conn, op.late)
+            raise
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        return reply
+
+    def _read_late(self, pool: Any, conn: Any, late: Callable[[Any], None]) -> None:
+        def read() -> None:
+            deadline = time.monotonic() + LATE_REPLY_WAIT
+            try:
+                while True:
+                    try:
+                        reply = conn.read_response(disconnect_on_error=False)
+                        break
+                    except redis.TimeoutError:
+                        if time.monotonic() < deadline:
+                            continue
+                        log.warning("redis_ratelimit: a batch TAKE had no reply within %.3g s: what it may "
+                                    "have granted stays consumed in Redis", LATE_REPLY_WAIT)
+                        conn.disconnect()
+                        return
+                    except redis.ResponseError:
+                        return
+                    except BaseException:
+                        conn.disconnect()
+                        return
+                late(reply)
+            finally:
+                pool.release(conn)
+                self._late.discard(threading.current_thread())
+            self._schedule()
+
+        reader = threading.Thread(target=read, name="redis_ratelimit-late-reply", daemon=True)
+        self._late.add(reader)
+        reader.start()
 
     def _run(self, plan: Plan) -> Any:
         try:
@@ -329,6 +395,8 @@ class AsyncRateLimiter(_Common):
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_when = 0.0
         self._sweeps: set = set()
+        #: Batch TAKEs still awaited after their caller stopped waiting (their grants land late).
+        self._late: set = set()
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
@@ -359,6 +427,8 @@ class AsyncRateLimiter(_Common):
             self._timer = None
         if self._client is None:
             return
+        if self._late:
+            await asyncio.wait(list(self._late), timeout=LATE_REPLY_WAIT)
         try:
             await self._execute(self._core.close())
         finally:
@@ -442,7 +512,9 @@ class AsyncRateLimiter(_Common):
                     return stop.value
                 reply, error = None, None
                 try:
-                    if self.timeout is None:
+                    if isinstance(op, Call) and op.late is not None:
+                        reply = await self._keep_reply(op)
+                    elif self.timeout is None:
                         reply = await self._perform(op)
                     else:
                         reply = await asyncio.wait_for(self._perform(op), self.timeout)
@@ -456,6 +528,33 @@ class AsyncRateLimiter(_Common):
                     error = e
         finally:
             plan.close()  # cancelled mid-plan: the breaker forgets the probe
+
+    async def _keep_reply(self, op: Call) -> Any:
+        """`op` in a task of its own, which neither the caller's cancellation nor its timeout
+        cancels: if the caller stops waiting, the reply still comes (within `LATE_REPLY_WAIT`)
+        and goes to `op.late`."""
+        task = asyncio.ensure_future(asyncio.wait_for(self._perform(op), LATE_REPLY_WAIT))
+        try:
+            if self.timeout is None:
+                return await asyncio.shield(task)
+            return await asyncio.wait_for(asyncio.shield(task), self.timeout)
+        except BaseException:
+            if not task.done() or (not task.cancelled() and task.exception() is None):
+                self._late.add(task)
+                task.add_done_callback(lambda done: self._landed(done, op.late))
+            raise
+
+    def _landed(self, task: "asyncio.Future[Any]", late: Callable[[Any], None]) -> None:
+        self._late.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            late(task.result())
+            self._schedule()
+        elif not isinstance(error, redis.ResponseError):
+            log.warning("redis_ratelimit: a batch TAKE had no reply (%s: %s): what it may have granted "
+                        "stays consumed in Redis", type(error).__name__, error)
 
     @contextlib.asynccontextmanager
     async def lease(self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None) -> AsyncIterator[Decision]:
@@ -480,6 +579,28 @@ def _multi_on_error(plan: Plan, count: int) -> Plan:
     if isinstance(result, Decision):  # the error decision
         return MultiDecision(True, 0, 0, 0, 0, 0, "error", False, [result] * count)
     return result
+
+
+def _plain_client(client: Any) -> bool:
+    """A `redis.Redis` whose commands the limiter may send on its pool's connections itself:
+    not a cluster client, not a single-connection client, not one whose `execute_command` is
+    its own (a subclass that counts or wraps calls keeps them)."""
+    return (
+        isinstance(client, redis.Redis)
+        and type(client).execute_command is redis.Redis.execute_command
+        and getattr(client, "connection", None) is None
+        and hasattr(client, "connection_pool")
+    )
+
+
+def _get_connection(pool: Any, command: str) -> Any:
+    """`pool.get_connection()`: redis-py 5 takes the command's name, 6+ warns if given one."""
+    import inspect
+
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        return pool.get_connection(command)
+    return pool.get_connection()
 
 
 def _no_retry(asyncio: bool = False) -> Any:

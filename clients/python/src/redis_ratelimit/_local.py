@@ -456,7 +456,8 @@ def refund(stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: 
 
 def take(stored: Optional[Stored], algorithm: str, p: Params, most: int, now: int,
          block_ms: Optional[int]) -> Tuple[int, Fields, Optional[Stored]]:
-    """RATELIMIT.TAKE: (the grant g, the fields of CHECK COST max(g, 1), the limiter to store)."""
+    """RATELIMIT.TAKE: (the grant g, the fields of CHECK COST max(g, 1), the limiter to store),
+    but a leaky bucket's `delay_ms` for g > 1 is the wait of the last granted unit."""
 
     def admits(cost: int) -> bool:
         copy = stored.copy() if stored is not None else None
@@ -472,7 +473,15 @@ def take(stored: Optional[Stored], algorithm: str, p: Params, most: int, now: in
             else:
                 high = middle
         granted = low
+    last_unit_delay = None
+    if algorithm == "leaky-bucket" and granted > 1:
+        # The wait of the last granted unit (what the module replies): the queue ahead of it once
+        # the first granted - 1 are queued, the reset of a PEEK of cost granted - 1 now.
+        copy = stored.copy() if stored is not None else None
+        last_unit_delay = check_blocking(copy, algorithm, p, granted - 1, now, False, block_ms)[0][4]
     fields, written = check_blocking(stored, algorithm, p, max(granted, 1), now, True, block_ms)
+    if last_unit_delay is not None:
+        fields = fields[:5] + (last_unit_delay,)
     return granted, fields, written
 
 
