@@ -1,4 +1,4 @@
-"""The example API: `GET /` limited per X-API-Key, and `POST /jobs`, which also holds a
+"""The example API: `GET /` limited per X-API-Key (per client address without one), and `POST /jobs`, which also holds a
 concurrency lease while it works and refunds its rate cost when it fails. The rate limiting is
 the redis-ratelimit-client package (clients/python): its ASGI middleware and its limiter.
 
@@ -19,7 +19,7 @@ import redis
 from fastapi import Body, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from redis_ratelimit import AsyncRateLimiter, Limit, Policy, RateLimited, RateLimitUnavailable
-from redis_ratelimit.asgi import RateLimitMiddleware
+from redis_ratelimit.asgi import RateLimitMiddleware, client_address
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
 log = logging.getLogger("ratelimit")
@@ -72,11 +72,14 @@ async def lifespan(app):
 
 
 def api_key(request: Request):
-    """The limited key of a request (None: not limited, not counted)."""
-    key = request.headers.get("x-api-key")
-    if request.url.path in LIMITED and key:
-        return f'{config["key_prefix"]}:{key}'
-    return None
+    """The limited key of a request: its X-API-Key, else its address (`ip:<address>`; a request
+    without a key is refused with a 401, but counted: a flood of them is limited too)."""
+    return f'{config["key_prefix"]}:{request.headers.get("x-api-key") or client_address(request)}'
+
+
+def not_limited(request: Request):
+    """The paths outside the API (the docs) are not limited, not counted."""
+    return request.url.path not in LIMITED
 
 
 def require_api_key(request: Request):
@@ -91,6 +94,7 @@ app.add_middleware(
     limiter=limiter,
     limit=policy,
     key=api_key,
+    skip=not_limited,
     name=policy.name,
     refund_on=lambda status: status >= 500,
 )

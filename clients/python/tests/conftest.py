@@ -32,6 +32,7 @@ class Server:
     """A redis-server of the test's own (never 6379)."""
 
     def __init__(self, module: Optional[str]):
+        self.module = module
         if not shutil.which("redis-server"):
             pytest.skip("no redis-server on PATH (make deps installs it)")
         self.port = free_port()

@@ -170,6 +170,48 @@ def test_fastapi_dependencies_without_a_shared_tag_refund_what_passed(module_ser
     assert roomy_left == 99, "the refused request's cost went back to the first limit"
 
 
+def test_every_adapter_limits_keyless_requests_on_the_client_address(module_server, key):
+    """Without `key`, or where it answers None or "", the key is the client's address; `skip`
+    exempts; another answer is the caller's mistake."""
+    limiter = AsyncRateLimiter.from_url(module_server.url)
+    app = FastAPI()
+    app.get("/")(lambda: "ok")
+    app.get("/health")(lambda: "ok")
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit("fixed-window", 3, "1h"),
+                       key=lambda r: r.headers.get("x-api-key"), skip=lambda r: r.url.path == "/health")
+    module_server.client().delete("ip:127.0.0.1", f"{key}-dep:ip:127.0.0.1")
+    answers = drive(app, [("GET", "/", {})] * 2 + [("GET", "/", {"X-API-Key": ""}), ("GET", "/", {}),
+                          ("GET", "/health", {}), ("GET", "/", {"X-API-Key": key})], limiter)
+    assert [a.status_code for a in answers] == [200, 200, 200, 429, 200, 200]
+    assert "ratelimit" not in answers[4].headers  # skipped: not limited, not counted
+    assert module_server.client().exists("ip:127.0.0.1", key) == 2
+    # The dependency's own address key (its name first), apart from the middleware's.
+    limiter = AsyncRateLimiter.from_url(module_server.url)
+    plain = FastAPI()
+    plain.get("/dep", dependencies=[Depends(RateLimit(limiter, Limit("fixed-window", 2, "1h"), name=f"{key}-dep"))])(
+        lambda: "ok")
+    assert [a.status_code for a in drive(plain, [("GET", "/dep", {})] * 3, limiter)] == [200, 200, 429]
+    assert module_server.client().exists(f"{key}-dep:ip:127.0.0.1") == 1
+    limiter = AsyncRateLimiter.from_url(module_server.url)
+    bad = FastAPI()
+    bad.get("/")(lambda: "ok")
+    bad.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit("fixed-window", 3, "1h"), key=lambda r: 5)
+    with pytest.raises(TypeError, match="key"):
+        asyncio.run(httpx.AsyncClient(transport=httpx.ASGITransport(app=bad), base_url="http://app").get("/"))
+    flask_app = Flask("keyless")
+    FlaskRateLimit(flask_app, limiter=RateLimiter(module_server.client()), limit=Limit("fixed-window", 2, "1h"),
+                   name=key, skip=lambda r: r.path == "/health")
+    flask_app.add_url_rule("/", "index", lambda: "ok")
+    flask_app.add_url_rule("/health", "health", lambda: "ok")
+    module_server.client().delete("ip:203.0.113.3")
+    client = flask_app.test_client()
+    peer = {"REMOTE_ADDR": "203.0.113.3"}
+    assert [client.get("/", environ_base=peer).status_code for _ in range(3)] == [200, 200, 429]
+    assert client.get("/health", environ_base=peer).status_code == 200
+    assert client.get("/", environ_base={"REMOTE_ADDR": "203.0.113.4"}).status_code == 200
+    assert module_server.client().exists("ip:203.0.113.3") == 1
+
+
 def test_flask_refund_and_failing_closed(module_server, key):
     app = Flask(__name__)
     limiter = RateLimiter(module_server.client(3))

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port
+from conftest import free_port, spawn_server
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -98,36 +98,41 @@ def fastapi_app(url: str) -> str:
     return code.replace("redis://localhost:6379", url)
 
 
-@pytest.mark.parametrize("engine", ["module", "library"])
-def test_the_fastapi_app_limits_each_api_key_with_headers(engine, request, tmp_path):
-    server = request.getfixturevalue(f"{engine}_server")
+def drive_the_fastapi_app(server, tmp_path: Path, key: str) -> None:
+    """101 requests of `key`: 100 admitted counting down, the 101st refused; requests without a
+    key are limited on the client's address (uvicorn trusts X-Forwarded-For from loopback)."""
     app = Uvicorn(fastapi_app(server.url), tmp_path)
     try:
         away_from_a_minute_edge(server.client())
         with httpx.Client(base_url=f"http://127.0.0.1:{app.port}", timeout=10) as client:
-            key = f"readme-{engine}-{time.time_ns()}"
-            answers = [client.get("/", headers={"X-API-Key": key}) for _ in range(101)]
-            for i, response in enumerate(answers[:100]):
-                assert response.status_code == 200 and response.json() == {"ok": True}
-                assert response.headers["ratelimit-policy"] == '"default";q=100;w=60'
-                [(name, r, t)] = ratelimit(response.headers["ratelimit"])
-                assert (name, r) == ("default", 99 - i) and 1 <= t <= 120
-                assert "retry-after" not in response.headers
-            refused = answers[100]
-            assert refused.status_code == 429
-            body = refused.json()
-            assert body["error"] == "rate limited" and body["policy"] == "default"
-            retry = int(refused.headers["retry-after"])
-            assert retry == -(-body["retry_after_ms"] // 1000) and 1 <= retry <= 120
-            assert ratelimit(refused.headers["ratelimit"]) == [("default", 0, retry)]
+            for headers, stored in (({"X-API-Key": key}, key), ({}, "ip:127.0.0.1")):
+                answers = [client.get("/", headers=headers) for _ in range(101)]
+                for i, response in enumerate(answers[:100]):
+                    assert response.status_code == 200 and response.json() == {"ok": True}
+                    assert response.headers["ratelimit-policy"] == '"default";q=100;w=60'
+                    [(name, r, t)] = ratelimit(response.headers["ratelimit"])
+                    assert (name, r) == ("default", 99 - i) and 1 <= t <= 120, (headers, i, response.headers)
+                    assert "retry-after" not in response.headers
+                refused = answers[100]
+                assert refused.status_code == 429, headers
+                body = refused.json()
+                assert body["error"] == "rate limited" and body["policy"] == "default"
+                retry = int(refused.headers["retry-after"])
+                assert retry == -(-body["retry_after_ms"] // 1000) and 1 <= retry <= 120
+                assert ratelimit(refused.headers["ratelimit"]) == [("default", 0, retry)]
+                prefix = "fn:" if server.module is None else ""
+                assert server.client().exists(prefix + stored) == 1
             other = client.get("/", headers={"X-API-Key": key + "-other"})
             assert ratelimit(other.headers["ratelimit"])[0][1] == 99
-            anonymous = client.get("/")
-            assert anonymous.status_code == 200 and "ratelimit" not in anonymous.headers
-        prefix = "fn:" if engine == "library" else ""
-        assert server.client().exists(prefix + key) == 1
+            # Another address, as a trusted proxy (loopback) forwards it: a key of its own.
+            forwarded = client.get("/", headers={"X-Forwarded-For": "203.0.113.7"})
+            assert ratelimit(forwarded.headers["ratelimit"])[0][1] == 99
     finally:
         app.stop()
+
+
+def test_the_fastapi_app_through_the_library(library_server, tmp_path):
+    drive_the_fastapi_app(library_server, tmp_path, f"readme-{time.time_ns()}")
 
 
 def test_the_fastapi_app_fails_open(tmp_path):
@@ -139,12 +144,11 @@ def test_the_fastapi_app_fails_open(tmp_path):
         app.stop()
 
 
-def test_the_flask_app(module_server, tmp_path, monkeypatch):
-    monkeypatch.setenv("REDIS_URL", module_server.url)
+def run_the_flask_app(server, tmp_path, monkeypatch, key: str) -> None:
+    monkeypatch.setenv("REDIS_URL", server.url)
     app = load(block("from flask import")[0], "readme_flask", tmp_path).app
     client = app.test_client()
-    key = f"flask-{time.time_ns()}"
-    away_from_a_minute_edge(module_server.client())
+    away_from_a_minute_edge(server.client())
     first = client.get("/", headers={"X-API-Key": key})
     assert first.status_code == 200
     assert first.headers["RateLimit-Policy"] == '"default";q=100;w=60'
@@ -156,56 +160,78 @@ def test_the_flask_app(module_server, tmp_path, monkeypatch):
     again = client.post("/upload", headers={"X-API-Key": key})
     assert again.status_code == 429 and again.json["policy"] == "upload"
     assert 1 <= int(again.headers["Retry-After"]) <= 10
-    assert client.get("/").status_code == 200  # no key: not limited
+    # Without a key: limited on the address (the test client's is 127.0.0.1).
+    keyless = [client.get("/") for _ in range(101)]
+    assert [ratelimit(a.headers["RateLimit"])[0][1] for a in keyless[:100]] == list(range(99, -1, -1))
+    assert keyless[100].status_code == 429
+    assert server.client().exists("flask:ip:127.0.0.1") == 1
 
 
-def test_the_code_prints_what_the_readme_shows(module_server, tmp_path):
-    code, output = block("limiter.lease(")
+def run_the_program(server, tmp_path, code: str, output: str) -> None:
     (tmp_path / "program.py").write_text(code)
-    env = dict(os.environ, REDIS_URL=module_server.url)
-    module_server.client().delete("api:alice", "api:bob", "{alice}:sec", "{alice}:hour", "reports:acme")
+    env = dict(os.environ, REDIS_URL=server.url)
     done = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout == output
 
 
-@pytest.mark.parametrize("engine", ["module", "library"])
-def test_the_client_side_decisions_print_what_the_readme_shows(engine, request, tmp_path):
-    server = request.getfixturevalue(f"{engine}_server")
+def test_the_client_side_decisions_through_the_library(library_server, tmp_path):
     code, output = block("denial_cache=")
-    (tmp_path / "program.py").write_text(code)
-    env = dict(os.environ, REDIS_URL=server.url)
-    prefix = "fn:" if engine == "library" else ""
-    server.client().delete(prefix + "jobs:acme", prefix + "search:all")
-    done = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == output.replace("module cache", f"{engine} cache")
+    library_server.client().delete("fn:jobs:acme", "fn:search:all")
+    run_the_program(library_server, tmp_path, code, output.replace("module cache", "library cache"))
 
 
-def test_the_fastapi_dependencies_combine_through_check_all(module_server, tmp_path, monkeypatch):
-    monkeypatch.setenv("REDIS_URL", module_server.url)
+def run_the_fastapi_dependencies(server, monkeypatch, tmp_path, key: str) -> None:
+    monkeypatch.setenv("REDIS_URL", server.url)
     app = load(block("Depends(per_second)")[0], "readme_depends", tmp_path).app
-    key = f"dep{time.time_ns()}"
 
     async def main():
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+        runs = []
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-            started = time.monotonic()
-            # One after the other: one connection (30 at once would open 30 under the 0.5 s timeout).
-            answers = [await client.get("/search", headers={"X-API-Key": key}) for _ in range(12)]
-            return answers, time.monotonic() - started
+            for headers in ({"X-API-Key": key}, {}):
+                started = time.monotonic()
+                # One after the other: one connection (30 at once would open 30 under the timeout).
+                answers = [await client.get("/search", headers=headers) for _ in range(12)]
+                runs.append((answers, time.monotonic() - started))
+        return runs
 
-    answers, elapsed = asyncio.run(main())
-    admitted = [a for a in answers if a.status_code == 200]
-    refused = [a for a in answers if a.status_code == 429]
-    assert len(admitted) + len(refused) == 12 and len(admitted) >= 5
-    if elapsed < 1:  # 5 a second: 12 within 1 s cannot all pass
-        assert refused
-    for a in admitted:
-        assert a.headers["ratelimit-policy"] == '"per-second";q=5;w=1, "per-hour";q=1000;w=3600'
-        assert [n for n, _, _ in ratelimit(a.headers["ratelimit"])] == ["per-second", "per-hour"]
-    for a in refused:
-        assert a.json()["detail"]["policy"] == "per-second" and int(a.headers["retry-after"]) == 1
-    # All or nothing: the hour's limit took exactly the admitted requests.
-    hour = module_server.client().execute_command("RATELIMIT.PEEK", f"{{{key}}}:hour", "token-bucket", 1000, "1h", "COST", 0)
-    assert hour[2] == 1000 - len(admitted)
+    for (answers, elapsed), user in zip(asyncio.run(main()), (key, "ip:127.0.0.1")):
+        admitted = [a for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code == 429]
+        assert len(admitted) + len(refused) == 12 and len(admitted) >= 5
+        if elapsed < 1:  # 5 a second: 12 within 1 s cannot all pass
+            assert refused
+        for a in admitted:
+            assert a.headers["ratelimit-policy"] == '"per-second";q=5;w=1, "per-hour";q=1000;w=3600'
+            assert [n for n, _, _ in ratelimit(a.headers["ratelimit"])] == ["per-second", "per-hour"]
+        for a in refused:
+            assert a.json()["detail"]["policy"] == "per-second" and int(a.headers["retry-after"]) == 1
+        # All or nothing: the hour's limit took exactly the admitted requests.
+        hour = server.client().execute_command("RATELIMIT.PEEK", f"{{{user}}}:hour", "token-bucket", 1000, "1h", "COST", 0)
+        assert hour[2] == 1000 - len(admitted)
+
+
+def test_the_readme_in_order_on_one_server(tmp_path, monkeypatch):
+    """As a reader runs it: every snippet in the page's order against one server with the
+    module, nothing flushed between them, one API key (`alice`) wherever one is sent; each
+    prints or answers what the page shows."""
+    server = spawn_server(True)
+    try:
+        ran = []
+        for code, output in blocks():
+            if "RateLimitMiddleware" in code:
+                drive_the_fastapi_app(server, tmp_path, "alice")
+            elif "from flask import" in code:
+                run_the_flask_app(server, tmp_path, monkeypatch, "alice")
+            elif "Depends(per_second)" in code:
+                run_the_fastapi_dependencies(server, monkeypatch, tmp_path, "alice")
+            elif output is not None:
+                run_the_program(server, tmp_path, code, output)
+            else:
+                assert code.startswith("from redis_ratelimit import RateLimiter, AsyncRateLimiter"), code
+                continue  # the API's import list (test_api.py runs it)
+            ran.append(code.split("\n")[0])
+        assert len(ran) == 5, ran
+    finally:
+        server.kill()

@@ -9,8 +9,8 @@ use crate::common::{skip, Server};
 /// `examples` unless the test names another.
 const POLICY: &str = "examples";
 
-/// The apps' first test plan: a request without a key, six with key `a`, one with `b`, then on
-/// `c`: a GET, a failing job (a 500: refunded), a GET.
+/// The apps' first test plan: a request without a key (limited on the client's address), six
+/// with key `a`, one with `b`, then on `c`: a GET, a failing job (a 500: refunded), a GET.
 fn limits_plan() -> Value {
     let mut rounds = vec![json!([get("")])];
     rounds.extend((0..6).map(|_| json!([get("a")])));
@@ -51,7 +51,9 @@ fn assert_limits(rounds: &[Vec<Response>]) {
     let responses: Vec<&Response> = rounds.iter().map(|round| &round[0]).collect();
     let no_key = responses[0];
     assert_eq!(no_key.status, 401, "{no_key:?}");
-    assert_eq!(no_key.header("ratelimit"), None, "not limited: {no_key:?}");
+    // Limited (and counted) on the client's address, then refused for the missing key.
+    let (name, remaining, _) = no_key.ratelimit().expect("a keyless request is limited too");
+    assert_eq!((name.as_str(), remaining), (POLICY, 4), "{no_key:?}");
     for (i, response) in responses[1..6].iter().enumerate() {
         assert_admitted(response, POLICY, 5, 10, 4 - i as u64);
         assert_eq!(response.body, json!("ok"));
@@ -143,8 +145,8 @@ fn limits_each_key_with_coherent_headers_and_refunds_failed_jobs(example: Exampl
     }
     let rounds = app.drive(&limits_plan());
     assert_limits(&rounds);
-    // Decided: 6 on a, 1 on b, 3 on c (the 401 is not counted).
-    assert_eq!(sliding_window_calls(&server), 10);
+    // Decided: 1 on the address (the 401), 6 on a, 1 on b, 3 on c.
+    assert_eq!(sliding_window_calls(&server), 11);
 }
 
 fn falls_back_to_the_functions_library_with_the_same_answers(example: Example) {
@@ -244,8 +246,8 @@ fn fails_open_by_default_and_closed_when_set(example: Example) {
     );
     let refused = &closed.drive(&json!([[get("k")]]))[0][0];
     assert_eq!(refused.status, 503, "failing closed: {refused:?}");
-    // Without a key it is still a 401: nothing to limit.
-    assert_eq!(closed.drive(&json!([[get("")]]))[0][0].status, 401);
+    // Without a key it is limited on the address: failing closed, a 503 too.
+    assert_eq!(closed.drive(&json!([[get("")]]))[0][0].status, 503);
 }
 
 /// Per key, the most jobs running at once, from the apps' own start and finish times.

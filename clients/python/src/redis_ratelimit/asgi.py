@@ -4,6 +4,8 @@
     app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit("sliding-window", 100, "1m"),
                        key=lambda request: request.headers.get("x-api-key"))
 
+A request whose `key` is None (no API key here) is limited on its client address.
+
 Needs Starlette (`pip install redis-ratelimit-client[fastapi]`) for the `Request` given to `key`.
 """
 
@@ -21,17 +23,39 @@ from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 
 KeyFunc = Callable[[Request], Union[Optional[str], Awaitable[Optional[str]]]]
 CostFunc = Callable[[Request], Union[int, Awaitable[int]]]
+SkipFunc = Callable[[Request], Union[bool, Awaitable[bool]]]
 
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+def client_address(request: Request) -> str:
+    """The default key: `ip:` and the address of the request's client, the ASGI scope's
+    `client` (uvicorn fills it from `X-Forwarded-For` only for the proxies it trusts,
+    `--forwarded-allow-ips`); `ip:unknown` where the server gives none (a Unix socket)."""
+    client = request.scope.get("client")
+    return f"ip:{client[0]}" if client else "ip:unknown"
+
+
+async def request_key(request: Request, key: Optional[KeyFunc], prefix: str = "") -> str:
+    """The caller's identity (`key(request)`) where one is given, else its address (after
+    `prefix`)."""
+    found = None if key is None else await _maybe_await(key(request))
+    if found is None or found == "":
+        return prefix + client_address(request)
+    if not isinstance(found, str) or not found:
+        raise TypeError(f"key(request) must return a str or None, not {found!r}")
+    return found
+
+
 class RateLimitMiddleware:
-    """Limits each HTTP request on `key(request)` (None: not limited, not counted).
+    """Limits each HTTP request on `key(request)`, the caller's identity (an API key, a user),
+    or where it is None (and without `key`) on the client's address (`client_address`).
 
     limiter: an `AsyncRateLimiter`; limit: a `Limit` or a `Policy`; key: a function (or
-    coroutine function) of the Starlette `Request`; name: the policy's name in the headers;
+    coroutine function) of the Starlette `Request`; skip: a function of the request, True for
+    a request not to limit nor count (a health check); name: the policy's name in the headers;
     cost: an int or a function of the request; refund_on: a function of the response's status,
     e.g. `lambda status: status >= 500`: a request answered so gets its cost back (and its
     headers show the refund). The decision is in `request.state.ratelimit`.
@@ -48,7 +72,8 @@ class RateLimitMiddleware:
         *,
         limiter: AsyncRateLimiter,
         limit: LimitSpec,
-        key: KeyFunc,
+        key: Optional[KeyFunc] = None,
+        skip: Optional[SkipFunc] = None,
         name: str = "default",
         cost: Union[int, CostFunc] = 1,
         refund_on: Optional[Callable[[int], bool]] = None,
@@ -56,12 +81,15 @@ class RateLimitMiddleware:
         if not isinstance(limiter, AsyncRateLimiter):
             raise TypeError("RateLimitMiddleware needs an AsyncRateLimiter")
         check_spec(limit)
-        if not callable(key):
-            raise TypeError("key must be a function of the request")
+        if key is not None and not callable(key):
+            raise TypeError("key must be a function of the request (or None: the client's address)")
+        if skip is not None and not callable(skip):
+            raise TypeError("skip must be a function of the request")
         self.app = app
         self.limiter = limiter
         self.limit = limit
         self.key = key
+        self.skip = skip
         self.name = name
         self.cost = cost
         self.refund_on = refund_on
@@ -71,10 +99,10 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
-        key = await _maybe_await(self.key(request))
-        if key is None:
+        if self.skip is not None and await _maybe_await(self.skip(request)):
             await self.app(scope, receive, send)
             return
+        key = await request_key(request, self.key)
         cost = self.cost if isinstance(self.cost, int) else await _maybe_await(self.cost(request))
         try:
             decision = await self.limiter.check(key, self.limit, cost)
@@ -129,4 +157,4 @@ async def _send_json(send: Any, status: int, body: Any, headers: Dict[str, str])
     await send({"type": "http.response.body", "body": data})
 
 
-__all__ = ["RateLimitMiddleware", "Decision"]
+__all__ = ["RateLimitMiddleware", "Decision", "client_address"]

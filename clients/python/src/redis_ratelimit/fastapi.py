@@ -18,13 +18,15 @@ from fastapi import HTTPException, Request, Response
 from ._headers import hash_tag, http_answer, refusal_body
 from ._limiter import AsyncRateLimiter
 from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
-from .asgi import CostFunc, KeyFunc, _maybe_await
+from .asgi import CostFunc, KeyFunc, SkipFunc, _maybe_await, request_key
 
 _DONE = "redis_ratelimit_done"
 
 
 class RateLimit:
-    """A dependency limiting a route on `key(request)` (None: not limited).
+    """A dependency limiting a route on `key(request)`, the caller's identity, or where it is
+    None (and without `key`) on the client's address (`redis_ratelimit.asgi.client_address`);
+    `skip(request)` True: not limited.
 
     Admitted: the route runs, and its response gets `RateLimit-Policy` and `RateLimit` (if the
     route returns a `Response` of its own, set them from `request.state.ratelimit` yourself).
@@ -38,18 +40,22 @@ class RateLimit:
         limiter: AsyncRateLimiter,
         limit: LimitSpec,
         *,
-        key: KeyFunc,
+        key: Optional[KeyFunc] = None,
+        skip: Optional[SkipFunc] = None,
         name: str = "default",
         cost: Union[int, CostFunc] = 1,
     ):
         if not isinstance(limiter, AsyncRateLimiter):
             raise TypeError("RateLimit needs an AsyncRateLimiter")
         check_spec(limit)
-        if not callable(key):
-            raise TypeError("key must be a function of the request")
+        if key is not None and not callable(key):
+            raise TypeError("key must be a function of the request (or None: the client's address)")
+        if skip is not None and not callable(skip):
+            raise TypeError("skip must be a function of the request")
         self.limiter = limiter
         self.limit = limit
         self.key = key
+        self.skip = skip
         self.name = name
         self.cost = cost
 
@@ -62,10 +68,12 @@ class RateLimit:
             group.insert(0, self)
         work: List[Tuple[RateLimit, str, int]] = []
         for limit in group:
-            key = await _maybe_await(limit.key(request))
-            if key is not None:
-                cost = limit.cost if isinstance(limit.cost, int) else await _maybe_await(limit.cost(request))
-                work.append((limit, key, cost))
+            if limit.skip is not None and await _maybe_await(limit.skip(request)):
+                continue
+            # Each dependency its own address key: limits of a route never share one.
+            key = await request_key(request, limit.key, f"{limit.name}:")
+            cost = limit.cost if isinstance(limit.cost, int) else await _maybe_await(limit.cost(request))
+            work.append((limit, key, cost))
         if not work:
             return None
         try:

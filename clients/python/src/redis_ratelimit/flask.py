@@ -8,6 +8,8 @@ sync `RateLimiter`.
     @app.post("/upload")
     @ratelimit.limit(Limit("token-bucket", 5, "1s"), name="upload")
     def upload(): ...
+
+A request whose `key` is None (no API key here) is limited on its client address.
 """
 
 from __future__ import annotations
@@ -24,10 +26,29 @@ from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 KeyFunc = Callable[[Any], Optional[str]]
 
 
+def client_address(req: Any) -> str:
+    """The default key: `ip:` and Flask's `request.remote_addr` (the WSGI server's peer; behind a
+    proxy, what werkzeug's `ProxyFix` sets from `X-Forwarded-For` for the proxies it is told
+    to trust); `ip:unknown` where there is none."""
+    return f"ip:{req.remote_addr or 'unknown'}"
+
+
+def _identity(key: Optional[KeyFunc], req: Any) -> str:
+    """The caller's identity (`key(req)`) where one is given, else its address."""
+    found = None if key is None else key(req)
+    if found is None or found == "":
+        return client_address(req)
+    if not isinstance(found, str) or not found:
+        raise TypeError(f"key(request) must return a str or None, not {found!r}")
+    return found
+
+
 class RateLimit:
     """limiter: a `RateLimiter`; limit: the app-wide `Limit` or `Policy` checked before every
     request (None: only the views decorated with `.limit`); key: a function of Flask's
-    `request` (None: not limited); name: the policy's name in the headers; cost: an int or a
+    `request`, the caller's identity, or where it is None (and without `key`) the client's
+    address (`client_address`); skip: a function of the request, True for one not to limit
+    nor count; name: the policy's name in the headers; cost: an int or a
     function of the request; refund_on: a function of the response's status (e.g.
     `lambda status: status >= 500`): such a response gets its cost back.
 
@@ -43,7 +64,8 @@ class RateLimit:
         *,
         limiter: RateLimiter,
         limit: Optional[LimitSpec] = None,
-        key: KeyFunc,
+        key: Optional[KeyFunc] = None,
+        skip: Optional[Callable[[Any], bool]] = None,
         name: str = "default",
         cost: Union[int, Callable[[Any], int]] = 1,
         refund_on: Optional[Callable[[int], bool]] = None,
@@ -52,8 +74,11 @@ class RateLimit:
             raise TypeError("the Flask RateLimit needs a (sync) RateLimiter")
         if limit is not None:
             check_spec(limit)
-        if not callable(key):
-            raise TypeError("key must be a function of the request")
+        if key is not None and not callable(key):
+            raise TypeError("key must be a function of the request (or None: the client's address)")
+        if skip is not None and not callable(skip):
+            raise TypeError("skip must be a function of the request")
+        self.skip = skip
         self.limiter = limiter
         self.default_limit = limit
         self.key = key
@@ -71,15 +96,19 @@ class RateLimit:
     def limit(
         self, limit: LimitSpec, *, key: Optional[KeyFunc] = None, name: Optional[str] = None, cost: Union[int, Callable[[Any], int]] = 1
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """A view's own limit (checked after the app-wide one) on `key(request)`; by default the
-        extension's key prefixed with `name` (else the view's function name) and a colon, so
-        that it never shares a key with the app-wide limit; `name` defaults to the extension's."""
+        """A view's own limit (checked after the app-wide one) on `key(request)`; by default (and
+        where `key` answers None) the extension's key, or the client's address, prefixed with
+        `name` (else the view's function name) and a colon, so that it never shares a key with
+        the app-wide limit; `name` defaults to the extension's."""
         check_spec(limit)
 
         def own_key(req: Any) -> Optional[str]:
             # The app-wide key under the view's own name: another limit, another key.
-            shared = self.key(req)
-            return None if shared is None else f"{name or view_name}:{shared}"
+            return f"{name or view_name}:{_identity(self.key, req)}"
+
+        def view_key(req: Any) -> Optional[str]:
+            found = None if key is None else key(req)
+            return own_key(req) if found is None or found == "" else found
 
         view_name = "view"
 
@@ -89,7 +118,7 @@ class RateLimit:
 
             @functools.wraps(view)
             def limited(*args: Any, **kwargs: Any) -> Any:
-                refused = self._decide(limit, key or own_key, name or self.name, cost)
+                refused = self._decide(limit, view_key, name or self.name, cost)
                 if refused is not None:
                     return refused
                 return view(*args, **kwargs)
@@ -105,10 +134,10 @@ class RateLimit:
             return None
         return self._decide(self.default_limit, self.key, self.name, self.cost)
 
-    def _decide(self, limit: LimitSpec, key_func: KeyFunc, name: str, cost: Any) -> Optional[Response]:
-        key = key_func(request)
-        if key is None:
+    def _decide(self, limit: LimitSpec, key_func: Optional[KeyFunc], name: str, cost: Any) -> Optional[Response]:
+        if self.skip is not None and self.skip(request):
             return None
+        key = _identity(key_func, request)
         weight = cost if isinstance(cost, int) else cost(request)
         try:
             decision = self.limiter.check(key, limit, weight)
@@ -147,4 +176,4 @@ class RateLimit:
         return response
 
 
-__all__ = ["RateLimit"]
+__all__ = ["RateLimit", "client_address"]
