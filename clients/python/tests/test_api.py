@@ -126,7 +126,7 @@ def drive(app, requests, *limiters):
 
 
 def test_asgi_middleware_refunds_5xx_and_fails_closed(module_server, key):
-    limiter = AsyncRateLimiter.from_url(module_server.url, protocol=3)
+    limiter = AsyncRateLimiter.from_url(module_server.url, protocol=3, timeout=5)
     app = FastAPI()
 
     @app.get("/fail")
@@ -152,7 +152,7 @@ def test_asgi_middleware_refunds_5xx_and_fails_closed(module_server, key):
 
 
 def test_fastapi_dependencies_without_a_shared_tag_refund_what_passed(module_server, key):
-    limiter = AsyncRateLimiter.from_url(module_server.url)
+    limiter = AsyncRateLimiter.from_url(module_server.url, timeout=5)
     roomy = RateLimit(limiter, Limit("fixed-window", 100, "1h"), key=lambda r: key + ":a", name="roomy")
     tight = RateLimit(limiter, Limit("fixed-window", 1, "1h"), key=lambda r: key + ":b", name="tight")
     app = FastAPI()
@@ -173,7 +173,7 @@ def test_fastapi_dependencies_without_a_shared_tag_refund_what_passed(module_ser
 def test_every_adapter_limits_keyless_requests_on_the_client_address(module_server, key):
     """Without `key`, or where it answers None or "", the key is the client's address; `skip`
     exempts; another answer is the caller's mistake."""
-    limiter = AsyncRateLimiter.from_url(module_server.url)
+    limiter = AsyncRateLimiter.from_url(module_server.url, timeout=5)
     app = FastAPI()
     app.get("/")(lambda: "ok")
     app.get("/health")(lambda: "ok")
@@ -186,13 +186,13 @@ def test_every_adapter_limits_keyless_requests_on_the_client_address(module_serv
     assert "ratelimit" not in answers[4].headers  # skipped: not limited, not counted
     assert module_server.client().exists("ip:127.0.0.1", key) == 2
     # The dependency's own address key (its name first), apart from the middleware's.
-    limiter = AsyncRateLimiter.from_url(module_server.url)
+    limiter = AsyncRateLimiter.from_url(module_server.url, timeout=5)
     plain = FastAPI()
     plain.get("/dep", dependencies=[Depends(RateLimit(limiter, Limit("fixed-window", 2, "1h"), name=f"{key}-dep"))])(
         lambda: "ok")
     assert [a.status_code for a in drive(plain, [("GET", "/dep", {})] * 3, limiter)] == [200, 200, 429]
     assert module_server.client().exists(f"{key}-dep:ip:127.0.0.1") == 1
-    limiter = AsyncRateLimiter.from_url(module_server.url)
+    limiter = AsyncRateLimiter.from_url(module_server.url, timeout=5)
     bad = FastAPI()
     bad.get("/")(lambda: "ok")
     bad.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit("fixed-window", 3, "1h"), key=lambda r: 5)

@@ -90,12 +90,25 @@ def away_from_a_minute_edge(client) -> None:
         time.sleep(60 - into + 0.05)
 
 
+#: The snippets' limiters get this timeout here instead of the default 0.1 s: a test machine
+#: running other suites at once can take longer than that, and a timed-out call fails open.
+PATIENT = 5
+
+
+def patient(code: str) -> str:
+    """The snippet with `timeout=PATIENT` given to the limiters' `from_url`."""
+    patched, n = re.subn(r'(Limiter\.from_url\(os\.environ\.get\("REDIS_URL", "redis://localhost:6379"\))',
+                         rf"\1, timeout={PATIENT}", code)
+    assert n <= 1
+    return patched
+
+
 def fastapi_app(url: str) -> str:
     code = block("RateLimitMiddleware")[0]
     assert 'from_url("redis://localhost:6379")' in code
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) <= 10, f"the README's app is {len(lines)} lines"
-    return code.replace("redis://localhost:6379", url)
+    return code.replace('from_url("redis://localhost:6379")', f'from_url("{url}", timeout={PATIENT})')
 
 
 def drive_the_fastapi_app(server, tmp_path: Path, key: str) -> None:
@@ -146,7 +159,7 @@ def test_the_fastapi_app_fails_open(tmp_path):
 
 def run_the_flask_app(server, tmp_path, monkeypatch, key: str) -> None:
     monkeypatch.setenv("REDIS_URL", server.url)
-    app = load(block("from flask import")[0], "readme_flask", tmp_path).app
+    app = load(patient(block("from flask import")[0]), "readme_flask", tmp_path).app
     client = app.test_client()
     away_from_a_minute_edge(server.client())
     first = client.get("/", headers={"X-API-Key": key})
@@ -168,7 +181,7 @@ def run_the_flask_app(server, tmp_path, monkeypatch, key: str) -> None:
 
 
 def run_the_program(server, tmp_path, code: str, output: str) -> None:
-    (tmp_path / "program.py").write_text(code)
+    (tmp_path / "program.py").write_text(patient(code))
     env = dict(os.environ, REDIS_URL=server.url)
     done = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
@@ -183,7 +196,7 @@ def test_the_client_side_decisions_through_the_library(library_server, tmp_path)
 
 def run_the_fastapi_dependencies(server, monkeypatch, tmp_path, key: str) -> None:
     monkeypatch.setenv("REDIS_URL", server.url)
-    app = load(block("Depends(per_second)")[0], "readme_depends", tmp_path).app
+    app = load(patient(block("Depends(per_second)")[0]), "readme_depends", tmp_path).app
 
     async def main():
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))

@@ -234,6 +234,10 @@ class Batches:
                     del self._batches[where]
         return found
 
+    def pending(self) -> bool:
+        """Whether some hold is under way (a call may have units to refund first)."""
+        return bool(self._ends)
+
     def next_end(self) -> Optional[int]:
         """The earliest end of a hold on the limiter's own clock (not `at`'s), None if none (a
         hold extended since may end later: the timer then finds nothing to refund yet)."""

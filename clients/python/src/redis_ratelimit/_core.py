@@ -29,6 +29,7 @@ from ._types import (
     Decision,
     Limit,
     LimitSpec,
+    MAX_AMOUNT,
     MultiDecision,
     Policy,
     RateLimitUnavailable,
@@ -136,11 +137,12 @@ def parse_decision(
     """One decision from a RESP3 map (`allowed`, or TAKE's `granted`) or six integers (RESP2,
     the library). `granted`: TAKE's first field; else `cost` when allowed, 0 when not."""
     if isinstance(reply, dict):
-        named = {_text(k): v for k, v in reply.items()}
+        named = {(k.decode() if type(k) is bytes else k): v for k, v in reply.items()}
         values = [named["granted" if take and field == "allowed" else field] for field in FIELDS]
     else:
-        values = list(reply[:6])
-    first, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (int(v) for v in values)
+        values = reply
+    first, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (
+        int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(values[4]), int(values[5]))
     granted = first if take else (cost if first else 0)
     allowed = granted > 0 if take else bool(first)
     return Decision(
@@ -214,6 +216,8 @@ class Breaker:
 
     def allow(self) -> bool:
         """Whether a call may go to Redis now (True for the probe of a half-open breaker)."""
+        if not self.failures:
+            return True  # closed, no failure since the last success: nothing to lock for
         with self._lock:
             if not self.is_open:
                 return True
@@ -223,6 +227,8 @@ class Breaker:
             return True
 
     def success(self) -> None:
+        if not self.failures and not self.probing:
+            return
         with self._lock:
             if self.is_open:
                 # At the failure's level: a team that sees the failure sees the recovery.
@@ -278,6 +284,7 @@ class _Definition:
         return words
 
 
+_COMMANDS = {verb: f"RATELIMIT.{verb}" for verb in ("CHECK", "PEEK", "REFUND", "TAKE")}
 _FUNCTIONS = {
     "CHECK": "ratelimit_check",
     "PEEK": "ratelimit_peek",
@@ -757,6 +764,61 @@ class Core:
     def request(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
         """check, peek, refund or take (`cost`: its max), with the denial cache, the batches
         and the local fallback."""
+        if (
+            type(spec) is Limit
+            and self.engine == "module"
+            and self.mode != "library"
+            and self.cache is None
+            and (spec.batch is None or verb != "CHECK")
+            and not self.batches.pending()
+        ):
+            return self._direct(verb, key, spec, cost, at)
+        return self._request(verb, key, spec, cost, at)
+
+    def _direct(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Plan:
+        """`request` where nothing but the module's one command can answer (an inline limit, the
+        module known to serve, no denial cache, no batch, no hold ending): that command under the
+        breaker, its words built once per Limit. The same answers and errors as `_request`."""
+        if type(key) is not str or not key:
+            _key(key)
+        take = verb == "TAKE"
+        if type(cost) is not int or not (take <= cost <= MAX_AMOUNT):
+            _amount(cost, "max", 1) if take else check_cost(cost)
+        if at is not None:
+            check_at(at)
+        args = (_COMMANDS[verb], key, *limit._words, "MAX" if take else "COST", str(cost))  # type: ignore[attr-defined]
+        if at is not None:
+            args += ("AT", str(at))
+        breaker = self.breaker
+        if not breaker.allow():
+            decision = self._fail(None, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+            self._count(decision.source)
+            return decision
+        done = False
+        try:
+            reply = yield Call(args)
+            done = True
+        except Exception as error:
+            done = True
+            if unavailable(error):
+                breaker.failure()
+                decision = self._fail(
+                    error, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+                self._count(decision.source)
+                return decision
+            breaker.success()  # Redis answered
+            if self.mode == "auto" and _unknown_command(error):
+                # The module is gone (unloaded, another server): find the engine again.
+                return (yield from self._request(verb, key, limit, cost, at))
+            raise
+        finally:
+            if not done:
+                breaker.abandon()
+        breaker.success()
+        self._count("module")
+        return parse_decision(reply, "module", limit.period_ms, False, cost, take)
+
+    def _request(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
         _key(key)
         check_spec(spec)
         if verb == "TAKE":

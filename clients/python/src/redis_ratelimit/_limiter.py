@@ -18,6 +18,8 @@ from ._core import Call, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
 from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimited, RateLimitUnavailable
 
 log = logging.getLogger("redis_ratelimit")
+#: asyncio.timeout (Python 3.11+), else None (asyncio.wait_for).
+_timeout = getattr(asyncio, "timeout", None)
 
 #: What `from_url` waits for Redis (connect and each reply), in seconds: a gateway's limiter
 #: must not add more than this to a request when Redis stalls.
@@ -183,6 +185,9 @@ class RateLimiter(_Common):
         self.client = client
         self._core = Core(**options)
         self.policies = Policies(self)
+        #: (the pool, its get_connection) where the limiter sends its commands on the client's
+        #: connections itself, else None (execute_command).
+        self._direct = _direct(client)
         #: Threads reading batch TAKE replies that came after their caller's timeout.
         self._late: set = set()
         self._sweeper: Optional[threading.Thread] = None
@@ -256,15 +261,26 @@ class RateLimiter(_Common):
         self.close()
 
     def _perform(self, op: Any) -> Any:
+        if type(op) is Call:
+            self._core._count("commands")
+            if self._direct is None:
+                return self.client.execute_command(*op.args)
+            if op.late is not None:
+                return self._keep_reply(op)
+            pool, get = self._direct
+            conn = get()
+            try:
+                # What execute_command does without retries: the same connection, bounded by
+                # its socket_timeout; one that failed is disconnected by redis-py itself.
+                conn.send_command(*op.args)
+                return conn.read_response()
+            finally:
+                pool.release(conn)
         if isinstance(op, Join):
             timeout = self.client.get_connection_kwargs().get("socket_timeout") if hasattr(
                 self.client, "get_connection_kwargs") else None
             return op.flight.event.wait(2 * timeout if timeout else JOIN_TIMEOUT)
         self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
-        if isinstance(op, Call):
-            if op.late is not None and _plain_client(self.client):
-                return self._keep_reply(op)
-            return self.client.execute_command(*op.args)
         if isinstance(op, Transaction):
             pipe = self.client.pipeline(transaction=True)
             for call in op.calls:
@@ -281,8 +297,8 @@ class RateLimiter(_Common):
         client's `socket_timeout` fires: the connection stays open, and a thread reads the late
         reply (for `op.late`) before giving the connection back (redis-py drops a timed-out
         connection, and the reply with it)."""
-        pool = self.client.connection_pool
-        conn = _get_connection(pool, op.args[0])
+        pool, get = self._direct
+        conn = get()
         try:
             conn.send_command(*op.args)
             reply = conn.read_response(disconnect_on_error=False)
@@ -397,6 +413,8 @@ class AsyncRateLimiter(_Common):
         self._sweeps: set = set()
         #: Batch TAKEs still awaited after their caller stopped waiting (their grants land late).
         self._late: set = set()
+        #: (pool, get_connection) once the client is known, () for execute_command.
+        self._direct: Any = None
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
@@ -446,6 +464,22 @@ class AsyncRateLimiter(_Common):
         await self.aclose()
 
     async def _perform(self, op: Any) -> Any:
+        if type(op) is Call:
+            self._core._count("commands")
+            direct = self._direct
+            if direct is None:
+                direct = self._direct = _direct_async(self.client)
+            if not direct:
+                return await self.client.execute_command(*op.args)
+            pool, get = direct
+            conn = await get()
+            try:
+                # What execute_command does without retries: one connection; a failed or
+                # cancelled read disconnects it (redis-py), so none goes back with a reply due.
+                await conn.send_command(*op.args)
+                return await conn.read_response()
+            finally:
+                await pool.release(conn)
         if isinstance(op, Join):
             if op.flight.event.is_set():
                 return True
@@ -454,8 +488,6 @@ class AsyncRateLimiter(_Common):
             await future  # bounded by the call's timeout (a redis.TimeoutError: ask for itself)
             return True
         self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
-        if isinstance(op, Call):
-            return await self.client.execute_command(*op.args)
         if isinstance(op, Transaction):
             pipe = self.client.pipeline(transaction=True)
             for call in op.calls:
@@ -512,10 +544,15 @@ class AsyncRateLimiter(_Common):
                     return stop.value
                 reply, error = None, None
                 try:
-                    if isinstance(op, Call) and op.late is not None:
+                    if type(op) is Call and op.late is not None:
                         reply = await self._keep_reply(op)
                     elif self.timeout is None:
                         reply = await self._perform(op)
+                    elif _timeout is not None:
+                        # asyncio.timeout (3.11+) bounds the call in this task; wait_for would
+                        # make a task per call (Python before 3.12).
+                        async with _timeout(self.timeout):
+                            reply = await self._perform(op)
                     else:
                         reply = await asyncio.wait_for(self._perform(op), self.timeout)
                 except asyncio.TimeoutError as e:
@@ -593,14 +630,45 @@ def _plain_client(client: Any) -> bool:
     )
 
 
-def _get_connection(pool: Any, command: str) -> Any:
-    """`pool.get_connection()`: redis-py 5 takes the command's name, 6+ warns if given one."""
+def _direct(client: Any) -> Optional[Tuple[Any, Callable[[], Any]]]:
+    """(pool, a function giving one of its connections) for a plain client without retries
+    (what `from_url` makes): the limiter then sends on the client's connections itself, without
+    execute_command's layers; None (execute_command) for any other client, whose retries and
+    wrappers are the user's to keep."""
+    if not _plain_client(client):
+        return None
+    retry = client.get_retry() if hasattr(client, "get_retry") else None
+    if retry is not None and getattr(retry, "_retries", 1) != 0:
+        return None
+    pool = client.connection_pool
+    return pool, _connection_getter(pool)
+
+
+def _connection_getter(pool: Any) -> Callable[[], Any]:
+    """`pool.get_connection`: redis-py 5 takes a command's name, 6+ warns if given one."""
     import inspect
 
     parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
     if parameter is not None and parameter.default is inspect.Parameter.empty:
-        return pool.get_connection(command)
-    return pool.get_connection()
+        return lambda: pool.get_connection("RATELIMIT.CHECK")
+    return pool.get_connection
+
+
+def _direct_async(client: Any) -> Any:
+    """`_direct` for a `redis.asyncio` client: (pool, get_connection), or () where the limiter
+    goes through execute_command (a cluster, a single-connection or a wrapped client, retries)."""
+    if not (
+        isinstance(client, redis.asyncio.Redis)
+        and type(client).execute_command is redis.asyncio.Redis.execute_command
+        and not getattr(client, "single_connection_client", True)
+        and hasattr(client, "connection_pool")
+    ):
+        return ()
+    retry = client.get_retry() if hasattr(client, "get_retry") else client.connection_pool.connection_kwargs.get("retry")
+    if retry is not None and getattr(retry, "_retries", 1) != 0:
+        return ()
+    pool = client.connection_pool
+    return pool, _connection_getter(pool)
 
 
 def _no_retry(asyncio: bool = False) -> Any:

@@ -113,11 +113,15 @@ class Limit:
             if self.batch is None:
                 raise ValueError(f"batch_max={self.batch_max!r} needs batch (a hold time such as '50ms')")
             _amount(self.batch_max, "batch_max")
+        # Computed once: every call of this limit sends these words (not dataclass fields: equality,
+        # hashing and repr stay the fields').
+        object.__setattr__(self, "_period_ms", period_ms(self.period))
+        object.__setattr__(self, "_words", tuple(self.args()))
 
     @property
     def period_ms(self) -> int:
         """The period in ms."""
-        return period_ms(self.period)
+        return self._period_ms  # type: ignore[attr-defined, no-any-return]
 
     @property
     def block_ms(self) -> Optional[int]:
