@@ -415,6 +415,8 @@ class AsyncRateLimiter(_Common):
         self._late: set = set()
         #: (pool, get_connection) once the client is known, () for execute_command.
         self._direct: Any = None
+        #: Whether the client's own timeouts bound a command within `timeout` (None: not known).
+        self._bounds: Optional[bool] = None
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
@@ -546,7 +548,9 @@ class AsyncRateLimiter(_Common):
                 try:
                     if type(op) is Call and op.late is not None:
                         reply = await self._keep_reply(op)
-                    elif self.timeout is None:
+                    elif self.timeout is None or (type(op) is Call and self._client_bounds()):
+                        # (A client whose own timeouts are within the limiter's bounds each
+                        # step of the call itself, as for any command: nothing to add.)
                         reply = await self._perform(op)
                     elif _timeout is not None:
                         # asyncio.timeout (3.11+) bounds the call in this task; wait_for would
@@ -565,6 +569,22 @@ class AsyncRateLimiter(_Common):
                     error = e
         finally:
             plan.close()  # cancelled mid-plan: the breaker forgets the probe
+
+    def _client_bounds(self) -> bool:
+        """Whether the client's own timeouts bound a command within `timeout`: its connect,
+        each write and each read (redis.asyncio's `socket_connect_timeout`, `socket_timeout`),
+        on the limiter's direct path (no retries, no wrapper)."""
+        bounds = self._bounds
+        if bounds is None:
+            direct = self._direct
+            if direct is None:
+                direct = self._direct = _direct_async(self.client)
+            kwargs = direct[0].connection_kwargs if direct else {}
+            read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
+            limit = self.timeout if self.timeout is not None else 0
+            bounds = self._bounds = bool(direct) and read is not None and connect is not None and (
+                read <= limit and connect <= limit)
+        return bounds
 
     async def _keep_reply(self, op: Call) -> Any:
         """`op` in a task of its own, which neither the caller's cancellation nor its timeout
