@@ -37,7 +37,6 @@ if os.environ.get("RATELIMIT_PY_SRC"):
 import redis  # noqa: E402
 import redis.asyncio  # noqa: E402
 
-import redis_ratelimit  # noqa: E402
 from redis_ratelimit import AsyncRateLimiter, Limit, RateLimiter  # noqa: E402
 
 TIMEOUT = 2.0

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from conftest import free_port, spawn_server
 

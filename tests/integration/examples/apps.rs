@@ -52,7 +52,9 @@ fn assert_limits(rounds: &[Vec<Response>]) {
     let no_key = responses[0];
     assert_eq!(no_key.status, 401, "{no_key:?}");
     // Limited (and counted) on the client's address, then refused for the missing key.
-    let (name, remaining, _) = no_key.ratelimit().expect("a keyless request is limited too");
+    let (name, remaining, _) = no_key
+        .ratelimit()
+        .expect("a keyless request is limited too");
     assert_eq!((name.as_str(), remaining), (POLICY, 4), "{no_key:?}");
     for (i, response) in responses[1..6].iter().enumerate() {
         assert_admitted(response, POLICY, 5, 10, 4 - i as u64);
