@@ -7,6 +7,8 @@ same `socket_timeout`. A package call that does not reach Redis (fails open) fai
 
     python benches/clients/overhead.py [--calls 20000] [--rounds 5] [--out target/bench/clients]
 
+(`make bench-clients` runs it; BENCH_QUICK=1: 5,000 calls a round.)
+
 Run it with a Python that has the package installed (`make test-python` builds one:
 target/python/venv/bin/python), or with RATELIMIT_PY_SRC=1 to import clients/python/src.
 Starts its own redis-server (RATELIMIT_SERVER, else the one on PATH) with the module
@@ -153,7 +155,7 @@ def async_sides(url: str, protocol: int, calls: int, loop: asyncio.AbstractEvent
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--calls", type=int, default=5_000 if os.environ.get("BENCH_QUICK") else 20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "target/bench/clients"))
     options = parser.parse_args()

@@ -51,7 +51,7 @@ def test_a_cancelled_batched_check_keeps_its_grant_async():
             assert al.held() == 0
             server.stop()
             task = asyncio.ensure_future(al.check(key, limit))
-            await asyncio.sleep(0.05)  # its TAKE is sent (the stopped server reads it later)
+            await asyncio.sleep(0.05)  # (its TAKE goes out in a task that the cancel does not stop)
             task.cancel()
             try:
                 await task
@@ -76,12 +76,10 @@ def test_a_timed_out_batched_check_keeps_its_late_grant_sync():
         rl = RateLimiter.from_url(server.url, timeout=0.2)
         assert rl.check(key, limit).allowed and rl.held() == 0  # a TAKE of 1, admitted
         server.stop()
-        resumer = threading.Timer(0.5, server.resume)  # after the call's 0.2 s timeout
-        resumer.start()
         d = rl.check(key, limit)
         assert d.source == "error", d  # timed out: failing open, nothing consumed for it
-        resumer.join()
-        rl.close()
+        server.resume()  # the TAKE it sent runs now, and its reply comes late
+        rl.close()  # waits for that reply, then refunds its grant
         assert rl.stats.get("late", 0) > 0, rl.stats
         assert consumed(server, key, limit) == 1, rl.stats
     finally:
@@ -134,7 +132,7 @@ def test_cancellations_and_late_replies_under_load_lose_no_unit_async():
         admitted, cancelled, stats = asyncio.run(main())
         print(f"async: 3000 calls, {cancelled} cancelled, {admitted} admitted, "
               f"{consumed(server, key, limit)} consumed, stats {stats}")
-        assert cancelled > 100 and stats.get("late", 0) > 0, stats
+        assert cancelled > 20 and stats.get("late", 0) > 0, stats
         assert consumed(server, key, limit) == admitted, (admitted, cancelled, stats)
     finally:
         stop.set()
