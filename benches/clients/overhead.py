@@ -12,9 +12,10 @@ same `socket_timeout`. A package call that does not reach Redis (fails open) fai
 Run it with a Python that has the package installed (`make test-python` builds one:
 target/python/venv/bin/python), or with RATELIMIT_PY_SRC=1 to import clients/python/src.
 Starts its own redis-server (RATELIMIT_SERVER, else the one on PATH) with the module
-(RATELIMIT_MODULE, default target/release's) on a free loopback port and stops it. Each round
-runs both sides of each case back to back (alternating which goes first); the table gives the
-median of the rounds in µs per call and the ratio package / raw. Prints a markdown table and
+(RATELIMIT_MODULE, default target/release's) on a free loopback port and stops it (on SIGTERM
+too). Each round runs both sides of each case; the table gives the
+median of the rounds in µs per call and the ratio package / raw. Within a round the two sides
+alternate in chunks of 1,000 calls, so that a machine shared with other work loads both alike. Prints a markdown table and
 writes it to OUT/overhead-python.md.
 """
 
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -88,9 +90,23 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def per_call(started: float, cpu: float, calls: int):
-    """(wall µs, this process's CPU µs) per call since `started`, `cpu`."""
-    return ((time.perf_counter() - started) / calls * 1e6, (time.process_time() - cpu) / calls * 1e6)
+CHUNK = 1_000
+
+
+def one_round(package, plain, calls: int, package_first: bool):
+    """(package, raw): (wall µs, this process's CPU µs) per call over `calls` each, the sides
+    alternating in chunks."""
+    totals = {package: [0.0, 0.0], plain: [0.0, 0.0]}
+    done = 0
+    while done < calls:
+        n = min(CHUNK, calls - done)
+        for side in ((package, plain) if package_first else (plain, package)):
+            wall, cpu = side(n)
+            totals[side][0] += wall
+            totals[side][1] += cpu
+        package_first = not package_first
+        done += n
+    return tuple((w / calls * 1e6, c / calls * 1e6) for w, c in (totals[package], totals[plain]))
 
 
 def served(limiter) -> None:
@@ -100,48 +116,48 @@ def served(limiter) -> None:
         raise SystemExit(f"overhead.py: some calls did not reach Redis: {stats}")
 
 
-def sync_sides(url: str, protocol: int, calls: int):
+def sync_sides(url: str, protocol: int):
     limiter = RateLimiter.from_url(url, protocol=protocol, timeout=TIMEOUT)
     raw = redis.Redis.from_url(url, protocol=protocol, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
 
-    def package() -> float:
+    def package(calls: int):
         check = limiter.check
         started, cpu = time.perf_counter(), time.process_time()
         for _ in range(calls):
             check("overhead:package", LIMIT)
-        return per_call(started, cpu, calls)
+        return time.perf_counter() - started, time.process_time() - cpu
 
-    def plain() -> float:
+    def plain(calls: int):
         execute = raw.execute_command
         args = (RAW[0], "overhead:raw", *RAW[1:])
         started, cpu = time.perf_counter(), time.process_time()
         for _ in range(calls):
             execute(*args)
-        return per_call(started, cpu, calls)
+        return time.perf_counter() - started, time.process_time() - cpu
 
     assert limiter.check("overhead:package", LIMIT).source == "module"
     return package, plain, lambda: (served(limiter), limiter.close(), raw.close())
 
 
-def async_sides(url: str, protocol: int, calls: int, loop: asyncio.AbstractEventLoop):
+def async_sides(url: str, protocol: int, loop: asyncio.AbstractEventLoop):
     limiter = AsyncRateLimiter.from_url(url, protocol=protocol, timeout=TIMEOUT)
     raw = redis.asyncio.Redis.from_url(url, protocol=protocol, socket_timeout=TIMEOUT,
                                        socket_connect_timeout=TIMEOUT)
 
-    async def package() -> float:
+    async def package(calls: int):
         check = limiter.check
         started, cpu = time.perf_counter(), time.process_time()
         for _ in range(calls):
             await check("overhead:package", LIMIT)
-        return per_call(started, cpu, calls)
+        return time.perf_counter() - started, time.process_time() - cpu
 
-    async def plain() -> float:
+    async def plain(calls: int):
         execute = raw.execute_command
         args = (RAW[0], "overhead:raw", *RAW[1:])
         started, cpu = time.perf_counter(), time.process_time()
         for _ in range(calls):
             await execute(*args)
-        return per_call(started, cpu, calls)
+        return time.perf_counter() - started, time.process_time() - cpu
 
     async def close():
         served(limiter)
@@ -149,7 +165,7 @@ def async_sides(url: str, protocol: int, calls: int, loop: asyncio.AbstractEvent
         await raw.aclose()
 
     assert loop.run_until_complete(limiter.check("overhead:package", LIMIT)).source == "module"
-    return (lambda: loop.run_until_complete(package()), lambda: loop.run_until_complete(plain()),
+    return (lambda n: loop.run_until_complete(package(n)), lambda n: loop.run_until_complete(plain(n)),
             lambda: loop.run_until_complete(close()))
 
 
@@ -161,21 +177,21 @@ def main() -> int:
     options = parser.parse_args()
     module = os.environ.get("RATELIMIT_MODULE") or str(ROOT / "target/release/libredis_ratelimit.so")
     server = Server(module)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the server is stopped below
     loop = asyncio.new_event_loop()
     rows = []
     try:
         for mode in ("sync", "asyncio"):
             for protocol in (2, 3):
                 if mode == "sync":
-                    package, plain, close = sync_sides(server.url, protocol, options.calls)
+                    package, plain, close = sync_sides(server.url, protocol)
                 else:
-                    package, plain, close = async_sides(server.url, protocol, options.calls, loop)
+                    package, plain, close = async_sides(server.url, protocol, loop)
                 ours, theirs = [], []
                 for round_ in range(options.rounds):
-                    first, second = (package, plain) if round_ % 2 == 0 else (plain, package)
-                    a, b = first(), second()
-                    ours.append(a if first is package else b)
-                    theirs.append(b if first is package else a)
+                    a, b = one_round(package, plain, options.calls, round_ % 2 == 0)
+                    ours.append(a)
+                    theirs.append(b)
                 close()
                 p, r = (statistics.median(w for w, _ in ours), statistics.median(w for w, _ in theirs))
                 pc, rc = (statistics.median(c for _, c in ours), statistics.median(c for _, c in theirs))

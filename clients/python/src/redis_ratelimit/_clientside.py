@@ -234,6 +234,10 @@ class Batches:
                     del self._batches[where]
         return found
 
+    def timed(self) -> bool:
+        """Whether some hold ends on the limiter's own clock (a timer has work)."""
+        return bool(self._real_ends)
+
     def pending(self) -> bool:
         """Whether some hold is under way (a call may have units to refund first)."""
         return bool(self._ends)

@@ -36,6 +36,7 @@ from ._types import (
     check_cost,
     _amount,
     check_spec,
+    new_decision,
     period_ms,
 )
 
@@ -145,7 +146,7 @@ def parse_decision(
         int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(values[4]), int(values[5]))
     granted = first if take else (cost if first else 0)
     allowed = granted > 0 if take else bool(first)
-    return Decision(
+    return new_decision(
         allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source, shadow_rejected, period, granted
     )
 
@@ -815,8 +816,9 @@ class Core:
             if not done:
                 breaker.abandon()
         breaker.success()
-        self._count("module")
-        return parse_decision(reply, "module", limit.period_ms, False, cost, take)
+        stats = self.stats
+        stats["module"] = stats.get("module", 0) + 1
+        return parse_decision(reply, "module", limit._period_ms, False, cost, take)  # type: ignore[attr-defined]
 
     def _request(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
         _key(key)

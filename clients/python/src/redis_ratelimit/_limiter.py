@@ -262,7 +262,8 @@ class RateLimiter(_Common):
 
     def _perform(self, op: Any) -> Any:
         if type(op) is Call:
-            self._core._count("commands")
+            stats = self._core.stats
+            stats["commands"] = stats.get("commands", 0) + 1
             if self._direct is None:
                 return self.client.execute_command(*op.args)
             if op.late is not None:
@@ -352,7 +353,8 @@ class RateLimiter(_Common):
         try:
             return self._execute(plan)
         finally:
-            self._schedule()
+            if self._core.batches.timed():
+                self._schedule()
 
     def _execute(self, plan: Plan) -> Any:
         reply: Any = None

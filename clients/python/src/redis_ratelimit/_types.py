@@ -222,6 +222,24 @@ class Decision:
     granted: int = 0
 
 
+_new = object.__new__
+
+
+def new_decision(
+    allowed: bool, limit: int, remaining: int, retry_after_ms: int, reset_after_ms: int, delay_ms: int,
+    source: str, shadow_rejected: bool, period_ms: int, granted: int,
+) -> Decision:
+    """`Decision(...)`, made without the frozen dataclass's field-by-field `__init__` (the hot
+    path makes one per call): the same value, still frozen."""
+    decision = _new(Decision)
+    decision.__dict__.update(
+        allowed=allowed, limit=limit, remaining=remaining, retry_after_ms=retry_after_ms,
+        reset_after_ms=reset_after_ms, delay_ms=delay_ms, source=source, shadow_rejected=shadow_rejected,
+        period_ms=period_ms, granted=granted,
+    )
+    return decision
+
+
 @dataclass(frozen=True)
 class MultiDecision:
     """What `check_all` decided: the overall fields (allowed only if every limit allows; the
