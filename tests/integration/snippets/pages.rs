@@ -68,6 +68,9 @@ pub enum Directive {
     NoModule,
     Library,
     Config(String, String),
+    /// `fresh`: the block's server is started anew first, where the page tells the reader to
+    /// start from a server just started.
+    Fresh,
     Repo,
     Output,
     /// `vary PREFIX` (with `output`): a number right after PREFIX may be any number.
@@ -248,6 +251,7 @@ fn parse_one(item: &str) -> Result<Directive, String> {
         ["no-module"] => Ok(Directive::NoModule),
         ["library"] => Ok(Directive::Library),
         ["repo"] => Ok(Directive::Repo),
+        ["fresh"] => Ok(Directive::Fresh),
         ["output"] => Ok(Directive::Output),
         ["vary", prefix] => Ok(Directive::Vary(prefix.to_string())),
         ["wait", duration] => parse_duration(duration).map(Directive::Wait),
@@ -302,38 +306,59 @@ pub fn all_blocks() -> (Vec<Block>, Vec<String>) {
     (blocks, problems)
 }
 
-/// Runs of blocks of `kinds` that share one server: a block and the `continue` blocks after it
-/// (skipped blocks left out). A `continue` whose previous block is not of `kinds` is a problem.
-pub fn chains(blocks: &[Block], kinds: &[Kind]) -> (Vec<Vec<Block>>, Vec<String>) {
+impl Directive {
+    /// Does this directive choose the block's server (so a `continue` block cannot carry it)?
+    pub fn picks_server(&self) -> bool {
+        matches!(
+            self,
+            Directive::NoModule | Directive::Library | Directive::Config(..) | Directive::Fresh
+        )
+    }
+}
+
+/// Sessions and console transcripts: the blocks a `continue` may join.
+fn is_transcript(kind: Kind) -> bool {
+    matches!(kind, Kind::Session | Kind::Console)
+}
+
+/// The running blocks (skipped ones left out) in page order, as chains: a block and the
+/// `continue` blocks after it, which share its clock. A misplaced `continue` is a problem (and
+/// its block a chain of its own), and so is a `continue` block that names a server.
+pub fn chains(blocks: &[Block]) -> (Vec<Vec<Block>>, Vec<String>) {
     let mut chains: Vec<Vec<Block>> = Vec::new();
     let mut problems = Vec::new();
-    let mut previous: Option<&Block> = None;
     for block in blocks {
         if block.kind == Kind::Inert || block.skipped() {
             continue;
         }
-        let continues = block.has(&Directive::Continue);
-        let joins =
-            continues && previous.is_some_and(|p| p.page == block.page && kinds.contains(&p.kind));
-        if kinds.contains(&block.kind) {
-            if continues && !matches!(block.kind, Kind::Session | Kind::Console) {
-                problems.push(format!(
-                    "{}: `continue` is for sessions and console transcripts only",
-                    block.name()
-                ));
-                chains.push(vec![block.clone()]);
-            } else if joins {
-                chains.last_mut().expect("a chain").push(block.clone());
-            } else if continues {
-                problems.push(format!(
-                    "{}: `continue` needs a running block of the same runner before it",
-                    block.name()
-                ));
-            } else {
-                chains.push(vec![block.clone()]);
-            }
+        if !block.has(&Directive::Continue) {
+            chains.push(vec![block.clone()]);
+            continue;
         }
-        previous = Some(block);
+        let previous = chains.last().and_then(|chain| chain.last());
+        let joins = previous.is_some_and(|p| p.page == block.page && is_transcript(p.kind));
+        if !is_transcript(block.kind) {
+            problems.push(format!(
+                "{}: `continue` is for sessions and console transcripts only",
+                block.name()
+            ));
+        } else if !joins {
+            problems.push(format!(
+                "{}: `continue` needs a session or console transcript before it on its page",
+                block.name()
+            ));
+        } else {
+            if let Some(d) = block.directives.iter().find(|d| d.picks_server()) {
+                problems.push(format!(
+                    "{}: `{d:?}` with `continue`: a `continue` block runs on the server of the \
+                     block before it",
+                    block.name()
+                ));
+            }
+            chains.last_mut().expect("a chain").push(block.clone());
+            continue;
+        }
+        chains.push(vec![block.clone()]);
     }
     (chains, problems)
 }
@@ -364,6 +389,10 @@ mod tests {
                 Directive::Wait(1000),
                 Directive::Config("a".into(), "b c".into())
             ]
+        );
+        assert_eq!(
+            parse_directives("<!-- snippet: fresh -->").unwrap(),
+            vec![Directive::Fresh]
         );
     }
 }
