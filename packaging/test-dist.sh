@@ -214,9 +214,9 @@ check "ratelimit.conf shows every config CONFIG GET ratelimit.* lists, with its 
 # One suite per concern, together every command: CHECK, PEEK, RESET, INFO (commands), CHECKALL,
 # REFUND, BLOCK, ACQUIRE/RELEASE (leases), POLICY (policies), CL.THROTTLE and GCRA (dialects),
 # APPLY (policies::replication, operations), the configs (module_configs), RDB (persistence),
-# and the pages' redis-cli sessions (snippets; on the system's redis-server only).
+# and the pages' blocks in order on one server (snippets; on the system's redis-server only).
 suites="commands:: checkall:: refund:: block:: leases:: policies:: dialects:: module_configs:: persistence:: operations::"
-suites+=" snippets::redis_cli_sessions_and_transcripts_answer_as_the_pages_show"
+suites+=" snippets::the_pages_run_top_to_bottom_on_one_server"
 # The Functions library's tests (functions::refund::..., functions::leases::...) match those names
 # too; they test the library, not the module, and take two thirds of the time.
 suites+=" --skip functions::"
