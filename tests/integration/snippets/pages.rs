@@ -395,4 +395,54 @@ mod tests {
             vec![Directive::Fresh]
         );
     }
+
+    #[test]
+    fn continue_joins_the_session_before_it_on_its_page_and_nothing_else() {
+        let page = "\
+```
+127.0.0.1:6379> PING
+PONG
+```
+<!-- snippet: continue -->
+```console
+$ redis-cli PING
+PONG
+```
+```python
+print(1)
+```
+<!-- snippet: continue -->
+```
+127.0.0.1:6379> PING
+PONG
+```
+<!-- snippet: skip (not run) -->
+```sh
+true
+```
+```
+127.0.0.1:6379> PING
+PONG
+```
+<!-- snippet: continue, fresh -->
+```
+127.0.0.1:6379> PING
+PONG
+```
+";
+        let (blocks, problems) = parse_page("p.md", page);
+        assert!(problems.is_empty(), "{problems:?}");
+        let (chains, problems) = chains(&blocks);
+        let lines: Vec<Vec<usize>> = chains
+            .iter()
+            .map(|chain| chain.iter().map(|b| b.line).collect())
+            .collect();
+        // The session and the transcript that continues it; the python block alone; the
+        // session after it alone (a `continue` after a program is a problem); the skipped sh
+        // block left out; the last two joined, `fresh` on the second a problem.
+        assert_eq!(lines, vec![vec![1, 6], vec![10], vec![14], vec![22, 27]]);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("p.md:14") && problems[0].contains("needs a session"));
+        assert!(problems[1].contains("p.md:27") && problems[1].contains("Fresh"));
+    }
 }
