@@ -15,12 +15,14 @@
 //!
 //! The blocks run one after another, in page order (README.md, docs/*.md in name order,
 //! fuzz/README.md), as a reader runs them on the one server they started (`make run`): every
-//! block on one shared server with the module, nothing flushed between blocks, so a key that two
-//! blocks use makes one of them print other than its page shows. Each snippet has keys of its
-//! own. Blocks whose directives ask for another server (`no-module`, `config ...`) share one
-//! of that setup likewise. `REDIS_URL` names the block's server, and the `redis-cli` first on
+//! block, sessions, transcripts and programs alike, on one shared server with the module, nothing
+//! flushed between blocks, so a key that two blocks use makes one of them print other than its
+//! page shows: each snippet has keys of its own. Blocks whose directives ask for another server
+//! (`no-module`, `config ...`) share one of that setup likewise (all of functions.md's on one
+//! server without the module). `REDIS_URL` names the block's server, and the `redis-cli` first on
 //! PATH talks to it (a `-p 6379` in a page means it too). Shell blocks and transcripts run in its
-//! temporary directory, which holds its config file `redis.conf`.
+//! temporary directory, which holds its config file `redis.conf`. The run takes 10 to 30 s here
+//! (most of it redis-cli and interpreter start-ups); it prints how long each kind took.
 //!
 //! Directives, in an HTML comment on the line right before the opening fence, comma-separated:
 //! `<!-- snippet: at 1796006883715 +10 +6, continue -->`.
@@ -52,8 +54,9 @@
 //! Comparisons ignore trailing spaces and trailing empty lines. A failure names the page, the
 //! line, the block, what was sent, and the expected and actual output. The pages show what the
 //! redis-server and redis-cli on PATH (7.0) print: under another server (`RATELIMIT_SERVER`,
-//! `make test-matrix`) these tests skip, and so do the python and js tests where python3 (with
-//! venv), node or npm, or the package registry for the first install, is out of reach.
+//! `make test-matrix`) the run skips; where python3 (with venv), node or npm, or the package
+//! registry for the first install, is out of reach, the python or js blocks are left out (logged
+//! as a skip) and the others run: their keys are their own, so they print the same without them.
 
 mod pages;
 mod programs;
