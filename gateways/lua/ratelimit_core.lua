@@ -551,6 +551,16 @@ function Limiter:decide(opts)
     return self:unavailable(o)
   end
   local result, rerr = self:run(o, sock, keyed, deadline)
+  if result == nil and sock:reused() > 0 and rerr ~= "timeout" then
+    -- A pooled connection the server closed meanwhile (a restart): once more on a new one.
+    env.close(sock)
+    sock, cerr = env.connect(o, math.max(1, deadline - env.now_ms()), true)
+    if not sock then
+      self:failed(o, cerr)
+      return self:unavailable(o)
+    end
+    result, rerr = self:run(o, sock, keyed, deadline)
+  end
   if result == nil then
     env.close(sock)
     self:failed(o, rerr)

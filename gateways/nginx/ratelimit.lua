@@ -57,10 +57,12 @@ local env = {
   now_ms = function() return ngx.now() * 1000 end,
   log = log,
   defaults = {},
-  connect = function(o, timeout_ms)
+  connect = function(o, timeout_ms, fresh)
     local sock = ngx.socket.tcp()
     sock:settimeouts(timeout_ms, timeout_ms, timeout_ms)
-    local ok, err = sock:connect(o.redis.host, o.redis.port)
+    -- fresh: past the pool (its connection was dead), into a pool of its own name.
+    local ok, err = sock:connect(o.redis.host, o.redis.port,
+      fresh and { pool = o.redis.text .. "#fresh" } or nil)
     if not ok then return nil, "connect: " .. tostring(err) end
     return setmetatable({ sock = sock }, Conn)
   end,
