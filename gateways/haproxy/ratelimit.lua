@@ -7,7 +7,8 @@
 --
 -- and haproxy.cfg applies them, the key computed into a variable by any sample expression:
 --
---   http-request set-var-fmt(txn.api_key) "api:%[req.hdr(x-api-key)]" if { req.hdr(x-api-key) -m found }
+--   http-request set-var-fmt(txn.api_key) "api:%[req.hdr(x-api-key)]"
+--       if { req.hdr(x-api-key) -m found }
 --   http-request lua.ratelimit api
 --   http-response lua.ratelimit-headers
 --
@@ -53,7 +54,7 @@ Conn.__index = Conn
 function Conn:receive(pattern) return self.sock:receive(pattern) end
 function Conn:send(data) return self.sock:send(data) end
 function Conn:settimeout_ms(ms) self.sock:settimeout(ms / 1000) end
-function Conn:reused() return 0 end
+function Conn.reused() return 0 end
 
 local env = {
   now_ms = now_ms,
@@ -99,7 +100,9 @@ function M.configure(opts)
       error("ratelimit.configure: library must be the path of the Functions library's file", 2)
     end
     local code, rerr = read_file(opts.library)
-    if not code then error("ratelimit.configure: library = '" .. opts.library .. "': " .. rerr, 2) end
+    if not code then
+      error("ratelimit.configure: library = '" .. opts.library .. "': " .. rerr, 2)
+    end
     if not code:find("^#!lua name=ratelimit") then
       error("ratelimit.configure: library = '" .. opts.library .. "' is not the Functions "
         .. "library (its first line is not #!lua name=ratelimit)", 2)

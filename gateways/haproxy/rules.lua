@@ -12,7 +12,11 @@ ratelimit.configure{
 ratelimit.rule("api", { key = "txn.api_key", limit = "sliding-window 100 1m" })
 
 -- 5 logins per 15 minutes per client address. Fails closed (503) without Redis.
-ratelimit.rule("login", { key = "txn.login_key", limit = "fixed-window 5 15m", on_error = "closed" })
+ratelimit.rule("login", {
+    key = "txn.login_key",
+    limit = "fixed-window 5 15m",
+    on_error = "closed",
+})
 
 -- Two limits at once (RATELIMIT.CHECKALL): 5 a second and 1000 an hour per address.
 ratelimit.rule("search", {

@@ -405,7 +405,7 @@ end
 
 -- One round trip: `commands` pipelined, their replies read, every operation bounded by what is
 -- left of the deadline. Answers the replies, or nil and the transport's error.
-function Limiter:round_trip(o, sock, commands, deadline)
+function Limiter:round_trip(sock, commands, deadline)
   local env = self.env
   local payload = {}
   for i = 1, #commands do payload[i] = M.command(commands[i]) end
@@ -477,7 +477,7 @@ end
 function Limiter:ensure_library(o, sock, deadline)
   local where = o.redis.text
   if self.library_ready[where] then return true end
-  local replies, err = self:round_trip(o, sock,
+  local replies, err = self:round_trip(sock,
     { { "FUNCTION", "LIST", "LIBRARYNAME", M.LIBRARY_NAME } }, deadline)
   if not replies then return nil, err end
   local present = false
@@ -485,7 +485,9 @@ function Limiter:ensure_library(o, sock, deadline)
     for _, library in ipairs(replies[1]) do
       if type(library) == "table" then
         for k = 1, #library - 1, 2 do
-          if library[k] == "library_name" and library[k + 1] == M.LIBRARY_NAME then present = true end
+          if library[k] == "library_name" and library[k + 1] == M.LIBRARY_NAME then
+            present = true
+          end
         end
       end
     end
@@ -497,7 +499,7 @@ function Limiter:ensure_library(o, sock, deadline)
         .. "library '%s': load one (redis-cli -x FUNCTION LOAD < ratelimit.lua), or give the "
         .. "library's file as library = \"/path/to/ratelimit.lua\"", where, M.LIBRARY_NAME)
     end
-    replies, err = self:round_trip(o, sock, { { "FUNCTION", "LOAD", code } }, deadline)
+    replies, err = self:round_trip(sock, { { "FUNCTION", "LOAD", code } }, deadline)
     if not replies then return nil, err end
     if M.is_error(replies[1]) and not match(replies[1].message, "already exists") then
       return false, format("ratelimit: FUNCTION LOAD of the library on %s: %s", where,
@@ -525,6 +527,13 @@ end
 
 local POLICY_REFRESH_MS = 10000
 
+local function unavailable(o)
+  if o.on_error == "closed" then
+    return { status = 503, headers = {}, body = M.UNAVAILABLE_BODY, source = "error" }
+  end
+  return { status = 200, headers = {}, source = "error" }
+end
+
 --- Decides a request. Answers nil when no limit applies (no key), else { status, headers, body,
 --- source } where source is "module", "library", "error" (Redis unavailable: status 200 with no
 --- headers when failing open, 503 closed) or "config" (a mistake in the configuration, logged:
@@ -541,14 +550,14 @@ function Limiter:decide(opts)
     if l.key ~= nil and l.key ~= "" then keyed[#keyed + 1] = l end
   end
   if #keyed == 0 then return nil end
-  if self:breaker_open(o) then return self:unavailable(o) end
+  if self:breaker_open(o) then return unavailable(o) end
 
   local env = self.env
   local deadline = env.now_ms() + o.timeout_ms
   local sock, cerr = env.connect(o, deadline - env.now_ms())
   if not sock then
     self:failed(o, cerr)
-    return self:unavailable(o)
+    return unavailable(o)
   end
   local result, rerr = self:run(o, sock, keyed, deadline)
   if result == nil and sock:reused() > 0 and rerr ~= "timeout" then
@@ -557,14 +566,14 @@ function Limiter:decide(opts)
     sock, cerr = env.connect(o, math.max(1, deadline - env.now_ms()), true)
     if not sock then
       self:failed(o, cerr)
-      return self:unavailable(o)
+      return unavailable(o)
     end
     result, rerr = self:run(o, sock, keyed, deadline)
   end
   if result == nil then
     env.close(sock)
     self:failed(o, rerr)
-    return self:unavailable(o)
+    return unavailable(o)
   end
   env.keep(sock)
   self:succeeded(o)
@@ -575,19 +584,13 @@ function Limiter:decide(opts)
   return result
 end
 
-function Limiter:unavailable(o)
-  if o.on_error == "closed" then
-    return { status = 503, headers = {}, body = M.UNAVAILABLE_BODY, source = "error" }
-  end
-  return { status = 200, headers = {}, source = "error" }
-end
 
 -- The call on a connected socket: an answer, { config = message }, or nil and a transport error.
 function Limiter:run(o, sock, keyed, deadline)
   local env = self.env
   local where = o.redis.text
   if o.password and sock:reused() == 0 then
-    local replies, err = self:round_trip(o, sock, { { "AUTH", o.password } }, deadline)
+    local replies, err = self:round_trip(sock, { { "AUTH", o.password } }, deadline)
     if not replies then return nil, err end
     if M.is_error(replies[1]) then
       return { config = format("ratelimit: AUTH on %s: %s", where, replies[1].message) }
@@ -614,7 +617,7 @@ function Limiter:run(o, sock, keyed, deadline)
       end
       local check = module_command(o, keyed)
       commands[#commands + 1] = check
-      local replies, err = self:round_trip(o, sock, commands, deadline)
+      local replies, err = self:round_trip(sock, commands, deadline)
       if not replies then return nil, err end
       local reply = replies[#replies]
       if unknown_command(replies[1]) or unknown_command(reply) then
@@ -660,7 +663,7 @@ function Limiter:run(o, sock, keyed, deadline)
           end
         else
           self:use(o, "module")
-          return self:answer(o, keyed, reply, "module", where, check)
+          return self:answer(keyed, reply, "module", where, check)
         end
       end
     else
@@ -669,7 +672,7 @@ function Limiter:run(o, sock, keyed, deadline)
       if ok == false then return { config = err } end
       local command, why = library_command(o, keyed)
       if not command then return { config = why } end
-      local replies, rerr = self:round_trip(o, sock, { command }, deadline)
+      local replies, rerr = self:round_trip(sock, { command }, deadline)
       if not replies then return nil, rerr end
       local reply = replies[1]
       if function_not_found(reply) then
@@ -680,7 +683,7 @@ function Limiter:run(o, sock, keyed, deadline)
       else
         self:use(o, "library", o.engine == "library" and "engine = \"library\""
           or "the server has no module")
-        return self:answer(o, keyed, reply, "library", where, command)
+        return self:answer(keyed, reply, "library", where, command)
       end
     end
   end
@@ -688,7 +691,7 @@ function Limiter:run(o, sock, keyed, deadline)
 end
 
 -- The HTTP answer to a CHECK or CHECKALL reply.
-function Limiter:answer(o, keyed, reply, source, where, command)
+function Limiter:answer(keyed, reply, source, where, command)
   local decisions, overall = {}, nil
   if #keyed == 1 then
     decisions[1] = M.decision(reply)

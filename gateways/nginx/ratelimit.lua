@@ -108,7 +108,9 @@ function M.configure(opts)
       error("ratelimit.configure: library must be the path of the Functions library's file", 2)
     end
     local code, rerr = read_file(opts.library)
-    if not code then error("ratelimit.configure: library = '" .. opts.library .. "': " .. rerr, 2) end
+    if not code then
+      error("ratelimit.configure: library = '" .. opts.library .. "': " .. rerr, 2)
+    end
     if not code:find("^#!lua name=ratelimit") then
       error("ratelimit.configure: library = '" .. opts.library .. "' is not the Functions "
         .. "library (its first line is not #!lua name=ratelimit)", 2)

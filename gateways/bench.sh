@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# The gateways measured: requests/s and p99 of NGINX and HAProxy (one worker, one thread) serving
+# a static response without a limiter, with redis-ratelimit's Lua module (a consuming CHECK per
+# request, admitted), and with the proxy's own per-instance limiter (limit_req, a stick table),
+# loaded by wrk over 16 connections; and one Redis round trip of that CHECK alone
+# (redis-benchmark, one connection). Prints a Markdown table.
+#
+#   bash gateways/bench.sh            (DURATION=10s CONNECTIONS=16 by default)
+#
+# Needs nginx, libnginx-mod-http-lua, haproxy, wrk, redis-server, redis-tools (installed with
+# apt-get where missing, as root) and the module (RATELIMIT_MODULE, default the release build).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+MODULE=${RATELIMIT_MODULE:-$ROOT/target/release/libredis_ratelimit.so}
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-16}
+[ -f "$MODULE" ] || { echo "bench.sh: no module at $MODULE (make build)" >&2; exit 1; }
+
+missing=""
+command -v nginx >/dev/null || missing+=" nginx"
+[ -e /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing+=" libnginx-mod-http-lua"
+command -v haproxy >/dev/null || missing+=" haproxy"
+command -v wrk >/dev/null || missing+=" wrk"
+command -v redis-benchmark >/dev/null || missing+=" redis-tools"
+if [ -n "$missing" ]; then
+  echo "installing:$missing" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null
+fi
+
+WORK=$(mktemp -d)
+[ -z "${KEEP:-}" ] || echo "bench.sh: keeping $WORK" >&2
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  sleep 0.3
+  for pid in "${PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  [ -n "${KEEP:-}" ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Starts "$@" as the leader of its own process group (killed with it at exit).
+start() { setsid "$@" >"$WORK/$(basename "$1").$RANDOM.log" 2>&1 & PIDS+=($!); }
+wait_port() {
+  for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
+  echo "bench.sh: nothing listens on $1" >&2; exit 1
+}
+
+LIB=$WORK/lib
+mkdir -p "$LIB"
+cp "$ROOT/gateways/lua/ratelimit_core.lua" "$LIB/"
+REDIS_PORT=$(free_port)
+start redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --loadmodule "$MODULE"
+wait_port "$REDIS_PORT"
+
+# A limit that admits every request: each one is a consuming CHECK on one key.
+LIMIT="sliding-window 1000000000 1m"
+
+nginx_conf() { # $1: port, $2: what the location does before answering
+  cat <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx.$1.pid;
+error_log $WORK/nginx.$1.error.log warn;
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    lua_package_path "$LIB/?.lua;;";
+    lua_shared_dict ratelimit 1m;
+    init_by_lua_block { require("ratelimit").configure{ redis = "127.0.0.1:$REDIS_PORT", timeout_ms = 50 } }
+    limit_req_zone \$binary_remote_addr zone=perip:1m rate=1000000r/s;
+    server {
+        listen 127.0.0.1:$1;
+        location / {
+            $2
+            empty_gif;
+        }
+    }
+}
+EOF
+}
+
+haproxy_cfg() { # $1: port, $2: rules before the answer
+  cat <<EOF
+global
+    nbthread 1
+    lua-prepend-path $LIB/?.lua
+    lua-load-per-thread $LIB/rules.lua
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+frontend bench
+    bind 127.0.0.1:$1
+    stick-table type ip size 100k expire 30s store http_req_rate(1s)
+    $2
+    http-request return status 200 content-type text/plain string "ok\n"
+EOF
+}
+
+cp "$ROOT/gateways/nginx/ratelimit.lua" "$LIB/ratelimit.lua"
+NGINX_PLAIN=$(free_port); NGINX_LIMITED=$(free_port); NGINX_OWN=$(free_port)
+nginx_conf "$NGINX_PLAIN" "" >"$WORK/nginx-plain.conf"
+nginx_conf "$NGINX_LIMITED" "access_by_lua_block { require(\"ratelimit\").limit{ key = \"bench\", limit = \"$LIMIT\" } }
+            header_filter_by_lua_block { require(\"ratelimit\").headers() }" >"$WORK/nginx-limited.conf"
+nginx_conf "$NGINX_OWN" "limit_req zone=perip burst=1000000 nodelay;" >"$WORK/nginx-own.conf"
+for v in plain limited own; do start nginx -p "$WORK/" -c "$WORK/nginx-$v.conf"; done
+
+# HAProxy's module is a file of its own name: a directory of its own.
+HLIB=$WORK/hlib
+mkdir -p "$HLIB"
+cp "$ROOT/gateways/lua/ratelimit_core.lua" "$HLIB/"
+cp "$ROOT/gateways/haproxy/ratelimit.lua" "$HLIB/ratelimit.lua"
+cat >"$HLIB/rules.lua" <<EOF
+local ratelimit = require("ratelimit")
+ratelimit.configure{ redis = "127.0.0.1:$REDIS_PORT", timeout_ms = 50 }
+ratelimit.rule("bench", { key = "txn.key", limit = "$LIMIT" })
+EOF
+LIB=$HLIB
+HAPROXY_PLAIN=$(free_port); HAPROXY_LIMITED=$(free_port); HAPROXY_OWN=$(free_port)
+haproxy_cfg "$HAPROXY_PLAIN" "" >"$WORK/haproxy-plain.cfg"
+haproxy_cfg "$HAPROXY_LIMITED" "http-request set-var(txn.key) str(bench)
+    http-request lua.ratelimit bench" >"$WORK/haproxy-limited.cfg"
+haproxy_cfg "$HAPROXY_OWN" "http-request track-sc0 src
+    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }" >"$WORK/haproxy-own.cfg"
+for v in plain limited own; do start haproxy -db -f "$WORK/haproxy-$v.cfg"; done
+
+for port in $NGINX_PLAIN $NGINX_LIMITED $NGINX_OWN $HAPROXY_PLAIN $HAPROXY_LIMITED $HAPROXY_OWN; do
+  wait_port "$port"
+done
+
+# Each limited proxy decides through Redis (the module's CHECK count grows), and NGINX sends
+# the fields (HAProxy's `http-request return` answers pass no http-response rule).
+checks() { redis-cli -p "$REDIS_PORT" INFO commandstats | awk -F'[=,:]' '/^cmdstat_ratelimit.check:/ { print $3 }'; }
+for port in $NGINX_LIMITED $HAPROXY_LIMITED; do
+  before=$(checks); before=${before:-0}
+  curl -s -o /dev/null "http://127.0.0.1:$port/"
+  [ "$(checks)" -gt "$before" ] || { echo "bench.sh: the proxy on $port did not call Redis" >&2; exit 1; }
+done
+curl -si "http://127.0.0.1:$NGINX_LIMITED/" | grep -qi '^ratelimit:' \
+  || { echo "bench.sh: NGINX sends no RateLimit field" >&2; exit 1; }
+
+# wrk's "Requests/sec" and its 99% latency in microseconds.
+measure() {
+  local out
+  out=$(wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency "http://127.0.0.1:$1/")
+  local rps p99
+  rps=$(awk '/^Requests\/sec:/ { printf "%d", $2 }' <<<"$out")
+  p99=$(awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub("us", "", v); x = v } else if (v ~ /ms$/) { sub("ms", "", v); x = v * 1000 } else if (v ~ /s$/) { sub("s", "", v); x = v * 1000000 } printf "%d", x }' <<<"$out")
+  local non2xx
+  non2xx=$(awk '/Non-2xx/ { print $NF }' <<<"$out")
+  [ -z "$non2xx" ] || { echo "bench.sh: $non2xx non-2xx responses on $1" >&2; exit 1; }
+  echo "$rps $p99"
+}
+
+RTT=$(redis-benchmark -p "$REDIS_PORT" -c 1 -n 20000 --precision 3 --csv \
+  RATELIMIT.CHECK rtt sliding-window 1000000000 1m | awk -F'"' 'NR == 2 { printf "%d", $14 * 1000 }')
+
+echo "| proxy (1 worker, $CONNECTIONS connections, $DURATION) | requests/s | p99 (µs) | vs no limiter |"
+echo "|---|---|---|---|"
+for proxy in nginx haproxy; do
+  if [ $proxy = nginx ]; then ports=("$NGINX_PLAIN" "$NGINX_LIMITED" "$NGINX_OWN"); own="limit_req"
+  else ports=("$HAPROXY_PLAIN" "$HAPROXY_LIMITED" "$HAPROXY_OWN"); own="stick table"; fi
+  read -r base_rps base_p99 < <(measure "${ports[0]}")
+  echo "| $proxy, no limiter | $base_rps | $base_p99 | |"
+  read -r rps p99 < <(measure "${ports[1]}")
+  echo "| $proxy, redis-ratelimit | $rps | $p99 | $(awk -v a="$rps" -v b="$base_rps" 'BEGIN { printf "%.2fx", a / b }') throughput, +$((p99 - base_p99)) µs p99 |"
+  read -r rps p99 < <(measure "${ports[2]}")
+  echo "| $proxy, $own | $rps | $p99 | $(awk -v a="$rps" -v b="$base_rps" 'BEGIN { printf "%.2fx", a / b }') throughput, +$((p99 - base_p99)) µs p99 |"
+done
+echo
+echo "One Redis round trip of RATELIMIT.CHECK (redis-benchmark, 1 connection): p99 $RTT µs."
