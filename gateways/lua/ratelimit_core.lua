@@ -652,7 +652,8 @@ function Limiter:run(o, sock, keyed, deadline)
           local missing = match(reply.message, "no such policy '([^']*)'")
           local retry = false
           for j = 1, #keyed do
-            if keyed[j].policy == missing and keyed[j].spec and not keyed[j].use_fallback then
+            if missing and keyed[j].policy == missing and keyed[j].spec
+              and not keyed[j].use_fallback then
               self.policies[missing] = { now, false }
               retry = true
             end

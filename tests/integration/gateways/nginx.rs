@@ -5,8 +5,12 @@ use super::{
     assert_readme_shows, install_dir, installed, read, replace_all, repo_file, Gateway, Proxy,
 };
 use crate::common;
+use std::fs;
+use std::net::TcpStream;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
 
 pub struct Nginx;
 
@@ -58,14 +62,31 @@ impl Gateway for Nginx {
         Proxy::spawn("nginx", command(&dir, &conf), dir, log, port)
     }
 
+    /// `nginx -t` runs no init_by_lua: the check is a start, which `configure` stops.
     fn check(redis_port: u16, edit: &[(&str, &str)]) -> (bool, String) {
-        let (dir, conf, _) = prepare(redis_port, edit);
+        let (dir, conf, port) = prepare(redis_port, edit);
+        let log = dir.join("error.log");
         let mut command = command(&dir, &conf);
-        let output = command.arg("-t").output().expect("nginx -t");
+        let stderr = fs::File::create(dir.join("stderr.log")).expect("stderr.log");
+        command.stdout(Stdio::null()).stderr(stderr);
+        let mut child = common::spawn_child(command).expect("starting nginx");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let started = loop {
+            if let Some(status) = child.try_wait().expect("nginx") {
+                break status.success();
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() || Instant::now() > deadline {
+                // SAFETY: kill(2) with plain integers, on our own child, not yet reaped.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+                let _ = child.wait();
+                break true;
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let text = fs::read_to_string(&log).unwrap_or_default()
+            + &fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
         common::remove_dir(&dir);
-        let text = String::from_utf8_lossy(&output.stderr).into_owned()
-            + &String::from_utf8_lossy(&output.stdout);
-        (output.status.success(), text)
+        (started, text)
     }
 }
 
