@@ -34,7 +34,10 @@ fn prepare(redis_port: u16, edit: &[(&str, &str)]) -> (PathBuf, PathBuf, u16) {
     let rules = read(&repo_file(RULES));
     let cfg = read(&repo_file(CFG));
     for (from, _) in edit {
-        assert!(rules.contains(from) || cfg.contains(from), "neither file has {from:?}");
+        assert!(
+            rules.contains(from) || cfg.contains(from),
+            "neither file has {from:?}"
+        );
     }
     let mut pairs = vec![
         ("/etc/haproxy/redis-ratelimit/", lib.clone()),

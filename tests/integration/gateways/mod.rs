@@ -155,11 +155,22 @@ impl Proxy {
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return proxy;
             }
-            if let Some(status) = proxy.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = proxy
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 proxy.child = None;
-                panic!("{name} exited ({status}) before listening:\n{}", proxy.log());
+                panic!(
+                    "{name} exited ({status}) before listening:\n{}",
+                    proxy.log()
+                );
             }
-            assert!(Instant::now() < deadline, "{name} does not listen on {port}:\n{}", proxy.log());
+            assert!(
+                Instant::now() < deadline,
+                "{name} does not listen on {port}:\n{}",
+                proxy.log()
+            );
             thread::sleep(Duration::from_millis(20));
         }
     }
@@ -199,7 +210,12 @@ impl Drop for Proxy {
             let _ = child.wait();
         }
         if thread::panicking() {
-            eprintln!("--- {} log ({}) ---\n{}", self.name, self.dir.display(), self.log());
+            eprintln!(
+                "--- {} log ({}) ---\n{}",
+                self.name,
+                self.dir.display(),
+                self.log()
+            );
         }
         if std::env::var_os("RATELIMIT_KEEP_TEST_DIRS").is_none() {
             common::remove_dir(&self.dir);
@@ -234,13 +250,17 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Response {
     let started = Instant::now();
     let mut stream = TcpStream::connect(("127.0.0.1", port))
         .unwrap_or_else(|e| panic!("connecting to 127.0.0.1:{port}: {e}"));
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).expect("sending the request");
+    stream
+        .write_all(request.as_bytes())
+        .expect("sending the request");
     let mut raw = Vec::new();
     stream
         .read_to_end(&mut raw)
@@ -263,7 +283,11 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Response {
     let chunked = headers
         .iter()
         .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked { unchunk(body) } else { body.to_string() };
+    let body = if chunked {
+        unchunk(body)
+    } else {
+        body.to_string()
+    };
     Response {
         status,
         headers,
@@ -280,7 +304,7 @@ fn unchunk(mut body: &str) -> String {
             break;
         }
         out.push_str(&rest[..n]);
-        body = &rest[n..].trim_start_matches("\r\n");
+        body = rest[n..].trim_start_matches("\r\n");
     }
     out
 }
@@ -339,10 +363,17 @@ pub fn answers_200s_then_429s<G: Gateway>() {
     }
     let refused = proxy.get("/api/x", &[("X-API-Key", "alice")]);
     assert_eq!(refused.status, 429, "{refused:?}");
-    assert_eq!(refused.header("RateLimit-Policy"), Some("\"default\";q=100;w=60"));
+    assert_eq!(
+        refused.header("RateLimit-Policy"),
+        Some("\"default\";q=100;w=60")
+    );
     let field = refused.header("RateLimit").expect("RateLimit");
     assert!(field.starts_with("\"default\";r=0;t="), "{field}");
-    let retry: u64 = refused.header("Retry-After").expect("Retry-After").parse().unwrap();
+    let retry: u64 = refused
+        .header("Retry-After")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
     assert!((1..=60).contains(&retry), "{refused:?}");
     assert_eq!(t_of(field), retry);
     assert_eq!(refused.header("Content-Type"), Some("application/json"));
@@ -368,7 +399,10 @@ pub fn answers_200s_then_429s<G: Gateway>() {
         Some("\"sec\";q=5;w=1, \"hour\";q=1000;w=3600")
     );
     let field = first.header("RateLimit").unwrap();
-    assert!(field.starts_with("\"sec\";r=4;t=1, \"hour\";r=999;t="), "{field}");
+    assert!(
+        field.starts_with("\"sec\";r=4;t=1, \"hour\";r=999;t="),
+        "{field}"
+    );
     let refused = (0..50)
         .map(|_| proxy.get("/search", &[]))
         .find(|r| r.status != 200)
@@ -389,7 +423,10 @@ pub fn answers_200s_then_429s<G: Gateway>() {
         let r = proxy.get("/upload", &[("X-Tenant", "acme")]);
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.header("RateLimit-Policy"), Some("\"upload\";q=3;w=60"));
-        assert!(r.header("RateLimit").unwrap().starts_with(&format!("\"upload\";r={};", 3 - n)));
+        assert!(r
+            .header("RateLimit")
+            .unwrap()
+            .starts_with(&format!("\"upload\";r={};", 3 - n)));
     }
     let refused = proxy.get("/upload", &[("X-Tenant", "acme")]);
     assert_eq!(refused.status, 429, "{refused:?}");
@@ -422,7 +459,10 @@ pub fn two_processes_share_the_limit<G: Gateway>() {
     }
     assert_eq!(admitted[0] + admitted[1], 100, "admitted {admitted:?}");
     assert_eq!(refused[0] + refused[1], 60, "refused {refused:?}");
-    assert!(admitted[0] > 0 && admitted[1] > 0, "both admitted: {admitted:?}");
+    assert!(
+        admitted[0] > 0 && admitted[1] > 0,
+        "both admitted: {admitted:?}"
+    );
 }
 
 /// While Redis is stopped (SIGSTOP) and after it is killed: each request within timeout_ms (and
@@ -446,7 +486,11 @@ pub fn stall_and_kill_of_redis<G: Gateway>() {
             let open = proxy.get("/api/x", &key);
             assert_eq!(open.status, 200, "{what} {n}: fails open: {open:?}");
             assert_eq!(open.body, "hello from the app\n");
-            assert_eq!(open.header("RateLimit"), None, "{what}: nothing known: {open:?}");
+            assert_eq!(
+                open.header("RateLimit"),
+                None,
+                "{what}: nothing known: {open:?}"
+            );
             let closed = proxy.get("/login", &[]);
             assert_eq!(closed.status, 503, "{what} {n}: fails closed: {closed:?}");
             let body: serde_json::Value = serde_json::from_str(&closed.body).unwrap();
@@ -460,7 +504,11 @@ pub fn stall_and_kill_of_redis<G: Gateway>() {
         }
         // Without the breaker every request waits out the timeout (40 of them); with it, one per
         // cool-down (1 s) per worker or thread.
-        assert!(waited <= rounds, "{what}: {waited} of {} requests waited", 2 * rounds);
+        assert!(
+            waited <= rounds,
+            "{what}: {waited} of {} requests waited",
+            2 * rounds
+        );
     };
     let recovered = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -471,7 +519,10 @@ pub fn stall_and_kill_of_redis<G: Gateway>() {
             if r.header("RateLimit").is_some() && login.status == 200 {
                 return;
             }
-            assert!(Instant::now() < deadline, "{what}: no decision 15 s on: {r:?}");
+            assert!(
+                Instant::now() < deadline,
+                "{what}: no decision 15 s on: {r:?}"
+            );
             thread::sleep(Duration::from_millis(50));
         }
     };
@@ -498,7 +549,10 @@ pub fn library_engine_without_the_module<G: Gateway>() {
         let r = proxy.get("/api/x", &[("X-API-Key", "dave")]);
         assert_eq!(r.status, 200, "request {n}: {r:?}");
         assert_eq!(r.header("RateLimit-Policy"), Some("\"default\";q=100;w=60"));
-        assert!(r.header("RateLimit").unwrap().starts_with(&format!("\"default\";r={};", 100 - n)));
+        assert!(r
+            .header("RateLimit")
+            .unwrap()
+            .starts_with(&format!("\"default\";r={};", 100 - n)));
     }
     let refused = proxy.get("/api/x", &[("X-API-Key", "dave")]);
     assert_eq!(refused.status, 429, "{refused:?}");
@@ -513,7 +567,10 @@ pub fn library_engine_without_the_module<G: Gateway>() {
         .arg(&["LIST", "LIBRARYNAME", "ratelimit"])
         .query(&mut server.client())
         .unwrap();
-    assert!(format!("{libraries:?}").contains("ratelimit_checkall"), "{libraries:?}");
+    assert!(
+        format!("{libraries:?}").contains("ratelimit_checkall"),
+        "{libraries:?}"
+    );
     for _ in 0..10 {
         let r = proxy.get("/upload", &[("X-Tenant", "acme")]);
         assert_eq!(r.status, 200, "{r:?}");
@@ -571,5 +628,8 @@ fn first_use_is_a_logged_500<G: Gateway>(server: &Server, edit: &[(&str, &str)],
     let log = proxy.log();
     let times = log.matches(said).count();
     assert!(times >= 1, "{said:?} not in the log:\n{log}");
-    assert!(times <= workers, "logged {times} times for {requests} requests:\n{log}");
+    assert!(
+        times <= workers,
+        "logged {times} times for {requests} requests:\n{log}"
+    );
 }

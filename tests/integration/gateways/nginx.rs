@@ -19,7 +19,10 @@ const CONF: &str = "gateways/nginx/nginx.conf";
 
 /// The README's nginx.conf for a server on `redis_port`, with `edit`, in a fresh directory:
 /// (directory, its nginx.conf, the frontend's port).
-fn prepare(redis_port: u16, edit: &[(&str, &str)]) -> (std::path::PathBuf, std::path::PathBuf, u16) {
+fn prepare(
+    redis_port: u16,
+    edit: &[(&str, &str)],
+) -> (std::path::PathBuf, std::path::PathBuf, u16) {
     assert_readme_shows(README, CONF);
     let dir = install_dir("nginx");
     let port = common::free_port();
@@ -39,10 +42,16 @@ fn prepare(redis_port: u16, edit: &[(&str, &str)]) -> (std::path::PathBuf, std::
 
 fn command(dir: &Path, conf: &Path) -> Command {
     let mut command = Command::new("nginx");
-    command.arg("-p").arg(dir).arg("-c").arg(conf).arg("-g").arg(format!(
-        "daemon off; master_process on; pid {0}/nginx.pid; error_log {0}/error.log notice;",
-        dir.display()
-    ));
+    command
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(conf)
+        .arg("-g")
+        .arg(format!(
+            "daemon off; master_process on; pid {0}/nginx.pid; error_log {0}/error.log notice;",
+            dir.display()
+        ));
     command
 }
 
