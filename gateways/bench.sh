@@ -128,7 +128,8 @@ haproxy_cfg "$HAPROXY_LIMITED" "http-request set-var(txn.key) str(bench)
     http-request lua.ratelimit bench" >"$WORK/haproxy-limited.cfg"
 haproxy_cfg "$HAPROXY_OWN" "http-request track-sc0 src
     http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }" >"$WORK/haproxy-own.cfg"
-for v in plain limited own; do start haproxy -db -f "$WORK/haproxy-$v.cfg"; done
+HAPROXY_PIDS=()
+for v in plain limited own; do start haproxy -db -f "$WORK/haproxy-$v.cfg"; HAPROXY_PIDS+=("${PIDS[-1]}"); done
 
 for port in $NGINX_PLAIN $NGINX_LIMITED $NGINX_OWN $HAPROXY_PLAIN $HAPROXY_LIMITED $HAPROXY_OWN; do
   wait_port "$port"
@@ -145,33 +146,56 @@ done
 curl -si "http://127.0.0.1:$NGINX_LIMITED/" | grep -qi '^ratelimit:' \
   || { echo "bench.sh: NGINX sends no RateLimit field" >&2; exit 1; }
 
-# wrk's "Requests/sec" and its 99% latency in microseconds.
+# CPU time (user + system, in clock ticks) of the processes "$@".
+ticks() { local t=0 pid; for pid in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$pid/stat"))); done; echo "$t"; }
+# The proxy's worker: nginx's master's child, or haproxy itself.
+worker() { pgrep -P "$1" || echo "$1"; }
+REDIS_PID=$(redis-cli -p "$REDIS_PORT" INFO server | awk -F: '/^process_id:/ { print $2 + 0 }')
+HZ=$(getconf CLK_TCK)
+
+# wrk on port $1 (proxy pid $2): requests/s, its 99% latency in µs, and the CPU µs per request
+# of the proxy's worker and of redis-server.
 measure() {
-  local out
+  local out pid before redis_before after redis_after
+  pid=$(worker "$2")
+  before=$(ticks "$pid"); redis_before=$(ticks "$REDIS_PID")
   out=$(wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency "http://127.0.0.1:$1/")
-  local rps p99
-  rps=$(awk '/^Requests\/sec:/ { printf "%d", $2 }' <<<"$out")
-  p99=$(awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub("us", "", v); x = v } else if (v ~ /ms$/) { sub("ms", "", v); x = v * 1000 } else if (v ~ /s$/) { sub("s", "", v); x = v * 1000000 } printf "%d", x }' <<<"$out")
+  after=$(ticks "$pid"); redis_after=$(ticks "$REDIS_PID")
   local non2xx
   non2xx=$(awk '/Non-2xx/ { print $NF }' <<<"$out")
   [ -z "$non2xx" ] || { echo "bench.sh: $non2xx non-2xx responses on $1" >&2; exit 1; }
-  echo "$rps $p99"
+  awk -v t="$((after - before))" -v r="$((redis_after - redis_before))" -v hz="$HZ" '
+    /^Requests\/sec:/ { rps = $2 }
+    /requests in/ { n = $1 }
+    $1 == "99%" { v = $2
+      if (v ~ /us$/) { sub("us", "", v); p99 = v } else if (v ~ /ms$/) { sub("ms", "", v); p99 = v * 1000 }
+      else if (v ~ /s$/) { sub("s", "", v); p99 = v * 1000000 } }
+    END { printf "%d %d %.1f %.1f\n", rps, p99, t * 1e6 / hz / n, r * 1e6 / hz / n }' <<<"$out"
 }
 
 RTT=$(redis-benchmark -p "$REDIS_PORT" -c 1 -n 20000 --precision 3 --csv \
   RATELIMIT.CHECK rtt sliding-window 1000000000 1m | awk -F'"' 'NR == 2 { printf "%d", $14 * 1000 }')
 
-echo "| proxy (1 worker, $CONNECTIONS connections, $DURATION) | requests/s | p99 (µs) | vs no limiter |"
-echo "|---|---|---|---|"
+echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs."
+echo
+echo "| proxy (1 worker, $CONNECTIONS connections, $DURATION) | requests/s | p99 (µs) | proxy CPU µs/request | redis-server CPU µs/request | vs no limiter |"
+echo "|---|---|---|---|---|---|"
 for proxy in nginx haproxy; do
-  if [ $proxy = nginx ]; then ports=("$NGINX_PLAIN" "$NGINX_LIMITED" "$NGINX_OWN"); own="limit_req"
-  else ports=("$HAPROXY_PLAIN" "$HAPROXY_LIMITED" "$HAPROXY_OWN"); own="stick table"; fi
-  read -r base_rps base_p99 < <(measure "${ports[0]}")
-  echo "| $proxy, no limiter | $base_rps | $base_p99 | |"
-  read -r rps p99 < <(measure "${ports[1]}")
-  echo "| $proxy, redis-ratelimit | $rps | $p99 | $(awk -v a="$rps" -v b="$base_rps" 'BEGIN { printf "%.2fx", a / b }') throughput, +$((p99 - base_p99)) µs p99 |"
-  read -r rps p99 < <(measure "${ports[2]}")
-  echo "| $proxy, $own | $rps | $p99 | $(awk -v a="$rps" -v b="$base_rps" 'BEGIN { printf "%.2fx", a / b }') throughput, +$((p99 - base_p99)) µs p99 |"
+  if [ $proxy = nginx ]; then
+    ports=("$NGINX_PLAIN" "$NGINX_LIMITED" "$NGINX_OWN"); own="limit_req"
+    pids=("$(cat "$WORK/nginx.$NGINX_PLAIN.pid")" "$(cat "$WORK/nginx.$NGINX_LIMITED.pid")" "$(cat "$WORK/nginx.$NGINX_OWN.pid")")
+  else
+    ports=("$HAPROXY_PLAIN" "$HAPROXY_LIMITED" "$HAPROXY_OWN"); own="stick table"
+    pids=("${HAPROXY_PIDS[@]}")
+  fi
+  read -r base_rps base_p99 cpu rcpu < <(measure "${ports[0]}" "${pids[0]}")
+  echo "| $proxy, no limiter | $base_rps | $base_p99 | $cpu | $rcpu | |"
+  for i in 1 2; do
+    [ $i = 1 ] && what="redis-ratelimit" || what=$own
+    read -r rps p99 cpu rcpu < <(measure "${ports[$i]}" "${pids[$i]}")
+    echo "| $proxy, $what | $rps | $p99 | $cpu | $rcpu | $(awk -v a="$rps" -v b="$base_rps" 'BEGIN { printf "%.2fx", a / b }') throughput, +$((p99 - base_p99)) µs p99 |"
+  done
 done
 echo
 echo "One Redis round trip of RATELIMIT.CHECK (redis-benchmark, 1 connection): p99 $RTT µs."
+echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg)."

@@ -13,8 +13,8 @@
 --   http-response lua.ratelimit-headers
 --
 -- gateways/haproxy/README.md has the options and a complete haproxy.cfg. Load it with
--- `lua-load-per-thread` (a socket belongs to the thread that opened it): the breaker is then
--- per thread, and nothing is shared between threads or HAProxy processes.
+-- `lua-load-per-thread` (a socket belongs to the thread that opened it): the connection pool and
+-- the breaker are then per thread, and nothing is shared between threads or HAProxy processes.
 
 local core_ = require("ratelimit_core")
 
@@ -46,29 +46,53 @@ local store = {
   end,
 }
 
--- A connection per call: HAProxy 2.6 closes a core.tcp socket when the transaction that opened
--- it ends ("connection closed." on the next use), and a socket belongs to its thread, so a pool
--- could never hand one to the next request.
+-- Idle connections per server address, most recent last, in this thread's Lua state (a socket
+-- belongs to the thread that opened it). An idle socket keeps IDLE_S as its timeout: HAProxy
+-- closes a socket's stream after its timeout without traffic, so a pooled one waiting with a
+-- call's short timeout would be closed within it.
+local POOL_SIZE = 16
+local IDLE_S = 60
+local pools = {}
+
 local Conn = {}
 Conn.__index = Conn
 function Conn:receive(pattern) return self.sock:receive(pattern) end
 function Conn:send(data) return self.sock:send(data) end
 function Conn:settimeout_ms(ms) self.sock:settimeout(ms / 1000) end
-function Conn.reused() return 0 end
+function Conn:reused() return self.uses end
 
 local env = {
   now_ms = now_ms,
   log = log,
   store = store,
   defaults = {},
-  connect = function(o, timeout_ms)
+  connect = function(o, timeout_ms, fresh)
+    local pool = pools[o.redis.text]
+    if pool and pool[1] and not fresh then
+      local conn = pool[#pool]
+      pool[#pool] = nil
+      conn.uses = conn.uses + 1
+      return conn
+    end
     local sock = core.tcp()
     sock:settimeout(timeout_ms / 1000)
     local ok, err = sock:connect(o.redis.host, o.redis.port)
     if not ok then return nil, "connect: " .. tostring(err) end
-    return setmetatable({ sock = sock }, Conn)
+    return setmetatable({ sock = sock, uses = 0, where = o.redis.text }, Conn)
   end,
-  keep = function(conn) conn.sock:close() end,
+  keep = function(conn)
+    local pool = pools[conn.where]
+    if not pool then
+      pool = {}
+      pools[conn.where] = pool
+    end
+    if #pool < POOL_SIZE then
+      conn.sock:settimeout(IDLE_S)
+      pool[#pool + 1] = conn
+    else
+      conn.sock:close()
+    end
+  end,
   close = function(conn) conn.sock:close() end,
 }
 
