@@ -342,7 +342,9 @@ local Limiter = {}
 Limiter.__index = Limiter
 
 --- A limiter over a proxy's I/O. `env`:
----   connect(redis, timeout_ms) -> sock (receive, send, settimeout_ms, reused) or nil, err
+---   connect(o, timeout_ms, fresh) -> sock (receive, send, settimeout_ms, reused) or nil, err;
+---                                 or a sock with exchange(payload, n, deadline) -> n replies
+---                                 (the proxy pipelines, authenticates and pools itself)
 ---   keep(sock)                 -> give a healthy connection back to the pool
 ---   close(sock)
 ---   now_ms()                   -> a clock in ms
@@ -409,6 +411,10 @@ function Limiter:round_trip(sock, commands, deadline)
   local env = self.env
   local payload = {}
   for i = 1, #commands do payload[i] = M.command(commands[i]) end
+  if sock.exchange then
+    -- The proxy's own pipeline (NGINX: concurrent calls share one round trip).
+    return sock:exchange(concat(payload), #commands, deadline)
+  end
   sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
   local ok, err = sock:send(concat(payload))
   if not ok then return nil, err end
@@ -560,7 +566,7 @@ function Limiter:decide(opts)
     return unavailable(o)
   end
   local result, rerr = self:run(o, sock, keyed, deadline)
-  if result == nil and sock:reused() > 0 and rerr ~= "timeout" then
+  if result == nil and sock:reused() > 0 and rerr ~= "timeout" and not sock.exchange then
     -- A pooled connection the server closed meanwhile (a restart): once more on a new one.
     env.close(sock)
     sock, cerr = env.connect(o, math.max(1, deadline - env.now_ms()), true)
@@ -589,7 +595,7 @@ end
 function Limiter:run(o, sock, keyed, deadline)
   local env = self.env
   local where = o.redis.text
-  if o.password and sock:reused() == 0 then
+  if o.password and sock:reused() == 0 and not sock.exchange then
     local replies, err = self:round_trip(sock, { { "AUTH", o.password } }, deadline)
     if not replies then return nil, err end
     if M.is_error(replies[1]) then

@@ -109,3 +109,8 @@ fn haproxy_uses_the_library_without_the_module() {
 fn haproxy_logs_configuration_errors() {
     super::configuration_errors_are_logged::<Haproxy>();
 }
+
+#[test]
+fn haproxy_gives_concurrent_requests_their_own_decisions() {
+    super::concurrent_requests_get_their_own_decisions::<Haproxy>();
+}

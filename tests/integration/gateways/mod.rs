@@ -633,3 +633,49 @@ fn first_use_is_a_logged_500<G: Gateway>(server: &Server, edit: &[(&str, &str)],
         "logged {times} times for {requests} requests:\n{log}"
     );
 }
+
+/// Many requests at once (NGINX pipelines a worker's concurrent calls on one connection): each
+/// gets its own decision. Eight clients, one API key each, 130 requests apiece: each key admits
+/// exactly 100, whose `r=` are 99 down to 0, each once (a reply handed to the wrong request
+/// would show as another key's count).
+pub fn concurrent_requests_get_their_own_decisions<G: Gateway>() {
+    if !G::available() {
+        return;
+    }
+    let server = Server::start();
+    let proxy = G::start(server.port(), &[]);
+    let port = proxy.port;
+    let clients: Vec<_> = (0..8)
+        .map(|client| {
+            thread::spawn(move || {
+                let key = format!("client-{client}");
+                let mut remaining = Vec::new();
+                let mut refused = 0;
+                for _ in 0..130 {
+                    let r = get(port, "/api/x", &[("X-API-Key", &key)]);
+                    match r.status {
+                        200 => {
+                            let field = r.header("RateLimit").expect("RateLimit").to_string();
+                            let r_value = field
+                                .split(";r=")
+                                .nth(1)
+                                .and_then(|rest| rest.split(';').next())
+                                .and_then(|n| n.parse::<u64>().ok())
+                                .unwrap_or_else(|| panic!("{field}"));
+                            remaining.push(r_value);
+                        }
+                        429 => refused += 1,
+                        _ => panic!("{r:?}"),
+                    }
+                }
+                (remaining, refused)
+            })
+        })
+        .collect();
+    for (client, handle) in clients.into_iter().enumerate() {
+        let (mut remaining, refused) = handle.join().expect("a client thread");
+        remaining.sort_unstable();
+        assert_eq!(remaining, (0..100).collect::<Vec<u64>>(), "client {client}");
+        assert_eq!(refused, 30, "client {client}");
+    }
+}

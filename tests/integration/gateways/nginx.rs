@@ -123,3 +123,8 @@ fn nginx_uses_the_library_without_the_module() {
 fn nginx_logs_configuration_errors() {
     super::configuration_errors_are_logged::<Nginx>();
 }
+
+#[test]
+fn nginx_gives_concurrent_requests_their_own_decisions() {
+    super::concurrent_requests_get_their_own_decisions::<Nginx>();
+}
