@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 
 /// The configuration's `timeout_ms`.
 const TIMEOUT_MS: u64 = 50;
+/// The edit of the tests that are not about timeouts: 50 ms can pass on a loaded machine, and a
+/// request would then be failed open instead of decided.
+const CALM: (&str, &str) = ("timeout_ms = 50", "timeout_ms = 2000");
 /// What a request may take beyond `timeout_ms` on a loaded machine: generous, since it only has
 /// to tell a bounded request from one waiting for a stalled Redis (60 s without the bound).
 const SLACK: Duration = Duration::from_secs(2);
@@ -340,7 +343,7 @@ pub fn answers_200s_then_429s<G: Gateway>() {
         return;
     }
     let server = Server::start();
-    let proxy = G::start(server.port(), &[]);
+    let proxy = G::start(server.port(), &[CALM]);
 
     // No key: not limited, not counted, no fields.
     let free = proxy.get("/api/x", &[]);
@@ -374,7 +377,7 @@ pub fn answers_200s_then_429s<G: Gateway>() {
         .expect("Retry-After")
         .parse()
         .unwrap();
-    assert!((1..=60).contains(&retry), "{refused:?}");
+    assert!((1..=120).contains(&retry), "{refused:?}");
     assert_eq!(t_of(field), retry);
     assert_eq!(refused.header("Content-Type"), Some("application/json"));
     let body: serde_json::Value = serde_json::from_str(&refused.body).expect("a JSON body");
@@ -445,7 +448,10 @@ pub fn two_processes_share_the_limit<G: Gateway>() {
         .arg(&["SET", "upload", "token-bucket", "100", "1h"])
         .query(&mut server.client())
         .unwrap();
-    let proxies = [G::start(server.port(), &[]), G::start(server.port(), &[])];
+    let proxies = [
+        G::start(server.port(), &[CALM]),
+        G::start(server.port(), &[CALM]),
+    ];
     let mut admitted = [0u32; 2];
     let mut refused = [0u32; 2];
     for n in 0..160 {
@@ -473,10 +479,29 @@ pub fn stall_and_kill_of_redis<G: Gateway>() {
         return;
     }
     let mut server = Server::start();
+    // The README's timeout_ms (50): what is bounded here.
     let proxy = G::start(server.port(), &[]);
     let key = [("X-API-Key", "carol")];
-    assert!(proxy.get("/api/x", &key).header("RateLimit").is_some());
-    assert_eq!(proxy.get("/login", &[]).status, 200);
+
+    let recovered = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            // Each worker or thread finds out when its cool-down ends: both answer alike first.
+            let r = proxy.get("/api/x", &key);
+            let login = proxy.get("/login", &[]);
+            if r.header("RateLimit").is_some() && login.status == 200 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: no decision 15 s on: {r:?}"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    // Decided before (a 50 ms timeout can pass on a loaded machine: then asked again).
+    recovered("at the start");
 
     let bound = Duration::from_millis(TIMEOUT_MS) + SLACK;
     let check_outage = |what: &str| {
@@ -510,23 +535,6 @@ pub fn stall_and_kill_of_redis<G: Gateway>() {
             2 * rounds
         );
     };
-    let recovered = |what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            // Each worker or thread finds out when its cool-down ends: both answer alike first.
-            let r = proxy.get("/api/x", &key);
-            let login = proxy.get("/login", &[]);
-            if r.header("RateLimit").is_some() && login.status == 200 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: no decision 15 s on: {r:?}"
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
-    };
-
     server.pause();
     check_outage("stalled");
     server.resume();
@@ -544,7 +552,7 @@ pub fn library_engine_without_the_module<G: Gateway>() {
         return;
     }
     let server = Server::start_without_module();
-    let proxy = G::start(server.port(), &[]);
+    let proxy = G::start(server.port(), &[CALM]);
     for n in 1..=100u64 {
         let r = proxy.get("/api/x", &[("X-API-Key", "dave")]);
         assert_eq!(r.status, 200, "request {n}: {r:?}");
@@ -617,7 +625,9 @@ pub fn configuration_errors_are_logged<G: Gateway>() {
 
 /// With `edit`, /login answers 500 and the log says `said`, once per worker or thread at most.
 fn first_use_is_a_logged_500<G: Gateway>(server: &Server, edit: &[(&str, &str)], said: &str) {
-    let proxy = G::start(server.port(), edit);
+    let mut edit = edit.to_vec();
+    edit.push(CALM);
+    let proxy = G::start(server.port(), &edit);
     let workers = thread::available_parallelism().map_or(1, |n| n.get());
     let requests = 3 * workers + 3;
     for _ in 0..requests {
@@ -643,7 +653,7 @@ pub fn concurrent_requests_get_their_own_decisions<G: Gateway>() {
         return;
     }
     let server = Server::start();
-    let proxy = G::start(server.port(), &[]);
+    let proxy = G::start(server.port(), &[CALM]);
     let port = proxy.port;
     let clients: Vec<_> = (0..8)
         .map(|client| {
