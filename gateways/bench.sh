@@ -153,8 +153,12 @@ worker() { pgrep -P "$1" || echo "$1"; }
 REDIS_PID=$(redis-cli -p "$REDIS_PORT" INFO server | awk -F: '/^process_id:/ { print $2 + 0 }')
 HZ=$(getconf CLK_TCK)
 
-# wrk on port $1 (proxy pid $2): requests/s, its 99% latency in µs, and the CPU µs per request
-# of the proxy's worker and of redis-server.
+# wrk's 50% and 99% latencies in µs (p50, p99).
+LATENCY='function us(v) { if (v ~ /us$/) { sub("us", "", v); return v } if (v ~ /ms$/) { sub("ms", "", v); return v * 1000 } sub("s", "", v); return v * 1000000 }
+  $1 == "50%" { p50 = us($2) } $1 == "99%" { p99 = us($2) }'
+
+# wrk on port $1 (proxy pid $2): requests/s and p99 (µs) over $CONNECTIONS connections, the CPU
+# µs per request of the proxy's worker and of redis-server, then p50 and p99 over one connection.
 measure() {
   local out pid before redis_before after redis_after
   pid=$(worker "$2")
@@ -164,21 +168,22 @@ measure() {
   local non2xx
   non2xx=$(awk '/Non-2xx/ { print $NF }' <<<"$out")
   [ -z "$non2xx" ] || { echo "bench.sh: $non2xx non-2xx responses on $1" >&2; exit 1; }
-  awk -v t="$((after - before))" -v r="$((redis_after - redis_before))" -v hz="$HZ" '
+  # Latency alone: one connection.
+  local one
+  one=$(wrk -t1 -c1 -d"$DURATION" --latency "http://127.0.0.1:$1/" | awk "$LATENCY"' END { printf "%d %d", p50, p99 }')
+  awk -v t="$((after - before))" -v r="$((redis_after - redis_before))" -v hz="$HZ" -v one="$one" '
     /^Requests\/sec:/ { rps = $2 }
     /requests in/ { n = $1 }
-    $1 == "99%" { v = $2
-      if (v ~ /us$/) { sub("us", "", v); p99 = v } else if (v ~ /ms$/) { sub("ms", "", v); p99 = v * 1000 }
-      else if (v ~ /s$/) { sub("s", "", v); p99 = v * 1000000 } }
-    END { printf "%d %d %.1f %.1f\n", rps, p99, t * 1e6 / hz / n, r * 1e6 / hz / n }' <<<"$out"
+  '"$LATENCY"'
+    END { printf "%d %d %.1f %.1f %s\n", rps, p99, t * 1e6 / hz / n, r * 1e6 / hz / n, one }' <<<"$out"
 }
 
 RTT=$(redis-benchmark -p "$REDIS_PORT" -c 1 -n 20000 --precision 3 --csv \
-  RATELIMIT.CHECK rtt sliding-window 1000000000 1m | awk -F'"' 'NR == 2 { printf "%d", $14 * 1000 }')
+  RATELIMIT.CHECK rtt sliding-window 1000000000 1m | awk -F'"' 'NR == 2 { printf "%d µs, p99 %d", $10 * 1000, $14 * 1000 }')
 
 echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs."
 echo
-echo "| proxy (1 worker, $CONNECTIONS connections, $DURATION) | requests/s | p99 (µs) | proxy CPU µs/request | redis-server CPU µs/request | vs no limiter |"
+echo "| proxy (1 worker) | requests/s, $CONNECTIONS connections | p99 (µs), $CONNECTIONS connections | proxy CPU µs/request | redis-server CPU µs/request | p50 / p99 (µs), 1 connection |"
 echo "|---|---|---|---|---|---|"
 for proxy in nginx haproxy; do
   if [ $proxy = nginx ]; then
@@ -188,14 +193,12 @@ for proxy in nginx haproxy; do
     ports=("$HAPROXY_PLAIN" "$HAPROXY_LIMITED" "$HAPROXY_OWN"); own="stick table"
     pids=("${HAPROXY_PIDS[@]}")
   fi
-  read -r base_rps base_p99 cpu rcpu < <(measure "${ports[0]}" "${pids[0]}")
-  echo "| $proxy, no limiter | $base_rps | $base_p99 | $cpu | $rcpu | |"
-  for i in 1 2; do
-    [ $i = 1 ] && what="redis-ratelimit" || what=$own
-    read -r rps p99 cpu rcpu < <(measure "${ports[$i]}" "${pids[$i]}")
-    echo "| $proxy, $what | $rps | $p99 | $cpu | $rcpu | $(awk -v a="$rps" -v b="$base_rps" 'BEGIN { printf "%.2fx", a / b }') throughput, +$((p99 - base_p99)) µs p99 |"
+  for i in 0 1 2; do
+    what=("no limiter" "redis-ratelimit" "$own")
+    read -r rps p99 cpu rcpu p50_1 p99_1 < <(measure "${ports[$i]}" "${pids[$i]}")
+    echo "| $proxy, ${what[$i]} | $rps | $p99 | $cpu | $rcpu | $p50_1 / $p99_1 |"
   done
 done
 echo
-echo "One Redis round trip of RATELIMIT.CHECK (redis-benchmark, 1 connection): p99 $RTT µs."
+echo "One Redis round trip of RATELIMIT.CHECK (redis-benchmark, 1 connection): p50 $RTT µs."
 echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg)."
