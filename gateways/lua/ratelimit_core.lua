@@ -105,7 +105,8 @@ local function address(text)
   if not host or host == "" or tonumber(port) < 1 or tonumber(port) > 65535 then
     return nil
   end
-  cached = { host = host, port = tonumber(port), text = text }
+  cached = { host = host, port = tonumber(port), text = text,
+    open_until = "open_until " .. text, probe = "probe " .. text }
   addresses[text] = cached
   return cached
 end
@@ -376,20 +377,22 @@ function Limiter:once(level, message)
 end
 
 -- The breaker: one failure opens it for the cool-down; after it, one probe (the store's `add`).
+-- (Per server: the store's names end with its address.)
 function Limiter:breaker_open(o)
   local store = self.env.store
-  local open_until = store:get("open_until") or 0
+  local open_until = store:get(o.redis.open_until) or 0
   if open_until == 0 then return false end
   local now = self.env.now_ms()
   if now < open_until then return true end
   -- Cool-down over: one request probes; the others fail as during it until it answers.
-  return not store:add("probe", o.timeout_ms * 4)
+  return not store:add(o.redis.probe, o.timeout_ms * 4)
 end
 
 function Limiter:failed(o, err)
   local store = self.env.store
-  local was = store:get("open_until") or 0
-  store:set("open_until", self.env.now_ms() + o.breaker_cooldown_ms)
+  local name = o.redis.open_until
+  local was = store:get(name) or 0
+  store:set(name, self.env.now_ms() + o.breaker_cooldown_ms)
   if was == 0 then
     self.env.log("warn", format("ratelimit: Redis %s unavailable (%s): no call to it for %d ms "
       .. "at a time until it answers; each limit fails as its on_error says", o.redis.text,
@@ -399,8 +402,9 @@ end
 
 function Limiter:succeeded(o)
   local store = self.env.store
-  if (store:get("open_until") or 0) ~= 0 then
-    store:set("open_until", 0)
+  local name = o.redis.open_until
+  if (store:get(name) or 0) ~= 0 then
+    store:set(name, 0)
     self.env.log("warn", format("ratelimit: Redis %s answers again", o.redis.text))
   end
 end
