@@ -689,3 +689,26 @@ pub fn concurrent_requests_get_their_own_decisions<G: Gateway>() {
         assert_eq!(refused, 30, "client {client}");
     }
 }
+
+/// The core's own tests (gateways/lua/test_core.lua: the reader, the fields, the options'
+/// errors, engine detection, the library's loading, policies, CHECKALL, the breaker) under Lua
+/// 5.1, the language of NGINX's LuaJIT, and Lua 5.3, HAProxy's.
+#[test]
+fn the_lua_core_passes_its_tests_in_lua_5_1_and_5_3() {
+    for lua in ["lua5.1", "lua5.3"] {
+        if !installed(&format!("command -v {lua}"), &[lua]) {
+            continue;
+        }
+        let output = Command::new(lua)
+            .arg("gateways/lua/test_core.lua")
+            .current_dir(common::repo_root())
+            .output()
+            .unwrap_or_else(|e| panic!("running {lua}: {e}"));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.starts_with("ok "),
+            "{lua} gateways/lua/test_core.lua:\n{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
