@@ -53,7 +53,9 @@ end
 -- fails each of its calls (the breaker then stops the next ones).
 local semaphore = require("ngx.semaphore")
 
-local channels = {} -- "host:port" -> { queue = {...}, busy = bool }
+local channels = {} -- "host:port" -> { queue = {...}, busy = bool, until_ms = when it is stale }
+-- How long past its calls' deadlines a batch may keep the pipeline before it is deemed gone.
+local STALE_MS = 1000
 
 -- A cosocket in the shape the core reads from.
 local Raw = {}
@@ -144,6 +146,7 @@ local function drain(premature, o, ch)
   while ch.queue[1] do
     local jobs = ch.queue
     ch.queue = {}
+    ch.until_ms = ngx.now() * 1000 + o.timeout_ms * 2 + STALE_MS
     serve(o, jobs, nil)
   end
   ch.busy = false
@@ -161,8 +164,15 @@ function Pipe:exchange(payload, n, deadline)
     channels[o.redis.text] = ch
   end
   local job = { payload = payload, n = n, deadline = deadline }
+  local now = ngx.now() * 1000
+  -- A sender gone without finishing (its request ended under it): the next call sends.
+  if ch.busy and now > ch.until_ms then
+    log("err", "ratelimit: a pipeline to " .. o.redis.text .. " was left busy: resumed")
+    ch.busy = false
+  end
   if not ch.busy then
     ch.busy = true
+    ch.until_ms = now + o.timeout_ms * 2 + STALE_MS
     serve(o, { job }, job)
     if ch.queue[1] then
       local ok, err = ngx.timer.at(0, drain, o, ch)
