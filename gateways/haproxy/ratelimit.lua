@@ -197,8 +197,8 @@ end
 local function action(txn, name)
   local rule = rules[name]
   if not rule then
-    log("err", "ratelimit: http-request lua.ratelimit " .. tostring(name) .. ": no such rule "
-      .. "(ratelimit.rule(\"" .. tostring(name) .. "\", {...}) in a lua-load file)")
+    the_limiter():once("err", "ratelimit: http-request lua.ratelimit " .. tostring(name)
+      .. ": no such rule (ratelimit.rule(\"" .. tostring(name) .. "\", {...}) in a lua-load file)")
     return txn:done(txn:reply{ status = 500, body = core_.CONFIG_BODY,
       headers = { ["content-type"] = { "application/json" } } })
   end

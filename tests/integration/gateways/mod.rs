@@ -615,6 +615,9 @@ pub fn configuration_errors_are_logged<G: Gateway>() {
         let (ok, output) = G::check(server.port(), &typo);
         assert!(!ok, "a bad algorithm accepted:\n{output}");
         assert!(output.contains(said), "{output}");
+        // A rule's name is only known when a request uses it.
+        let unknown = [("lua.ratelimit login", "lua.ratelimit logn")];
+        first_use_is_a_logged_500::<G>(&server, &unknown, "lua.ratelimit logn: no such rule");
     } else {
         first_use_is_a_logged_500::<G>(&server, &typo, said);
     }
