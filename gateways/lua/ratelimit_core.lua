@@ -409,21 +409,46 @@ function Limiter:succeeded(o)
   end
 end
 
+-- Replies that say the server cannot serve now (loading, busy with a script, a replica that lost
+-- its master or is read-only, out of memory): Redis unavailable, not a mistake of the caller.
+local UNAVAILABLE = { LOADING = true, BUSY = true, MASTERDOWN = true, READONLY = true,
+  TRYAGAIN = true, CLUSTERDOWN = true, OOM = true }
+local function unavailable_reply(replies)
+  for i = 1, #replies do
+    local reply = replies[i]
+    if M.is_error(reply) and UNAVAILABLE[match(reply.message, "^(%u+)")] then
+      return reply.message
+    end
+  end
+  return nil
+end
+
 -- One round trip: `commands` pipelined, their replies read, every operation bounded by what is
 -- left of the deadline. Answers the replies, or nil and the transport's error.
 function Limiter:round_trip(sock, commands, deadline)
-  local env = self.env
   local payload = {}
   for i = 1, #commands do payload[i] = M.command(commands[i]) end
+  local replies, err
   if sock.exchange then
     -- The proxy's own pipeline (NGINX: concurrent calls share one round trip).
-    return sock:exchange(concat(payload), #commands, deadline)
+    replies, err = sock:exchange(concat(payload), #commands, deadline)
+  else
+    replies, err = self:send_and_read(sock, payload, #commands, deadline)
   end
+  if replies then
+    local busy = unavailable_reply(replies)
+    if busy then return nil, busy end
+  end
+  return replies, err
+end
+
+function Limiter:send_and_read(sock, payload, n, deadline)
+  local env = self.env
   sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
   local ok, err = sock:send(concat(payload))
   if not ok then return nil, err end
   local replies = {}
-  for i = 1, #commands do
+  for i = 1, n do
     sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
     local reply, rerr = M.read_reply(sock)
     if reply == nil then return nil, rerr end

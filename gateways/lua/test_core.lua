@@ -245,4 +245,12 @@ eq(limiter:decide({ key = "k", limit = "fixed-window 1 1s" }).source, "module", 
 eq(calls, 2, "probe: one attempt")
 eq(table.concat(log, "\n"):find("answers again", 1, true) ~= nil, true, "recovery: said")
 
+-- A server that cannot serve now (restarting: LOADING) is unavailable, not misconfigured.
+limiter, _, _, log = fake(function()
+  return "-LOADING Redis is loading the dataset in memory\r\n"
+end)
+a = limiter:decide({ key = "k", limit = "fixed-window 1 1s", on_error = "closed" })
+eq(a.status, 503, "LOADING: fails as on_error says")
+eq(table.concat(log, "\n"):find("unavailable (LOADING", 1, true) ~= nil, true, "LOADING: said")
+
 print("ok " .. checks)
