@@ -21,6 +21,7 @@ mod equivalence;
 mod examples;
 mod formats;
 mod functions;
+mod gateways;
 mod harness;
 mod hostile_input;
 mod invisible;
