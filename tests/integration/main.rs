@@ -35,3 +35,4 @@ mod refund;
 mod snippets;
 mod take;
 mod time;
+mod vectors;
