@@ -77,7 +77,8 @@ function storedOf(local, key) {
   const stored = local.keys.get(key);
   if (stored === undefined) return null;
   return {
-    expires_at_ms: stored.expiresAt,
+    // The expiry as the key's (PEXPIRETIME, a signed 64-bit integer): saturated at 2^63 - 1.
+    expires_at_ms: Math.min(stored.expiresAt, 2 ** 63),
     last_ms: stored.last,
     limit: stored.params.limitN,
     period_ms: stored.params.periodMs,
