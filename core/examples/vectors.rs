@@ -93,7 +93,7 @@ impl Keyspace {
             Op::Check(cost) => Reply::Fields(self.decide(key, &request(cost), true, spec.block_ms)),
             Op::Peek(cost) => Reply::Fields(self.decide(key, &request(cost), false, spec.block_ms)),
             Op::Take(max) => {
-                let mut peek = |cost| {
+                let peek = |cost| {
                     let mut copy = self.keys.get(key).cloned();
                     let mut created = None;
                     check_blocking_into(
@@ -107,7 +107,7 @@ impl Keyspace {
                 };
                 let granted = largest_grant(max, |cost| peek(cost).map(|d| d.allowed))
                     .expect("one algorithm per key");
-                let last_delay = last_unit_delay_ms(spec.algorithm, granted, &mut peek)
+                let last_delay = last_unit_delay_ms(spec.algorithm, granted, peek)
                     .expect("one algorithm per key");
                 let mut fields = self.decide(key, &request(granted.max(1)), true, spec.block_ms);
                 if let (Some(delay), 1) = (last_delay, fields[0]) {
@@ -128,7 +128,13 @@ impl Keyspace {
         }
     }
 
-    fn decide(&mut self, key: &str, request: &Request, commit: bool, block: Option<u64>) -> [i64; 6] {
+    fn decide(
+        &mut self,
+        key: &str,
+        request: &Request,
+        commit: bool,
+        block: Option<u64>,
+    ) -> [i64; 6] {
         let mut created = None;
         let (outcome, written, _) =
             check_blocking_into(self.keys.get_mut(key), request, commit, block, &mut created)
@@ -230,7 +236,11 @@ pub fn stored_json(limiter: &Limiter) -> String {
         limiter.last_ms
     );
     for (name, value) in own {
-        let _ = write!(info, ",\"{name}\":{}", i64::try_from(value).unwrap_or(i64::MAX));
+        let _ = write!(
+            info,
+            ",\"{name}\":{}",
+            i64::try_from(value).unwrap_or(i64::MAX)
+        );
     }
     if limiter.blocked_at(limiter.last_ms) {
         let _ = write!(info, ",\"blocked_until_ms\":{}", limiter.blocked_until_ms);
@@ -303,7 +313,7 @@ pub fn call_json(call: &Call, reply: &Reply, stored: Option<&Limiter>) -> String
 pub struct Rng(u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -312,7 +322,7 @@ impl Rng {
     }
     /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
     /// Uniform in `lo..=hi`.
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
@@ -340,7 +350,10 @@ fn spec_for(rng: &mut Rng, algorithm: Algorithm) -> Spec {
         rng.pick(&[1, 2, 3, 5, 10, 100, 1000, 1_000_000])
     };
     let burst = if algorithm.is_bucket() && rng.chance(60) {
-        Some(rng.pick(&[1, limit.div_ceil(2), limit, limit * 2, limit * 10]).max(1))
+        Some(
+            rng.pick(&[1, limit.div_ceil(2), limit, limit * 2, limit * 10])
+                .max(1),
+        )
     } else {
         None
     };
@@ -421,7 +434,11 @@ fn walk(rng: &mut Rng, algorithm: Algorithm, name: String, len: usize, kind: Wal
                 0 => Op::Peek(0),
                 _ => Op::Check(cost_for(rng, &spec)),
             },
-            9..=11 => Op::Peek(if rng.chance(50) { 0 } else { cost_for(rng, &spec) }),
+            9..=11 => Op::Peek(if rng.chance(50) {
+                0
+            } else {
+                cost_for(rng, &spec)
+            }),
             12..=14 => Op::Take(cost_for(rng, &spec).max(1) + rng.below(3)),
             15..=18 => Op::Refund(cost_for(rng, &spec)),
             _ => Op::Reset,
@@ -472,7 +489,11 @@ fn largest(algorithm: Algorithm) -> Group {
             call(Op::Peek(1), slow, at + 4),
             call(Op::Take(MAX_AMOUNT), slow, at + 5),
             call(Op::Refund(1), slow, at + 6),
-            call(Op::Check(MAX_AMOUNT), huge(MAX_AMOUNT, Some(1), MAX_PERIOD_MS), at + 7),
+            call(
+                Op::Check(MAX_AMOUNT),
+                huge(MAX_AMOUNT, Some(1), MAX_PERIOD_MS),
+                at + 7,
+            ),
         ]
     } else {
         let s = huge(MAX_AMOUNT, None, MAX_PERIOD_MS);
@@ -549,7 +570,11 @@ pub fn generate() -> String {
     let groups = groups();
     for (g, group) in groups.iter().enumerate() {
         let key = format!("vectors:{}", group.name);
-        let _ = writeln!(out, "{{\"name\":\"{}\",\"key\":\"{key}\",\"calls\":[", group.name);
+        let _ = writeln!(
+            out,
+            "{{\"name\":\"{}\",\"key\":\"{key}\",\"calls\":[",
+            group.name
+        );
         let mut keys = Keyspace::default();
         for (i, call) in group.calls.iter().enumerate() {
             let reply = keys.apply(&key, call);

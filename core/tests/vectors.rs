@@ -63,7 +63,12 @@ impl Parser<'_> {
 
     fn expect(&mut self, byte: u8) {
         self.skip_space();
-        assert_eq!(self.bytes.get(self.pos), Some(&byte), "at byte {}", self.pos);
+        assert_eq!(
+            self.bytes.get(self.pos),
+            Some(&byte),
+            "at byte {}",
+            self.pos
+        );
         self.pos += 1;
     }
 

@@ -75,7 +75,10 @@ fn exact_in_lua(call: &Json) -> bool {
     if op(call) == "reset" {
         return true;
     }
-    let (limit, period) = (u128::from(u(call, "limit")), u128::from(u(call, "period_ms")));
+    let (limit, period) = (
+        u128::from(u(call, "limit")),
+        u128::from(u(call, "period_ms")),
+    );
     let capacity = call["burst"].as_u64().map_or(limit, u128::from);
     match call["algorithm"].as_str() {
         Some("token-bucket" | "leaky-bucket" | "gcra") => capacity * period < EXACT,
@@ -314,7 +317,8 @@ fn replay_all(engine: Engine) -> usize {
                 "gcra",
             ] {
                 let path = reference_file(algorithm);
-                let script = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+                let script =
+                    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
                 let sha: String = redis::cmd("SCRIPT")
                     .arg("LOAD")
                     .arg(script)
@@ -341,7 +345,12 @@ fn replay_all(engine: Engine) -> usize {
          redis-ratelimit-core --example vectors > tests/vectors/v1.json` only if the core is \
          right):\n{}",
         problems.len(),
-        problems.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+        problems
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     replayed
 }
