@@ -412,7 +412,16 @@ enum Walk {
 }
 
 fn walk(rng: &mut Rng, algorithm: Algorithm, name: String, len: usize, kind: Walk) -> Group {
-    let mut spec = spec_for(rng, algorithm);
+    // Under a BLOCK, small limits: rejections (which start blocks) are frequent.
+    let spec_of = |rng: &mut Rng| {
+        let mut spec = spec_for(rng, algorithm);
+        if kind == Walk::Block {
+            spec.limit = rng.pick(&[1, 2, 3, 5]);
+            spec.burst = spec.burst.map(|_| rng.pick(&[1, 2, 4]));
+        }
+        spec
+    };
+    let mut spec = spec_of(rng);
     if kind == Walk::Block {
         spec.block_ms = Some(rng.pick(&[1, 50, 1000, 5000, spec.period_ms * 3]));
     }
@@ -422,7 +431,7 @@ fn walk(rng: &mut Rng, algorithm: Algorithm, name: String, len: usize, kind: Wal
         at = next_at(rng, at, &spec);
         // Parameter changes: all that docs/algorithms.md allows (limit, period, burst).
         if rng.chance(12) {
-            let mut changed = spec_for(rng, algorithm);
+            let mut changed = spec_of(rng);
             changed.block_ms = spec.block_ms;
             spec = changed;
         }
@@ -546,7 +555,7 @@ pub fn groups() -> Vec<Group> {
     for algorithm in Algorithm::ALL {
         for (kind, name, count) in [
             (Walk::Mixed, "walk", 8),
-            (Walk::Block, "block", 2),
+            (Walk::Block, "block", 3),
             (Walk::Checks, "checks", 3),
         ] {
             for i in 0..count {

@@ -241,3 +241,86 @@ fn the_core_replays_the_vectors() {
     println!("the core replayed {replayed} vectors");
     assert!(replayed >= 500);
 }
+
+/// What the timelines exercise, per algorithm: counted so that a change of the generator cannot
+/// silently leave a case out.
+#[test]
+fn the_vectors_cover_every_case_of_every_algorithm() {
+    use generator::Reply;
+    let mut seen: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for group in generator::groups() {
+        let mut keys = Keyspace::default();
+        let key = "k";
+        for call in &group.calls {
+            let before = keys.keys.get(key).cloned();
+            let reply = keys.apply(key, call);
+            let after = keys.keys.get(key);
+            let name = call.spec.algorithm.name();
+            let mut count = |case| *seen.entry((name, case)).or_default() += 1;
+            let Reply::Fields(f) = reply else {
+                count("reset");
+                continue;
+            };
+            match call.op {
+                Op::Check(0) | Op::Peek(0) => count("cost 0"),
+                Op::Peek(_) => count("peek with a cost"),
+                Op::Check(_) if f[0] == 0 => count("rejected"),
+                Op::Take(max) if f[0] > 0 && (f[0] as u64) < max => count("partial grant"),
+                Op::Take(_) if f[0] == 0 => count("nothing granted"),
+                Op::Refund(_) if before.is_some() && after.is_none() => count("refund deletes"),
+                _ => {}
+            }
+            if f[3] == -1 {
+                count("never");
+            }
+            if f.contains(&i64::MAX) {
+                count("saturated");
+            }
+            if let Some(before) = &before {
+                if call.at_ms < before.last_ms {
+                    count("late call");
+                }
+                if before.params != call.spec.params() {
+                    count("parameter change");
+                }
+                if before.blocked_at(call.at_ms.max(before.last_ms)) {
+                    count("blocked");
+                } else if after.is_some_and(|a| a.blocked_until_ms > before.blocked_until_ms) {
+                    count("block starts");
+                }
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for algorithm in Algorithm::ALL {
+        for case in [
+            "reset",
+            "cost 0",
+            "peek with a cost",
+            "rejected",
+            "partial grant",
+            "nothing granted",
+            "refund deletes",
+            "never",
+            "late call",
+            "parameter change",
+            "blocked",
+            "block starts",
+        ] {
+            if !seen.contains_key(&(algorithm.name(), case)) {
+                missing.push(format!("{}: {case}", algorithm.name()));
+            }
+        }
+    }
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ] {
+        if !seen.contains_key(&(algorithm.name(), "saturated")) {
+            missing.push(format!("{}: saturated", algorithm.name()));
+        }
+    }
+    println!("{seen:?}");
+    assert!(missing.is_empty(), "never exercised: {missing:?}");
+}
