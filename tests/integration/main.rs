@@ -36,3 +36,4 @@ mod refund;
 mod snippets;
 mod take;
 mod time;
+mod vectors;
