@@ -153,7 +153,7 @@ test('a grant answered after close() has returned is given back when it arrives'
     await rl.close({ waitMs: 0 }); // returns before the TAKE is answered
     assert.equal(rl.stats.batchTaken, 1);
     await stall;
-    for (let i = 0; i < 500 && rl.stats.batchRefunded < rl.stats.batchTaken - 1; i += 1) await sleep(10);
+    for (let i = 0; i < 500 && (rl.stats.lateReplies === 0 || rl.stats.batchRefunded < rl.stats.batchTaken - 1); i += 1) await sleep(10);
     const s = rl.stats;
     assert.equal(s.lateReplies, 1);
     assert.ok(s.batchTaken >= 1 + 5, JSON.stringify(s)); // the late TAKE granted at least the 5 asked
