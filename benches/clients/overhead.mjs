@@ -7,7 +7,7 @@
 //
 // Starts its own redis-server (RATELIMIT_SERVER, else the one on PATH) with the module
 // (RATELIMIT_MODULE, else target/release/libredis_ratelimit.so) on a free loopback port. Each
-// round runs N calls of every variant, in chunks of 500 taken in turn (so that a busy machine
+// round runs N calls of every variant, in chunks of 100 taken in turn (so that a busy machine
 // slows them alike); the table gives the median round's µs per call and the package's ratio to its raw
 // client. Prints the table and writes it to DIR/overhead-node.md (default target/bench/clients).
 import { spawn } from 'node:child_process';
@@ -15,7 +15,7 @@ import { once } from 'node:events';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { createServer } from 'node:net';
-import { cpus, tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -100,39 +100,52 @@ async function main() {
 
   // Each round: CALLS calls of every variant, in chunks of CHUNK taken in turn, so that the load
   // of a shared machine falls on the package and its raw client alike.
-  const CHUNK = Math.min(CALLS, 500);
+  const CHUNK = Math.min(CALLS, 100);
+  // Wall time and this process's CPU time (user + system), µs.
   const sequential = async (run, n) => {
+    const cpu = process.cpuUsage();
     const start = process.hrtime.bigint();
     for (let i = 0; i < n; i += 1) await run();
-    return Number(process.hrtime.bigint() - start) / 1000; // µs
+    const wall = Number(process.hrtime.bigint() - start) / 1000;
+    const used = process.cpuUsage(cpu);
+    return [wall, used.user + used.system];
   };
   for (const v of variants) await sequential(v.run, Math.min(CALLS, 2000)); // warm-up: the JIT, the engine found
   const times = variants.map(() => []);
+  const cpus_ = variants.map(() => []);
   for (let round = 0; round < ROUNDS; round += 1) {
-    const spent = variants.map(() => 0);
+    const spent = variants.map(() => [0, 0]);
     for (let done = 0; done < CALLS; done += CHUNK) {
       const n = Math.min(CHUNK, CALLS - done);
-      for (let i = 0; i < variants.length; i += 1) spent[i] += await sequential(variants[i].run, n);
+      for (let i = 0; i < variants.length; i += 1) {
+        const [wall, cpu] = await sequential(variants[i].run, n);
+        spent[i][0] += wall;
+        spent[i][1] += cpu;
+      }
     }
-    spent.forEach((us, i) => times[i].push(us / CALLS));
+    spent.forEach(([wall, cpu], i) => {
+      times[i].push(wall / CALLS);
+      cpus_[i].push(cpu / CALLS);
+    });
     process.stderr.write(`round ${round + 1}/${ROUNDS}\n`);
   }
   const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
   const lines = [
     `Per call, sequential on loopback, one process: median of ${ROUNDS} rounds of ${CALLS.toLocaleString('en-US')} calls each`,
-    `(Node ${process.version}, ${cpus().length} cores; a consuming RATELIMIT.CHECK of sliding-window; the package with its`,
-    'default timeout and breaker).',
+    `(Node ${process.version}, ${cpus().length} cores, load average ${loadavg()[0].toFixed(1)}; a consuming RATELIMIT.CHECK of sliding-window;`,
+    'the package with its default timeout and breaker). Wall time per call, and the CPU time this process spent per call',
+    '(user + system), which a machine busy with other work disturbs less.',
     '',
-    '| client | RESP | raw client µs/call | package µs/call | package / raw |',
-    '|---|---|---:|---:|---:|',
+    '| client | RESP | raw client µs/call | package µs/call | package / raw | raw CPU µs/call | package CPU µs/call | package / raw CPU |',
+    '|---|---|---:|---:|---:|---:|---:|---:|',
   ];
-  const ratios = [];
   for (let i = 0; i < variants.length; i += 2) {
     const raw = median(times[i]);
     const pkg = median(times[i + 1]);
-    ratios.push(pkg / raw);
-    lines.push(`| ${variants[i].client} (\`${variants[i].what}\`) | ${variants[i].resp} | ${raw.toFixed(1)} | ${pkg.toFixed(1)} | ${(pkg / raw).toFixed(3)}x |`);
+    const rawCpu = median(cpus_[i]);
+    const pkgCpu = median(cpus_[i + 1]);
+    lines.push(`| ${variants[i].client} (\`${variants[i].what}\`) | ${variants[i].resp} | ${raw.toFixed(1)} | ${pkg.toFixed(1)} | ${(pkg / raw).toFixed(3)}x | ${rawCpu.toFixed(1)} | ${pkgCpu.toFixed(1)} | ${(pkgCpu / rawCpu).toFixed(3)}x |`);
   }
   const table = `${lines.join('\n')}\n`;
   process.stdout.write(`\n${table}`);

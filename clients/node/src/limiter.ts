@@ -203,6 +203,20 @@ class Deadlines {
     if (!this.armed) this.arm(this.ms);
   }
 
+  /** A call settled: the calls settled at the head leave the queue now (sequential calls settle
+   * in order, so the queue holds only the calls in flight, and nothing outlives its call). */
+  settled(): void {
+    const queue = this.queue;
+    let i = this.head;
+    while (i < queue.length && queue[i]!.settled) queue[i++] = undefined;
+    if (i === queue.length) {
+      queue.length = 0;
+      this.head = 0;
+    } else {
+      this.head = i;
+    }
+  }
+
   private arm(ms: number): void {
     this.armed = true;
     // Unreferenced: a call in flight keeps the process alive by its own connection.
@@ -1154,11 +1168,13 @@ export class RateLimiter {
         (value) => {
           if (call.settled) return;
           call.settled = true;
+          this.deadlines.settled();
           resolve(value);
         },
         (error) => {
           if (call.settled) return;
           call.settled = true;
+          this.deadlines.settled();
           reject(error);
         },
       );
