@@ -171,6 +171,40 @@ export async function main(): Promise<number> {
     }
   });
 
+  test("the README's snippets one after another on one server (the module), as a reader runs them: what the README shows", async (t) => {
+    if (NO_MODULE) return t.skip(NO_MODULE);
+    const server = await startServer({ module: true });
+    const run = (file, env = {}) => spawn(process.execPath, [file], { cwd: project, env: { ...process.env, REDIS_URL: server.url, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    try {
+      // 1. The Express app: a few requests with a key and without.
+      writeFileSync(join(project, 'seq-app.mjs'), readmeApp().replace('timeoutMs: 100 ', 'timeoutMs: 2000 '));
+      const port = await freePort();
+      const app = run('seq-app.mjs', { PORT: String(port) });
+      try {
+        let first;
+        for (let i = 0; i < 1200 && !first; i += 1) {
+          first = await fetch(`http://127.0.0.1:${port}/`, { headers: { 'X-API-Key': 'k1' } }).catch(() => sleep(25).then(() => undefined));
+        }
+        assert.match(first.headers.get('ratelimit'), /^"default";r=99;t=\d+$/);
+        assert.match((await fetch(`http://127.0.0.1:${port}/`)).headers.get('ratelimit'), /^"default";r=99;/);
+      } finally {
+        app.kill('SIGKILL');
+      }
+      // 2. The round-trips example, on the same server, not flushed: the output the README shows.
+      const { code, output } = readmeRoundTrips();
+      writeFileSync(join(project, 'seq-round-trips.mjs'), code);
+      const child = run('seq-round-trips.mjs');
+      let out = '';
+      child.stdout.on('data', (d) => (out += d));
+      child.stderr.on('data', (d) => (out += d));
+      const status = await new Promise((resolve) => child.on('exit', resolve));
+      assert.equal(status, 0, out);
+      assert.equal(out, output);
+    } finally {
+      await server.stop();
+    }
+  });
+
   test("the README's Express app: at most 10 lines, limited per key with headers, the library, failing open", async () => {
     const code = readmeApp();
     const lines = code.split('\n').filter((l) => l.trim() !== '');
@@ -197,11 +231,19 @@ export async function main(): Promise<number> {
       assert.match(output, /loaded the Functions library/);
       const admin = raw(server);
       assert.equal(await admin.exists('fn:api:k1'), 1);
-      admin.disconnect();
       const second = await fetch(`http://127.0.0.1:${port}/`, { headers: { 'X-API-Key': 'k1' } });
       assert.match(second.headers.get('ratelimit'), /^"default";r=98;/);
-      const unlimited = await fetch(`http://127.0.0.1:${port}/`);
-      assert.equal(unlimited.headers.get('ratelimit'), null);
+      // Without the header: limited by the client address, as any caller, 429 past 100.
+      for (let i = 1; i <= 100; i += 1) {
+        const keyless = await fetch(`http://127.0.0.1:${port}/`);
+        assert.equal(keyless.status, 200);
+        assert.equal(keyless.headers.get('ratelimit'), `"default";r=${100 - i};t=${keyless.headers.get('ratelimit').split('t=')[1]}`);
+      }
+      const refused = await fetch(`http://127.0.0.1:${port}/`);
+      assert.equal(refused.status, 429);
+      assert.ok(Number(refused.headers.get('retry-after')) >= 1);
+      assert.equal(await admin.exists('fn:ip:127.0.0.1'), 1);
+      admin.disconnect();
       // Redis gone: admitted, without headers, within the timeout.
       await server.stop();
       const started = performance.now();
