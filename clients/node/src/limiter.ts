@@ -194,13 +194,20 @@ interface Bounded {
 class Deadlines {
   private queue: Array<Bounded | undefined> = [];
   private head = 0;
-  private armed = false;
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  /** Whether the timer keeps the process alive: while calls are in flight, as a timer per call
+   * would; not once they are all settled (it then only sweeps an empty queue). */
+  private referenced = false;
   constructor(private readonly ms: number) {}
 
   add(call: Bounded): void {
     call.deadline = performance.now() + this.ms;
     this.queue.push(call);
-    if (!this.armed) this.arm(this.ms);
+    if (this.timer === null) this.arm(this.ms);
+    else if (!this.referenced) {
+      this.timer.ref?.();
+      this.referenced = true;
+    }
   }
 
   /** A call settled: the calls settled at the head leave the queue now (sequential calls settle
@@ -212,19 +219,23 @@ class Deadlines {
     if (i === queue.length) {
       queue.length = 0;
       this.head = 0;
+      if (this.referenced) {
+        this.timer?.unref?.();
+        this.referenced = false;
+      }
     } else {
       this.head = i;
     }
   }
 
   private arm(ms: number): void {
-    this.armed = true;
-    // Unreferenced: a call in flight keeps the process alive by its own connection.
-    setTimeout(this.sweep, ms).unref?.();
+    this.timer = setTimeout(this.sweep, ms);
+    this.referenced = true;
   }
 
   private readonly sweep = (): void => {
-    this.armed = false;
+    this.timer = null;
+    this.referenced = false;
     const now = performance.now();
     const queue = this.queue;
     let i = this.head;
@@ -499,7 +510,9 @@ export class RateLimiter {
       this.endHold(b);
     }
     this.batches.clear();
-    await within([...this.refunds]);
+    // The refunds, until answered: one that timed out is still waited for (in `late`), and what
+    // answers meanwhile may give back more.
+    while ((this.refunds.size > 0 || this.late.size > 0) && performance.now() < end) await within([...this.refunds, ...this.late]);
   }
 
   // ---- batches ----

@@ -125,7 +125,10 @@ for (const algorithm of ALGORITHMS) {
       const ours = counter(admitted);
       const granted = counter(steps.map(([time, , taken], i) => [time, taken - (i > 0 ? steps[i - 1][2] : 0)]));
       const own = counter(direct);
-      const givenBack = counter(steps.map(([time, , , back], i) => [time, back - (i > 0 ? steps[i - 1][3] : 0)]));
+      // Given back at the time each REFUND was sent at (its AT), not when its answer was counted:
+      // a refund the batch's timer sends is answered while later requests run.
+      const givenBack = counter(sent.filter(({ args }) => args[0] === 'RATELIMIT.REFUND')
+        .map(({ args }) => [Number(args[args.indexOf('AT') + 1]) - base, Number(args[args.indexOf('COST') + 1])]));
       const heldAt = (start) => {
         let units = 0;
         for (const [time, h] of steps) {
