@@ -7,7 +7,7 @@
 //
 // Starts its own redis-server (RATELIMIT_SERVER, else the one on PATH) with the module
 // (RATELIMIT_MODULE, else target/release/libredis_ratelimit.so) on a free loopback port. Each
-// round runs N calls of every variant, in chunks of 100 taken in turn (so that a busy machine
+// round runs N calls of every variant, in chunks of 10 (--chunk) taken in turn (so that a busy machine
 // slows them alike); the table gives the median round's µs per call and the package's ratio to its raw
 // client. Prints the table and writes it to DIR/overhead-node.md (default target/bench/clients).
 import { spawn } from 'node:child_process';
@@ -29,6 +29,8 @@ function option(name, fallback) {
   return at > 0 ? process.argv[at + 1] : fallback;
 }
 const CALLS = Number(option('calls', process.env.BENCH_QUICK ? 5000 : 20000));
+// Another build of the package to time (its folder, holding dist/): a before and after.
+const PACKAGE = resolve(option('package', nodeDir));
 const ROUNDS = Number(option('rounds', 5));
 const OUT = resolve(option('out', join(root, 'target/bench/clients')));
 
@@ -69,7 +71,7 @@ async function startServer() {
 async function main() {
   const { createClient } = requireFromPackage('redis');
   const Redis = requireFromPackage('ioredis').default ?? requireFromPackage('ioredis');
-  const { RateLimiter, limit } = await import(join(nodeDir, 'dist/esm/index.js'));
+  const { RateLimiter, limit } = await import(join(PACKAGE, 'dist/esm/index.js'));
   const server = await startServer();
   const url = `redis://127.0.0.1:${server.port}`;
   const quiet = { info() {}, warn: (m) => console.warn(m) };
@@ -100,7 +102,7 @@ async function main() {
 
   // Each round: CALLS calls of every variant, in chunks of CHUNK taken in turn, so that the load
   // of a shared machine falls on the package and its raw client alike.
-  const CHUNK = Math.min(CALLS, 100);
+  const CHUNK = Math.min(CALLS, Number(option('chunk', 10)));
   // Wall time and this process's CPU time (user + system), µs.
   const sequential = async (run, n) => {
     const cpu = process.cpuUsage();
@@ -146,6 +148,27 @@ async function main() {
     const rawCpu = median(cpus_[i]);
     const pkgCpu = median(cpus_[i + 1]);
     lines.push(`| ${variants[i].client} (\`${variants[i].what}\`) | ${variants[i].resp} | ${raw.toFixed(1)} | ${pkg.toFixed(1)} | ${(pkg / raw).toFixed(3)}x | ${rawCpu.toFixed(1)} | ${pkgCpu.toFixed(1)} | ${(pkgCpu / rawCpu).toFixed(3)}x |`);
+  }
+  // The package's own work, without I/O: a client whose command answers at once (the reply
+  // each protocol gives), the package's check against that client's call alone.
+  const REPLIES = {
+    2: [1, 1e12, 1e12 - 1, 0, 3600000, 0],
+    3: { allowed: 1, limit: 1e12, remaining: 1e12 - 1, retry_after_ms: 0, reset_after_ms: 3600000, delay_ms: 0 },
+  };
+  lines.push('', `The package's own work per call (median of ${ROUNDS} rounds of 200,000 calls through a client whose command answers at once):`, '',
+    "| reply | the client's call µs | package µs | the package's own µs |", '|---|---:|---:|---:|');
+  for (const resp of [2, 3]) {
+    const instant = { sendCommand: () => Promise.resolve(REPLIES[resp]) };
+    const rl = new RateLimiter(instant, { logger: quiet });
+    const own = [[], []];
+    const bare = () => instant.sendCommand(args('k'));
+    const pkg = () => rl.check('k', spec);
+    for (let round = 0; round < ROUNDS; round += 1) {
+      own[0].push((await sequential(bare, 200000))[0] / 200000);
+      own[1].push((await sequential(pkg, 200000))[0] / 200000);
+    }
+    const [b, p] = own.map(median);
+    lines.push(`| RESP${resp} | ${b.toFixed(2)} | ${p.toFixed(2)} | ${(p - b).toFixed(2)} |`);
   }
   const table = `${lines.join('\n')}\n`;
   process.stdout.write(`\n${table}`);

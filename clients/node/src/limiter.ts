@@ -446,7 +446,105 @@ export class RateLimiter {
   }
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
-  async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+  check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+    // The common case, an inline limit without batches or a denial cache on the module, in one
+    // step; the rest below. Both answer the same.
+    if (this.denials === null && this.engineInUse === 'module' && isLimit(spec) && spec.batchMs === undefined) {
+      let cost: number;
+      try {
+        cost = checkCost(options.cost ?? 1);
+        checkKey(key);
+        if (options.at !== undefined) atArgs(options.at);
+      } catch (error) {
+        return Promise.reject(error);
+      }
+      return this.fastCheck(key, spec, cost, options.at);
+    }
+    return this.checkAny(key, spec, options);
+  }
+
+  /** `check` of an inline limit on the module, without batches or a denial cache: what single()
+   * and decide() do, with one promise and no intermediate steps (the package's own work is then
+   * a few µs of a call). */
+  private fastCheck(key: string, lim: Limit, cost: number, at: number | undefined): Promise<Decision> {
+    const args = [COMMANDS.check, key, ...this.argsOf(lim), 'COST', String(cost)];
+    if (at !== undefined) args.push('AT', String(at));
+    return new Promise<Decision>((resolve, reject) => {
+      // Redis unavailable (onError), or the caller's mistake (rejects).
+      const fallBack = (error: unknown) => {
+        try {
+          resolve(this.counted(this.unavailable(this.failed(error), lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at))));
+        } catch (failure) {
+          reject(failure);
+        }
+      };
+      if (!this.breaker.allow()) {
+        fallBack(new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)'));
+        return;
+      }
+      let sent: Promise<unknown>;
+      try {
+        sent = this.transport.send(args, key, false);
+      } catch (error) {
+        fallBack(error);
+        return;
+      }
+      const call: Bounded = {
+        deadline: 0,
+        settled: false,
+        expire: () => {
+          call.settled = true;
+          fallBack(new Timeout(`Redis did not answer within ${this.timeoutMs} ms`));
+          const after = sent.then(
+            () => {},
+            () => {},
+          );
+          this.late.add(after);
+          void after.finally(() => this.late.delete(after));
+        },
+      };
+      sent.then(
+        (reply) => {
+          if (call.settled) {
+            // Answered after its timeout: what it consumed goes back.
+            this.counters.lateReplies += 1;
+            try {
+              this.lateGrant(key, lim, decision(reply, 'module', lim.periodMs, cost), at);
+            } catch {
+              // not a decision: nothing known to give back
+            }
+            return;
+          }
+          call.settled = true;
+          this.deadlines.settled();
+          let d: Decision;
+          try {
+            d = decision(reply, 'module', lim.periodMs, cost);
+          } catch (error) {
+            reject(error);
+            return;
+          }
+          this.answered();
+          resolve(this.counted(d));
+        },
+        (error) => {
+          if (call.settled) return;
+          call.settled = true;
+          this.deadlines.settled();
+          if (this.engineOption === 'auto' && unknownCommand(error)) {
+            this.engineInUse = 'library'; // the module is gone: the library from now on
+            this.checkAny(key, lim, { cost, at }).then(resolve, reject);
+            return;
+          }
+          fallBack(error);
+        },
+      );
+      this.deadlines.add(call);
+    });
+  }
+
+  /** `check` in general: the denial cache, batches, policies, either engine. */
+  private async checkAny(key: string, spec: LimitSpec, options: CallOptions): Promise<Decision> {
     const cost = checkCost(options.cost ?? 1);
     const id = this.denialId('check', key, spec, options.at);
     // A TAKE that granted nothing refused one unit: every cost from 1 is refused meanwhile.
