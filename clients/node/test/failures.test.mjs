@@ -138,3 +138,29 @@ test('error replies that are the caller\'s mistake reject with the server\'s tex
     await server.stop();
   }
 });
+
+test('a stall under concurrent load: every call in flight pays the timeout once, then the breaker answers without Redis', async () => {
+  const server = await startServer();
+  const client = await FLAVOURS[0].make(server);
+  try {
+    const rl = new RateLimiter(client, { onError: 'open', timeoutMs: 1000, breaker: { failures: 3, cooldownMs: 60000 }, logger: memoryLogger() });
+    assert.equal((await rl.check('c', LIMIT)).source, 'library');
+    server.pause();
+    const sentBefore = rl.stats.commands;
+    // Ten requests at once: all go to Redis (the breaker is closed when they start), all time out.
+    const all = await Promise.all(Array.from({ length: 10 }, () => timed(() => rl.check('c', LIMIT))));
+    assert.deepEqual(all.map(([d]) => d.source), Array(10).fill('error'));
+    assert.ok(all.every(([, ms]) => ms >= 1000 - 50 && ms < 1000 + SLACK_MS), all.map(([, ms]) => ms.toFixed(0)).join(', '));
+    assert.equal(rl.stats.commands - sentBefore, 10);
+    assert.ok(rl.breakerOpen);
+    // Then: answered at once, nothing sent, for the whole cool-down.
+    for (let i = 0; i < 20; i += 1) assert.equal((await rl.check('c', LIMIT)).source, 'error');
+    assert.equal(rl.stats.commands - sentBefore, 10);
+    server.resume();
+    await rl.close();
+  } finally {
+    server.resume();
+    await closeClient(client);
+    await server.stop();
+  }
+});
