@@ -91,9 +91,10 @@ bench-gateways: build ## NGINX and HAProxy serving a static page: without a limi
 	bash gateways/bench.sh
 
 bench-clients: export RATELIMIT_MODULE := $(MODULE)
-bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs (~1 min; BENCH_QUICK=1: ~20 s); see target/bench/clients/
+bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs; its cost per call beside the raw clients (~2 min; BENCH_QUICK=1: ~40 s); see target/bench/clients/
 	bash clients/node/scripts/prepare.sh
 	node benches/clients/decisions.mjs
+	node benches/clients/overhead.mjs
 
 profile: export RATELIMIT_MODULE := $(MODULE)
 profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word; a policy (~15 min); see target/bench/profile/
