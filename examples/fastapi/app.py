@@ -1,5 +1,6 @@
-"""The example API: `GET /` limited per X-API-Key (per client address without one), and `POST /jobs`, which also holds a
-concurrency lease while it works and refunds its rate cost when it fails. The rate limiting is
+"""The example API: `GET /` limited per X-API-Key (per client address without one), and
+`POST /jobs`, which also holds a concurrency lease while it works and refunds its rate cost
+when it fails. The rate limiting is
 the redis-ratelimit-client package (clients/python): its ASGI middleware and its limiter.
 
 Settings: REDIS_URL (default redis://127.0.0.1:6379), RATELIMIT_POLICY (default `examples`),
@@ -16,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import redis
-from fastapi import Body, Depends, FastAPI, HTTPException, Request
+from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from redis_ratelimit import AsyncRateLimiter, Limit, Policy, RateLimited, RateLimitUnavailable
 from redis_ratelimit.asgi import RateLimitMiddleware, client_address
@@ -72,9 +73,10 @@ async def lifespan(app):
 
 
 def api_key(request: Request):
-    """The limited key of a request: its X-API-Key, else its address (`ip:<address>`; a request
-    without a key is refused with a 401, but counted: a flood of them is limited too)."""
-    return f'{config["key_prefix"]}:{request.headers.get("x-api-key") or client_address(request)}'
+    """Who a request counts as: its X-API-Key (`api:<key>`), else its client address
+    (`ip:<address>`, the package's default key)."""
+    key = request.headers.get("x-api-key")
+    return f'{config["key_prefix"]}:{key}' if key else client_address(request)
 
 
 def not_limited(request: Request):
@@ -82,12 +84,7 @@ def not_limited(request: Request):
     return request.url.path not in LIMITED
 
 
-def require_api_key(request: Request):
-    if not request.headers.get("x-api-key"):
-        raise HTTPException(401, detail={"error": "missing X-API-Key"})
-
-
-app = FastAPI(lifespan=lifespan, dependencies=[Depends(require_api_key)])
+app = FastAPI(lifespan=lifespan)
 # A request the route fails with a 5xx was not served: its cost goes back.
 app.add_middleware(
     RateLimitMiddleware,
@@ -131,10 +128,10 @@ async def index():
 
 @app.post("/jobs")
 async def run_job(request: Request, job: dict = Body(default={})):
-    """Runs a job of `work_ms` (at most 5000) ms holding a lease on `jobs:<api key>`;
+    """Runs a job of `work_ms` (at most 5000) ms holding a lease on `jobs:<api key>` (`jobs:ip:<address>` without one);
     `{"fail": true}` makes it fail with a 500."""
     work_ms = min(int(job.get("work_ms", 100)), 5000)
-    lease_key = f'{jobs["key_prefix"]}:{request.headers["x-api-key"]}'
+    lease_key = f'{jobs["key_prefix"]}:{request.headers.get("x-api-key") or client_address(request)}'
     # RateLimited (a 429, above) when the key has `limit` jobs running; the lease is released
     # when the block ends, however it ends, before the answer is sent.
     async with limiter.lease(lease_key, jobs["limit"], jobs["lease"]):
