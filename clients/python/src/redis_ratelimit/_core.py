@@ -138,8 +138,12 @@ def parse_decision(
     """One decision from a RESP3 map (`allowed`, or TAKE's `granted`) or six integers (RESP2,
     the library). `granted`: TAKE's first field; else `cost` when allowed, 0 when not."""
     if isinstance(reply, dict):
-        named = {(k.decode() if type(k) is bytes else k): v for k, v in reply.items()}
-        values = [named["granted" if take and field == "allowed" else field] for field in FIELDS]
+        if b"limit" in reply:  # the module's map as redis-py reads it (bytes keys): no copy
+            values = [reply[b"granted" if take else b"allowed"], reply[b"limit"], reply[b"remaining"],
+                      reply[b"retry_after_ms"], reply[b"reset_after_ms"], reply[b"delay_ms"]]
+        else:
+            named = {(k.decode() if type(k) is bytes else k): v for k, v in reply.items()}
+            values = [named["granted" if take and field == "allowed" else field] for field in FIELDS]
     else:
         values = reply
     first, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (

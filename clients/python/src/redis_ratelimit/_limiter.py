@@ -503,11 +503,9 @@ class AsyncRateLimiter(_Common):
             return await self.client.function_load(op.code, replace=True)
         raise TypeError(op)
 
-    async def _run(self, plan: Plan) -> Any:
-        try:
-            return await self._execute(plan)
-        finally:
-            self._schedule()
+    def _run(self, plan: Plan) -> Any:
+        """The awaitable of `plan` (no coroutine of its own around `_execute`'s)."""
+        return self._execute(plan, True)
 
     def _schedule(self) -> None:
         """A hold ends on the limiter's clock: a timer refunds it then."""
@@ -537,7 +535,8 @@ class AsyncRateLimiter(_Common):
             log.warning("redis_ratelimit: batch refunds failed (%s: %s)", type(error).__name__, error)
         self._schedule()
 
-    async def _execute(self, plan: Plan) -> Any:
+    async def _execute(self, plan: Plan, schedule: bool = False) -> Any:
+        """Runs `plan`; `schedule`: then arms the batches' timer if a hold ends (a call's)."""
         reply: Any = None
         error: Optional[BaseException] = None
         try:
@@ -571,6 +570,8 @@ class AsyncRateLimiter(_Common):
                     error = e
         finally:
             plan.close()  # cancelled mid-plan: the breaker forgets the probe
+            if schedule and self._core.batches.timed():
+                self._schedule()
 
     def _client_bounds(self) -> bool:
         """Whether the client's own timeouts bound a command within `timeout`: its connect,
