@@ -203,7 +203,7 @@ def main() -> int:
         server.stop()
     lines = [
         f"Python package vs redis-py {redis.__version__} per sequential call (µs, median of {options.rounds} "
-        f"rounds of {options.calls:,} calls, the two sides of a case alternating; Python {sys.version.split()[0]}, "
+        f"rounds of {options.calls:,} calls, the two sides alternating in chunks of {CHUNK:,}; Python {sys.version.split()[0]}, "
         f"hiredis {'on' if redis.utils.HIREDIS_AVAILABLE else 'off'}, timeout {TIMEOUT} s, breaker on):",
         "",
         "| client | protocol | `check` | raw `execute_command` | ratio | `check` CPU | raw CPU | CPU ratio |",
