@@ -150,10 +150,14 @@ pub fn parse_decision(value: &Value) -> Result<Decision, String> {
 }
 
 /// Reads a call's reply: a CHECK's decision, or CHECKALL's overall decision and one per key.
-pub fn parse_reply(call: &Call, value: &Value) -> Result<Vec<Decision>, BackendError> {
-    if let Value::ServerError(e) = value {
-        return Err(BackendError::Command(format!("{e:?}")));
-    }
+pub fn parse_reply(
+    call: &Call,
+    value: &Result<Value, String>,
+) -> Result<Vec<Decision>, BackendError> {
+    let value = match value {
+        Ok(value) => value,
+        Err(e) => return Err(BackendError::Command(e.clone())),
+    };
     let bad = |e: String| BackendError::Command(format!("unexpected reply: {e}"));
     match call {
         Call::Check { .. } => Ok(vec![parse_decision(value).map_err(bad)?]),
@@ -355,16 +359,46 @@ impl RedisBackend {
         conn: &Conn,
         pipe: &redis::Pipeline,
         n: usize,
-    ) -> redis::RedisResult<Vec<Value>> {
+    ) -> redis::RedisResult<Vec<Result<Value, String>>> {
         match conn {
             Conn::Single(pool) => {
                 let i = self.next.fetch_add(1, Ordering::Relaxed) % pool.len();
                 let mut con = pool[i].clone();
-                con.req_packed_commands(pipe, 0, n).await
+                let values = con.req_packed_commands(pipe, 0, n).await?;
+                Ok(values
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::ServerError(e) => Err(format!("{e:?}")),
+                        v => Ok(v),
+                    })
+                    .collect())
             }
             Conn::Cluster(cluster) => {
-                let mut con = cluster.clone();
-                con.req_packed_commands(pipe, 0, n).await
+                // The cluster client routes a pipeline only when all its keys share a slot: send
+                // each command (each is one slot) on its own, all at once.
+                let sends = pipe.cmd_iter().map(|cmd| {
+                    let mut con = cluster.clone();
+                    async move {
+                        match con.req_packed_command(cmd).await {
+                            Ok(Value::ServerError(e)) => Ok(Err(format!("{e:?}"))),
+                            Ok(v) => Ok(Ok(v)),
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    redis::ErrorKind::ResponseError
+                                        | redis::ErrorKind::ExtensionError
+                                ) =>
+                            {
+                                Ok(Err(e.to_string()))
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                });
+                futures_util::future::join_all(sends)
+                    .await
+                    .into_iter()
+                    .collect()
             }
         }
     }
@@ -439,7 +473,7 @@ impl Backend for RedisBackend {
             let timeout = self.settings.timeout.min(Duration::from_secs(1));
             matches!(
                 tokio::time::timeout(timeout, self.round_trip(&conn, &pipe, 1)).await,
-                Ok(Ok(ref v)) if matches!(v.first(), Some(Value::SimpleString(_)) | Some(Value::Okay))
+                Ok(Ok(ref v)) if matches!(v.first(), Some(Ok(Value::SimpleString(_))) | Some(Ok(Value::Okay)))
             )
         })
     }
@@ -487,10 +521,14 @@ mod tests {
             specs: vec![],
             cost: 1,
         };
-        let d = parse_reply(&call, &Value::Array(vec![six(1), six(1), six(1)])).unwrap();
+        let d = parse_reply(&call, &Ok(Value::Array(vec![six(1), six(1), six(1)]))).unwrap();
         assert_eq!(d.len(), 3);
         assert!(d[0].allowed);
-        assert!(parse_reply(&call, &Value::Array(vec![six(1)])).is_err());
-        assert!(parse_reply(&call, &Value::Int(3)).is_err());
+        assert!(parse_reply(&call, &Ok(Value::Array(vec![six(1)]))).is_err());
+        assert!(parse_reply(&call, &Ok(Value::Int(3))).is_err());
+        assert_eq!(
+            parse_reply(&call, &Err("ERR no such policy".into())),
+            Err(BackendError::Command("ERR no such policy".into()))
+        );
     }
 }
