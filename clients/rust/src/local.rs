@@ -1,14 +1,15 @@
 //! The in-process limiter of `OnError::Local`: a state per key, decided by the core crate's own
 //! algorithms (`redis_ratelimit_core::algorithms`, the code the module runs), so the same calls
 //! at the same times (`now_ms`, the module's `AT`) give the same six fields as the module,
-//! `BLOCK`, `REFUND` and `TAKE` included. This file is glue: it keeps the states, treats a state
-//! past its expiry as absent (the module's key would be gone), and computes nothing itself but
-//! TAKE's leaky-bucket `delay_ms` (the last granted unit's wait, docs/commands.md).
+//! `BLOCK`, `REFUND` and `TAKE` included (TAKE through the core's `largest_grant` and
+//! `last_unit_delay_ms`, as the module's command). This file is glue: it keeps the states and
+//! treats a state past its expiry as absent (the module's key would be gone); it computes no
+//! rate itself.
 
 use std::collections::HashMap;
 
 use redis_ratelimit_core::algorithms::{
-    self, block, largest_grant, Algorithm, Limiter, Params, Refunded, Request, State, Write,
+    self, block, largest_grant, last_unit_delay_ms, Limiter, Params, Refunded, Request, Write,
 };
 use redis_ratelimit_core::error::algorithm_mismatch;
 
@@ -197,23 +198,22 @@ impl LocalLimiter {
             .map(|(outcome, _, _)| outcome.decision.allowed)
         })
         .map_err(|m| mismatch(m.stored, limit))?;
+        // The wait of the last granted unit (a leaky bucket's), asked before the grant is
+        // consumed, as the module asks it.
+        let last = last_unit_delay_ms(limit.algorithm(), granted, |cost| {
+            let mut copy = stored.clone();
+            block::check_blocking(
+                copy.as_mut(),
+                &request(limit, cost, now_ms),
+                false,
+                limit.block_ms(),
+            )
+            .map(|(outcome, _, _)| outcome.decision)
+        })
+        .map_err(|m| mismatch(m.stored, limit))?;
         let mut fields = self.check(key, limit, granted.max(1), now_ms)?;
-        if granted > 1 && limit.algorithm() == Algorithm::LeakyBucket {
-            // The queue after the grant holds level + g·P; the last unit waits for
-            // level + (g-1)·P to drain: ceil((after - P) / L).
-            if let Some((
-                Limiter {
-                    state: State::LeakyBucket { level_scaled },
-                    params,
-                    ..
-                },
-                _,
-            )) = self.keys.get(key)
-            {
-                let before_last = level_scaled.saturating_sub(u128::from(params.period_ms));
-                fields.delay_ms =
-                    algorithms::to_u64(algorithms::ceil_div(before_last, u128::from(params.limit)));
-            }
+        if let Some(delay_ms) = last {
+            fields.delay_ms = delay_ms;
         }
         Ok((granted, fields))
     }
