@@ -41,7 +41,9 @@ pub fn target(key: &str, spec: SpecRef<'_>) -> Target {
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // No code of ours panics while holding one of these locks; if some did, the data is still
     // whole (every update is a few assignments), so a poisoned lock is used as it is.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[derive(Debug)]
@@ -103,7 +105,10 @@ impl DenialCache {
                 self.drop_entry(&entry);
                 continue;
             }
-            if best.as_ref().is_none_or(|(until, _)| found.until_ms > *until) {
+            if best
+                .as_ref()
+                .is_none_or(|(until, _)| found.until_ms > *until)
+            {
                 best = Some((found.until_ms, entry));
             }
         }
@@ -378,7 +383,11 @@ impl Batches {
 
     /// Whether any hold is still to end (on any clock).
     pub fn next_end(&self) -> Option<u64> {
-        lock(&self.inner).ends.keys().next().map(|(until, _)| *until)
+        lock(&self.inner)
+            .ends
+            .keys()
+            .next()
+            .map(|(until, _)| *until)
     }
 
     /// Units held by every batch now.
@@ -427,7 +436,10 @@ mod tests {
         let where_ = target("k", SpecRef::Limit(&limit));
         let mut cache = DenialCache::new(10);
         cache.put(&where_, 2, &refusal(300, 5), 1_000);
-        assert!(cache.get(&where_, 1, 1_100).is_none(), "a smaller cost may pass");
+        assert!(
+            cache.get(&where_, 1, 1_100).is_none(),
+            "a smaller cost may pass"
+        );
         let hit = cache.get(&where_, 3, 1_100).unwrap();
         assert_eq!(
             (hit.retry_after_ms, hit.reset_after_ms, hit.source),

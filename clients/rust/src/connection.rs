@@ -30,7 +30,6 @@ macro_rules! single_node {
             ) -> RedisFuture<'a, Value> {
                 self.req_packed_command(cmd)
             }
-
         }
     };
 }

@@ -188,7 +188,9 @@ impl Definition {
         let number = |name: &str| fields.get(name).and_then(|v| v.parse::<u64>().ok());
         Definition {
             shadow: fields.get("mode").is_some_and(|m| m == "shadow"),
-            period_ms: number("period_ms").or_else(|| number("lease_ms")).unwrap_or(0),
+            period_ms: number("period_ms")
+                .or_else(|| number("lease_ms"))
+                .unwrap_or(0),
             fields,
         }
     }

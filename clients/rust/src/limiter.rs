@@ -339,6 +339,11 @@ impl<C: Connection> Inner<C> {
         let mut conn = self.conn.clone();
         let bound = patience.unwrap_or(self.options.timeout);
         match tokio::time::timeout(bound, conn.send(cmd, key)).await {
+            // An error reply comes as a value from req_packed_command.
+            Ok(Ok(error @ Value::ServerError(_))) => match error.extract_error() {
+                Err(error) => Err(from_redis(error)),
+                Ok(value) => Ok(value),
+            },
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(from_redis(error)),
             Err(_) => Err(Fail::Unavailable(format!("no reply within {bound:?}"))),
@@ -734,7 +739,9 @@ impl<C: Connection> Inner<C> {
             SpecRef::Limit(limit) => limit.block_ms().is_none(),
             SpecRef::Policy(policy) => match self.engine.known(policy.name()) {
                 Some(definition) => definition.block_ms() == 0,
-                None => policy.fallback_limit().is_none_or(|f| f.block_ms().is_none()),
+                None => policy
+                    .fallback_limit()
+                    .is_none_or(|f| f.block_ms().is_none()),
             },
         }
     }
@@ -768,8 +775,11 @@ impl<C: Connection> Inner<C> {
                         } else {
                             0
                         };
-                        let most = (cost.saturating_sub(state.held))
-                            .max(state.size(batch.hold_ms, batch.most, now));
+                        let most = (cost.saturating_sub(state.held)).max(state.size(
+                            batch.hold_ms,
+                            batch.most,
+                            now,
+                        ));
                         let (flight, done) = Flight::new();
                         state.flight = Some(flight);
                         (None, Some((leftover, most, done)))
@@ -954,7 +964,11 @@ impl<C: Connection> Inner<C> {
     }
 
     async fn refund_due(&self, now: Option<u64>, at: Option<u64>) {
-        if self.batches.next_end().is_none_or(|end| now.is_some_and(|now| end > now)) {
+        if self
+            .batches
+            .next_end()
+            .is_none_or(|end| now.is_some_and(|now| end > now))
+        {
             return;
         }
         for (batch, units) in self.batches.due(now) {
@@ -1147,7 +1161,14 @@ impl<C: Connection> Inner<C> {
         }
         let mut words = vec!["RATELIMIT.RESET".to_string()];
         words.extend(keys.iter().map(|k| k.to_string()));
-        let plan = self.call_either(Some(&words), "ratelimit_reset", keys, Some(&[]), false, None);
+        let plan = self.call_either(
+            Some(&words),
+            "ratelimit_reset",
+            keys,
+            Some(&[]),
+            false,
+            None,
+        );
         let result = self.guarded(plan).await;
         for key in keys {
             if let Some(cache) = &self.cache {

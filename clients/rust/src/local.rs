@@ -167,8 +167,9 @@ impl LocalLimiter {
         now_ms: u64,
     ) -> Result<Fields, Error> {
         let mut stored = self.stored(key, now_ms);
-        let (outcome, refunded) = algorithms::refund(stored.as_mut(), &request(limit, cost, now_ms))
-            .map_err(|m| mismatch(m.stored, limit))?;
+        let (outcome, refunded) =
+            algorithms::refund(stored.as_mut(), &request(limit, cost, now_ms))
+                .map_err(|m| mismatch(m.stored, limit))?;
         match refunded {
             Refunded::Nothing => {}
             Refunded::Updated => self.store(key, stored),
@@ -227,6 +228,8 @@ impl LocalLimiter {
 
     /// The absolute expiry (ms) of `key`'s state as the module would set it, `None` without one.
     pub fn expires_at_ms(&self, key: &str) -> Option<u64> {
-        self.keys.get(key).map(|(limiter, _)| limiter.expires_at_ms())
+        self.keys
+            .get(key)
+            .map(|(limiter, _)| limiter.expires_at_ms())
     }
 }

@@ -165,7 +165,10 @@ impl<C: Connection> RateLimitLayer<C> {
     }
 
     /// The key of a request (`None`: not limited).
-    pub fn key(self, key: impl Fn(&RequestRef<'_>) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn key(
+        self,
+        key: impl Fn(&RequestRef<'_>) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
         self.with(|c| c.key = Arc::new(key))
     }
 
@@ -217,7 +220,11 @@ impl<S: Clone, C: Connection> Clone for RateLimit<S, C> {
     }
 }
 
-fn json<B: From<String>>(status: StatusCode, body: String, fields: &[(&'static str, String)]) -> Response<B> {
+fn json<B: From<String>>(
+    status: StatusCode,
+    body: String,
+    fields: &[(&'static str, String)],
+) -> Response<B> {
     let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -278,7 +285,9 @@ where
                     ))
                 }
                 Err(error) => {
-                    log::error!("redis_ratelimit: the limit of {key} could not be checked: {error}");
+                    log::error!(
+                        "redis_ratelimit: the limit of {key} could not be checked: {error}"
+                    );
                     return Ok(json(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         r#"{"error":"rate limiter error"}"#.to_string(),
