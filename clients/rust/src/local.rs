@@ -3,8 +3,8 @@
 //! at the same times (`now_ms`, the module's `AT`) give the same six fields as the module,
 //! `BLOCK`, `REFUND` and `TAKE` included (TAKE through the core's `largest_grant` and
 //! `last_unit_delay_ms`, as the module's command). This file is glue: it keeps the states and
-//! treats a state past its expiry as absent (the module's key would be gone); it computes no
-//! rate itself.
+//! treats a state past its expiry (on the wall clock, as Redis expires keys) as absent; it
+//! computes no rate itself.
 
 use std::collections::HashMap;
 
@@ -14,6 +14,12 @@ use redis_ratelimit_core::algorithms::{
 use redis_ratelimit_core::error::algorithm_mismatch;
 
 use crate::types::{Error, Limit};
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// The six fields of a reply, as the core answers them.
 pub type Fields = algorithms::Decision;
@@ -75,11 +81,12 @@ impl LocalLimiter {
         self.keys.is_empty()
     }
 
-    /// The key's limiter at `now_ms`, `None` where the module's key would not exist (never
-    /// written, or expired).
-    fn stored(&mut self, key: &str, now_ms: u64) -> Option<Limiter> {
+    /// The key's limiter, `None` where the module's key would not exist (never written, or
+    /// expired: Redis expires keys on its own clock, whatever a call's `AT`, so this compares
+    /// the expiry with the wall clock, not with `now_ms`).
+    fn stored(&mut self, key: &str, _now_ms: u64) -> Option<Limiter> {
         let (limiter, _) = self.keys.get(key)?;
-        if limiter.expires_at_ms() <= now_ms {
+        if limiter.expires_at_ms() <= wall_ms() {
             self.keys.remove(key);
             return None;
         }
