@@ -791,8 +791,11 @@ impl<C: Connection> Inner<C> {
                     .await
                     .is_err()
                 {
-                    // The TAKE in flight did not end in time: this request asks for itself.
-                    return self.guarded_decide("CHECK", key, spec, cost, at).await;
+                    // The TAKE in flight did not end in time: Redis is as slow for this
+                    // request (a CHECK of its own could only add a unit consumed late).
+                    let local = self.local("CHECK", key, spec, cost, at);
+                    let why = format!("the batch's TAKE took over {:?}", self.options.timeout);
+                    return self.fail(why, limit.period_ms(), local, cost);
                 }
                 continue;
             }
@@ -946,8 +949,10 @@ impl<C: Connection> Inner<C> {
     /// key's state refills or slides past them).
     async fn refund_units(&self, batch: &Batch, units: u64, at: Option<u64>) {
         let spec = SpecRef::Limit(&batch.limit);
+        // Not under the breaker, and patient: a refund skipped or answered late would leave
+        // the units consumed (or give them back unseen).
         match self
-            .guarded(self.decide("REFUND", &batch.key, spec, units, at, None))
+            .decide("REFUND", &batch.key, spec, units, at, Some(LATE_REPLY_WAIT))
             .await
         {
             Ok(_) => {
@@ -963,7 +968,9 @@ impl<C: Connection> Inner<C> {
         }
     }
 
-    async fn refund_due(&self, now: Option<u64>, at: Option<u64>) {
+    /// Refunds the batches whose hold has ended at `now` (every batch's with `None`): on the
+    /// calls' `at` times in the call, else on a task of its own (the call does not wait).
+    async fn refund_due(self: &Arc<Self>, now: Option<u64>, at: Option<u64>) {
         if self
             .batches
             .next_end()
@@ -971,12 +978,28 @@ impl<C: Connection> Inner<C> {
         {
             return;
         }
-        for (batch, units) in self.batches.due(now) {
-            self.refund_units(&batch, units, at).await;
+        let due = self.batches.due(now);
+        if due.is_empty() {
+            return;
         }
+        if at.is_some() {
+            for (batch, units) in due {
+                self.refund_units(&batch, units, at).await;
+            }
+            return;
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let task = InFlight(self.clone());
+        tokio::spawn(async move {
+            for (batch, units) in due {
+                task.0.refund_units(&batch, units, None).await;
+            }
+            drop(task);
+        });
     }
 
-    async fn close(&self) {
+    async fn close(self: &Arc<Self>) {
+        // The TAKEs and refunds still running first: their grants are refunded below.
         loop {
             let landed = self.landed.notified();
             if self.in_flight.load(Ordering::SeqCst) == 0 {
@@ -984,7 +1007,9 @@ impl<C: Connection> Inner<C> {
             }
             landed.await;
         }
-        self.refund_due(None, None).await;
+        for (batch, units) in self.batches.due(None) {
+            self.refund_units(&batch, units, None).await;
+        }
     }
 
     // -- the other calls ----------------------------------------------------------------
