@@ -16,7 +16,7 @@ use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::txn::Txn;
 use super::{decide, evaluate, handler, now_ms, Call};
-use crate::algorithms::{largest_grant, Request};
+use crate::algorithms::{largest_grant, last_unit_delay_ms, Decision, Request};
 use crate::policy::Mode;
 
 const NAME: &str = "ratelimit.take";
@@ -65,19 +65,23 @@ fn run(call: &Call) -> c_int {
         .through
         .as_ref()
         .map_or(Mode::Enforce, |(mode, _)| *mode);
-    // What enforcement grants, asked of the key as it stands (PEEKs: nothing written).
-    let granted = {
-        // Read only and never committed: nothing is stored.
-        let mut txn = Txn::open(call, call.raw_arg(1), false);
-        largest_grant(max, |cost| {
-            evaluate(&mut txn, &request(cost), false, resolved.block_ms)
-                .map(|evaluation| evaluation.outcome.decision.allowed)
-        })
+    // What enforcement grants, asked of the key as it stands (PEEKs: nothing written), and the
+    // wait of its last unit (the reply's delay_ms) when the grant's CHECK reports the first's.
+    let mut txn = Txn::open(call, call.raw_arg(1), false);
+    let mut peek = |cost| {
+        evaluate(&mut txn, &request(cost), false, resolved.block_ms)
+            .map(|evaluation| evaluation.outcome.decision)
     };
-    let granted = match granted {
+    let granted = match largest_grant(max, |cost| peek(cost).map(|decision| decision.allowed)) {
         Ok(granted) => granted,
         Err(message) => return call.error(&message),
     };
+    let last_delay_ms = match last_unit_delay_ms(resolved.algorithm, granted, &mut peek) {
+        Ok(delay_ms) => delay_ms,
+        Err(message) => return call.error(&message),
+    };
+    // Read only and never committed: nothing is stored.
+    drop(txn);
     // Shadow mode grants MAX; enforcement would have granted less.
     let shadow_short = mode == Mode::Shadow && granted < max;
     let through = resolved.through.as_ref().map(|(_, counters)| counters);
@@ -96,6 +100,13 @@ fn run(call: &Call) -> c_int {
         Err(message) => return call.error(&message),
     };
     let answered = if mode == Mode::Shadow { max } else { granted };
+    let decided = match last_delay_ms {
+        Some(delay_ms) if decided.allowed => Decision {
+            delay_ms,
+            ..decided
+        },
+        _ => decided,
+    };
     call.reply_fields(&decided, Some(answered), call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }

@@ -108,11 +108,24 @@ fn take_grants_the_largest_cost_a_peek_admits_and_leaves_what_that_check_leaves(
                 let max = rng.range(1, limit.capacity() + 3);
                 let granted = expected_grant(&mut con, &limit, &twin, max, at);
                 let reply = decision(&mut con, &take_cmd(&limit, &key, max, at));
+                // A leaky bucket's delay_ms is the wait of the last granted unit: the queue
+                // ahead of it once the others are queued, a PEEK's reset_after_ms.
+                let last_delay = (limit.algorithm == "leaky-bucket" && granted > 1).then(|| {
+                    let ahead = limit.command("RATELIMIT.PEEK", &twin, granted - 1, Some(at));
+                    decision(&mut con, &ahead)[4]
+                });
                 // A refusal is the CHECK of one unit, which cannot pass.
                 let check = limit.command("RATELIMIT.CHECK", &twin, granted.max(1), Some(at));
-                let checked = decision(&mut con, &check);
+                let mut checked = decision(&mut con, &check);
                 assert_eq!(checked[0], i64::from(granted > 0), "{what}");
                 assert_eq!(reply[0], granted as i64, "{what}: MAX {max}");
+                if let Some(delay) = last_delay {
+                    assert!(
+                        delay >= checked[5],
+                        "{what}: the last unit waits less than the first"
+                    );
+                    checked[5] = delay;
+                }
                 assert_eq!(reply[1..], checked[1..], "{what}: MAX {max}");
                 match granted {
                     0 => refused += 1,

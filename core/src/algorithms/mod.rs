@@ -542,6 +542,23 @@ pub fn largest_grant<E>(
     Ok(granted)
 }
 
+/// The `delay_ms` a TAKE of `granted` units replies where it is not its CHECK's (`None`: the
+/// CHECK's own, its first unit's wait): the wait of the last granted unit. For a leaky bucket
+/// granting more than one unit that is the queue ahead of the last once the first `granted - 1`
+/// are queued, the `reset_after_ms` of a PEEK of cost `granted - 1` at the same moment
+/// (`peek(cost)` answers one, nothing stored). So a client handing the units out one by one never
+/// promises a unit a shorter wait than a CHECK of it would have given. The error is `peek`'s.
+pub fn last_unit_delay_ms<E>(
+    algorithm: Algorithm,
+    granted: u64,
+    peek: impl FnOnce(u64) -> Result<Decision, E>,
+) -> Result<Option<u64>, E> {
+    if algorithm != Algorithm::LeakyBucket || granted <= 1 {
+        return Ok(None);
+    }
+    Ok(Some(peek(granted - 1)?.reset_after_ms))
+}
+
 #[cfg(test)]
 mod largest_grant_tests {
     use super::largest_grant;

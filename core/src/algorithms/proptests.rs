@@ -18,8 +18,8 @@ use proptest::test_runner::TestCaseError;
 
 use super::testing::peek;
 use super::{
-    check, largest_grant, refund, Algorithm, AlgorithmMismatch, Kind, Limiter, Outcome, Params,
-    Refunded, Request, State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
+    check, largest_grant, last_unit_delay_ms, refund, Algorithm, AlgorithmMismatch, Kind, Limiter,
+    Outcome, Params, Refunded, Request, State, Write, MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS,
 };
 
 /// Cases per property. A case is up to `MAX_STEPS` calls, each with a few probes.
@@ -555,6 +555,49 @@ proptest! {
                     granted == max || !admits(granted + 1).expect("same algorithm"),
                     "max {max}: {granted} granted, one more admitted too"
                 );
+            }
+            Ok(())
+        })?;
+    }
+
+    /// Proves TAKE's `delay_ms` on any reachable state: for a grant of `g` units it is the
+    /// `delay_ms` the last of `g` one-unit CHECKs at the same moment gets (a leaky bucket's
+    /// place in the queue of the last unit; the CHECK's own `delay_ms`, 0, for the others), so
+    /// it is never less than any of those CHECKs' delays.
+    #[test]
+    fn a_grants_delay_is_the_wait_of_its_last_unit(s in changing(ALL)) {
+        walk(&s, |call| {
+            let peek = |cost: u64| -> Result<super::Decision, AlgorithmMismatch> {
+                let mut state = call.before.clone();
+                let request = Request { cost, ..*call.request };
+                check(state.as_mut(), &request, false).map(|(outcome, _)| outcome.decision)
+            };
+            let limit = call.outcome.decision.limit;
+            for max in [1, 2, 3, limit.min(40), limit.saturating_add(1).min(41)] {
+                let granted = largest_grant(max, |cost| peek(cost).map(|d| d.allowed))
+                    .expect("same algorithm");
+                if granted == 0 {
+                    continue;
+                }
+                let checked = peek(granted).expect("same algorithm").delay_ms;
+                let delay = last_unit_delay_ms(call.request.algorithm, granted, peek)
+                    .expect("same algorithm")
+                    .unwrap_or(checked);
+                // The same units as one-unit CHECKs, one after another at the same moment.
+                let mut state = call.before.clone();
+                let mut last = 0;
+                for _ in 0..granted {
+                    let request = Request { cost: 1, ..*call.request };
+                    let (outcome, write) = check(state.as_mut(), &request, true)
+                        .expect("same algorithm");
+                    prop_assert!(outcome.decision.allowed, "a granted unit refused alone");
+                    prop_assert!(outcome.decision.delay_ms <= delay);
+                    last = outcome.decision.delay_ms;
+                    if let Write::Created(limiter) = write {
+                        state = Some(limiter);
+                    }
+                }
+                prop_assert_eq!(delay, last, "max {}, {} granted", max, granted);
             }
             Ok(())
         })?;

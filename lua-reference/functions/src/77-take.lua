@@ -50,9 +50,19 @@ local function take(keys, args)
   if not peek then return redis.error_reply(err) end
   local granted = 0
   if peek[1] == 1 then granted = min(n, peek[3]) end
+  -- A leaky bucket's delay_ms is the wait of the last granted unit: the queue ahead of it once
+  -- the first granted - 1 are queued, the reset_after_ms of a PEEK of that cost now.
+  local last_delay
+  if spec.alg == LB and granted > 1 then
+    local ahead
+    ahead, err = evaluate(key, st, spec, granted - 1, t, false, block)
+    if not ahead then return redis.error_reply(err) end
+    last_delay = ahead[5]
+  end
   local reply
   reply, err = evaluate(key, st, spec, max(granted, 1), t, true, block)
   if not reply then return redis.error_reply(err) end
+  if last_delay and reply[1] == 1 then reply[6] = last_delay end
   reply[1] = granted
   return reply
 end
