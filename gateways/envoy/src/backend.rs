@@ -1,18 +1,20 @@
-//! Where decisions are made: the module's `RATELIMIT.CHECK` and `RATELIMIT.CHECKALL`, sent in one
-//! pipeline per request. [`Backend`] is the seam (tests and the bench use it too); [`RedisBackend`]
-//! speaks to one server (a pool of self-reconnecting multiplexed connections) or to a Redis
-//! Cluster, bounds every round trip by a timeout and guards it with a breaker, so a stalled server
-//! costs one timeout per cool-down instead of one per request.
+//! Where decisions are made: the module's `RATELIMIT.CHECK` and `RATELIMIT.CHECKALL` (or the
+//! Functions library's, where the module cannot load), through the Rust client crate
+//! `redis-ratelimit-client`, which bounds every call by a timeout, guards Redis with a breaker (a
+//! stalled server costs one timeout per cool-down, not one per request), keeps the optional denial
+//! cache and decides locally when asked to. [`Backend`] is the seam; [`ClientBackend`] is the
+//! crate on one server (a self-reconnecting connection) or on a Redis Cluster.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::Value;
+use redis_ratelimit_client as client;
+
+use crate::config::{Algorithm, Spec};
 
 /// One decision of the module: its six-integer reply (docs/commands.md, "The reply").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,45 +25,24 @@ pub struct Decision {
     pub retry_after_ms: i64,
     pub reset_after_ms: i64,
     pub delay_ms: i64,
+    /// Answered by the client's denial cache, without Redis.
+    pub from_cache: bool,
 }
 
 /// One command of a request's pipeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    /// `RATELIMIT.CHECK key spec... COST cost`: one decision.
-    Check {
-        key: String,
-        spec: Vec<String>,
-        cost: u64,
-    },
+    /// `RATELIMIT.CHECK key spec COST cost`: one decision.
+    Check { key: String, spec: Spec, cost: u64 },
     /// `RATELIMIT.CHECKALL n keys... specs... COST cost`: the overall decision, then one per key.
     CheckAll {
         keys: Vec<String>,
-        specs: Vec<Vec<String>>,
+        specs: Vec<Spec>,
         cost: u64,
     },
 }
 
 impl Call {
-    pub fn to_cmd(&self) -> redis::Cmd {
-        match self {
-            Call::Check { key, spec, cost } => {
-                let mut cmd = redis::cmd("RATELIMIT.CHECK");
-                cmd.arg(key).arg(spec).arg("COST").arg(*cost);
-                cmd
-            }
-            Call::CheckAll { keys, specs, cost } => {
-                let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
-                cmd.arg(keys.len()).arg(keys);
-                for spec in specs {
-                    cmd.arg(spec);
-                }
-                cmd.arg("COST").arg(*cost);
-                cmd
-            }
-        }
-    }
-
     /// How many decisions its reply holds.
     pub fn reply_len(&self) -> usize {
         match self {
@@ -121,62 +102,13 @@ pub trait Backend: Send + Sync + 'static {
     fn slot_of(&self, _key: &str) -> Option<u16> {
         None
     }
-}
-
-/// Reads one six-integer decision.
-pub fn parse_decision(value: &Value) -> Result<Decision, String> {
-    let Value::Array(items) = value else {
-        return Err(format!("expected a six-integer reply, got {value:?}"));
-    };
-    if items.len() < 6 {
-        return Err(format!("expected six integers, got {}", items.len()));
+    /// Whether the breaker is open now.
+    fn breaker_open(&self) -> bool {
+        false
     }
-    let mut n = [0i64; 6];
-    for (slot, item) in n.iter_mut().zip(items) {
-        *slot = match item {
-            Value::Int(i) => *i,
-            Value::Boolean(b) => i64::from(*b),
-            other => return Err(format!("expected an integer, got {other:?}")),
-        };
-    }
-    Ok(Decision {
-        allowed: n[0] == 1,
-        limit: n[1],
-        remaining: n[2],
-        retry_after_ms: n[3],
-        reset_after_ms: n[4],
-        delay_ms: n[5],
-    })
-}
-
-/// Reads a call's reply: a CHECK's decision, or CHECKALL's overall decision and one per key.
-pub fn parse_reply(
-    call: &Call,
-    value: &Result<Value, String>,
-) -> Result<Vec<Decision>, BackendError> {
-    let value = match value {
-        Ok(value) => value,
-        Err(e) => return Err(BackendError::Command(e.clone())),
-    };
-    let bad = |e: String| BackendError::Command(format!("unexpected reply: {e}"));
-    match call {
-        Call::Check { .. } => Ok(vec![parse_decision(value).map_err(bad)?]),
-        Call::CheckAll { keys, .. } => {
-            let Value::Array(items) = value else {
-                return Err(bad(format!("{value:?}")));
-            };
-            if items.len() != keys.len() + 1 {
-                return Err(bad(format!(
-                    "CHECKALL of {} keys answered {} decisions",
-                    keys.len(),
-                    items.len()
-                )));
-            }
-            items
-                .iter()
-                .map(|item| parse_decision(item).map_err(bad))
-                .collect()
-        }
+    /// Counters of the client (`commands` sent, decisions by source: `module`, `cache`...).
+    fn counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
     }
 }
 
@@ -203,208 +135,210 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crc % 16384
 }
 
-/// The breaker: after `threshold` failures in a row (or one timeout) it opens for `cool_down`;
-/// then one request probes, and its outcome closes or reopens it.
-pub struct Breaker {
-    threshold: u32,
-    cool_down: Duration,
-    state: Mutex<BreakerState>,
-    pub opened: AtomicU64,
-}
-
-#[derive(Default)]
-struct BreakerState {
-    failures: u32,
-    open_until: Option<Instant>,
-    probing: bool,
-}
-
-impl Breaker {
-    pub fn new(threshold: u32, cool_down: Duration) -> Breaker {
-        Breaker {
-            threshold: threshold.max(1),
-            cool_down,
-            state: Mutex::new(BreakerState::default()),
-            opened: AtomicU64::new(0),
-        }
-    }
-
-    /// Whether a call may go to Redis now.
-    pub fn admit(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match s.open_until {
-            None => true,
-            Some(until) if Instant::now() < until => false,
-            Some(_) => {
-                if s.probing {
-                    false
-                } else {
-                    s.probing = true;
-                    true
-                }
-            }
-        }
-    }
-
-    pub fn success(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        *s = BreakerState::default();
-    }
-
-    pub fn failure(&self, timed_out: bool) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.failures += 1;
-        s.probing = false;
-        if timed_out || s.failures >= self.threshold || s.open_until.is_some() {
-            s.open_until = Some(Instant::now() + self.cool_down);
-            self.opened.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    pub fn is_open(&self) -> bool {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.open_until.is_some()
-    }
-}
-
-/// How to reach Redis (envoyproxy/ratelimit's `REDIS_*` settings).
+/// How to reach Redis (envoyproxy/ratelimit's `REDIS_*` settings) and what the client does when it
+/// cannot.
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
     /// `redis://`, `rediss://` or `unix://` URLs: one for a single server, the seed nodes for a
     /// cluster.
     pub urls: Vec<String>,
     pub cluster: bool,
-    pub pool_size: usize,
     pub timeout: Duration,
     pub breaker_failures: u32,
     pub breaker_cool_down: Duration,
+    /// Refusals the denial cache keeps (0: off).
+    pub denial_cache: usize,
+    /// Decide in process with the core's algorithms while Redis is unreachable.
+    pub local_fallback: bool,
+    /// With the local fallback: the share of each limit this instance admits.
+    pub local_share: f64,
 }
 
-enum Conn {
-    Single(Vec<ConnectionManager>),
-    Cluster(ClusterConnection),
+enum Limiter {
+    Single(client::RateLimiter<ConnectionManager>, ConnectionManager),
+    Cluster(client::RateLimiter<ClusterConnection>, ClusterConnection),
 }
 
-/// The module on one server or a cluster.
-pub struct RedisBackend {
+/// The client crate's `RateLimiter` on one server or a cluster, connected on first use (the
+/// service starts, and reports not serving, while Redis is not there yet).
+pub struct ClientBackend {
     settings: RedisSettings,
-    conn: RwLock<Option<Arc<Conn>>>,
-    next: AtomicUsize,
-    pub breaker: Breaker,
+    limiter: RwLock<Option<Arc<Limiter>>>,
     connecting: tokio::sync::Mutex<()>,
 }
 
-impl RedisBackend {
-    pub fn new(settings: RedisSettings) -> Arc<RedisBackend> {
-        Arc::new(RedisBackend {
-            breaker: Breaker::new(settings.breaker_failures, settings.breaker_cool_down),
+fn to_client_spec(spec: &Spec) -> Result<client::LimitSpec, BackendError> {
+    let bad = |e: client::Error| BackendError::Command(e.to_string());
+    Ok(match spec {
+        Spec::Inline {
+            algorithm,
+            limit,
+            period_ms,
+            burst,
+            block_ms,
+        } => {
+            let algorithm = match algorithm {
+                Algorithm::TokenBucket => client::Algorithm::TokenBucket,
+                Algorithm::LeakyBucket => client::Algorithm::LeakyBucket,
+                Algorithm::FixedWindow => client::Algorithm::FixedWindow,
+                Algorithm::SlidingWindow => client::Algorithm::SlidingWindow,
+                Algorithm::SlidingLog => client::Algorithm::SlidingLog,
+                Algorithm::Gcra => client::Algorithm::Gcra,
+            };
+            let mut l = client::Limit::new(algorithm, *limit, *period_ms).map_err(bad)?;
+            if let Some(b) = burst {
+                l = l.burst(*b).map_err(bad)?;
+            }
+            if let Some(b) = block_ms {
+                l = l.block(*b).map_err(bad)?;
+            }
+            client::LimitSpec::Limit(l)
+        }
+        Spec::Policy(name) => {
+            client::LimitSpec::Policy(client::Policy::new(name.clone()).map_err(bad)?)
+        }
+    })
+}
+
+fn from_client(d: &client::Decision) -> Decision {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    Decision {
+        allowed: d.allowed,
+        limit: int(d.limit),
+        remaining: int(d.remaining),
+        retry_after_ms: d.retry_after_ms,
+        reset_after_ms: int(d.reset_after_ms),
+        delay_ms: int(d.delay_ms),
+        from_cache: d.source == client::Source::Cache,
+    }
+}
+
+fn from_client_error(e: client::Error) -> BackendError {
+    match e {
+        client::Error::Unavailable(why) => BackendError::Unavailable(why),
+        other => BackendError::Command(other.to_string()),
+    }
+}
+
+async fn decide<C: client::Connection>(
+    limiter: &client::RateLimiter<C>,
+    call: &Call,
+) -> Result<Vec<Decision>, BackendError> {
+    match call {
+        Call::Check { key, spec, cost } => {
+            let spec = to_client_spec(spec)?;
+            let d = limiter
+                .check(key, &spec, *cost)
+                .await
+                .map_err(from_client_error)?;
+            Ok(vec![from_client(&d)])
+        }
+        Call::CheckAll { keys, specs, cost } => {
+            let mut pairs = Vec::with_capacity(keys.len());
+            for (key, spec) in keys.iter().zip(specs) {
+                pairs.push((key.as_str(), to_client_spec(spec)?));
+            }
+            let m = limiter
+                .check_all(&pairs, *cost)
+                .await
+                .map_err(from_client_error)?;
+            let mut out = Vec::with_capacity(1 + m.limits.len());
+            out.push(from_client(&m.overall));
+            out.extend(m.limits.iter().map(from_client));
+            Ok(out)
+        }
+    }
+}
+
+impl ClientBackend {
+    pub fn new(settings: RedisSettings) -> Arc<ClientBackend> {
+        Arc::new(ClientBackend {
             settings,
-            conn: RwLock::new(None),
-            next: AtomicUsize::new(0),
+            limiter: RwLock::new(None),
             connecting: tokio::sync::Mutex::new(()),
         })
     }
 
-    fn current(&self) -> Option<Arc<Conn>> {
-        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    fn current(&self) -> Option<Arc<Limiter>> {
+        self.limiter
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn options(&self) -> client::Options {
+        client::Options {
+            on_error: if self.settings.local_fallback {
+                client::OnError::Local
+            } else {
+                client::OnError::Closed
+            },
+            timeout: self.settings.timeout,
+            engine: client::EngineChoice::Auto,
+            breaker_failures: self.settings.breaker_failures,
+            breaker_cooldown: self.settings.breaker_cool_down,
+            denial_cache: self.settings.denial_cache,
+            local_share: self.settings.local_share,
+            ..client::Options::default()
+        }
     }
 
     /// Connects if not connected (one attempt at a time; the others fail at once).
-    async fn connect(&self) -> Result<Arc<Conn>, BackendError> {
-        if let Some(conn) = self.current() {
-            return Ok(conn);
+    async fn connect(&self) -> Result<Arc<Limiter>, BackendError> {
+        if let Some(l) = self.current() {
+            return Ok(l);
         }
         let Ok(_guard) = self.connecting.try_lock() else {
             return Err(BackendError::Unavailable("connecting".into()));
         };
-        if let Some(conn) = self.current() {
-            return Ok(conn);
+        if let Some(l) = self.current() {
+            return Ok(l);
         }
         let timeout = self.settings.timeout;
         let attempt = async {
             if self.settings.cluster {
-                let client = redis::cluster::ClusterClient::builder(self.settings.urls.clone())
+                let c = redis::cluster::ClusterClient::builder(self.settings.urls.clone())
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
                     .retries(1)
                     .build()?;
-                Ok::<_, redis::RedisError>(Conn::Cluster(client.get_async_connection().await?))
+                let conn = c.get_async_connection().await?;
+                Ok::<_, redis::RedisError>((None, Some(conn)))
             } else {
-                let client = redis::Client::open(self.settings.urls[0].as_str())?;
+                let c = redis::Client::open(self.settings.urls[0].as_str())?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(timeout)
                     .set_response_timeout(timeout)
                     .set_number_of_retries(1)
                     .set_max_delay(1000);
-                let mut pool = Vec::with_capacity(self.settings.pool_size);
-                for _ in 0..self.settings.pool_size.max(1) {
-                    pool.push(
-                        ConnectionManager::new_with_config(client.clone(), config.clone()).await?,
-                    );
-                }
-                Ok(Conn::Single(pool))
+                Ok((
+                    Some(ConnectionManager::new_with_config(c, config).await?),
+                    None,
+                ))
             }
         };
-        let conn = match tokio::time::timeout(timeout, attempt).await {
+        let limiter = match tokio::time::timeout(timeout, attempt).await {
             Err(_) => return Err(BackendError::Timeout(timeout)),
             Ok(Err(e)) => return Err(BackendError::Unavailable(e.to_string())),
-            Ok(Ok(conn)) => Arc::new(conn),
+            Ok(Ok((Some(single), _))) => {
+                let l = client::RateLimiter::new(single.clone(), self.options())
+                    .map_err(|e| BackendError::Command(e.to_string()))?;
+                Limiter::Single(l, single)
+            }
+            Ok(Ok((_, Some(cluster)))) => {
+                let l = client::RateLimiter::new(cluster.clone(), self.options())
+                    .map_err(|e| BackendError::Command(e.to_string()))?;
+                Limiter::Cluster(l, cluster)
+            }
+            Ok(Ok((None, None))) => return Err(BackendError::Unavailable("no connection".into())),
         };
-        *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
-        Ok(conn)
-    }
-
-    async fn round_trip(
-        &self,
-        conn: &Conn,
-        pipe: &redis::Pipeline,
-        n: usize,
-    ) -> redis::RedisResult<Vec<Result<Value, String>>> {
-        match conn {
-            Conn::Single(pool) => {
-                let i = self.next.fetch_add(1, Ordering::Relaxed) % pool.len();
-                let mut con = pool[i].clone();
-                let values = con.req_packed_commands(pipe, 0, n).await?;
-                Ok(values
-                    .into_iter()
-                    .map(|v| match v {
-                        Value::ServerError(e) => Err(format!("{e:?}")),
-                        v => Ok(v),
-                    })
-                    .collect())
-            }
-            Conn::Cluster(cluster) => {
-                // The cluster client routes a pipeline only when all its keys share a slot: send
-                // each command (each is one slot) on its own, all at once.
-                let sends = pipe.cmd_iter().map(|cmd| {
-                    let mut con = cluster.clone();
-                    async move {
-                        match con.req_packed_command(cmd).await {
-                            Ok(Value::ServerError(e)) => Ok(Err(format!("{e:?}"))),
-                            Ok(v) => Ok(Ok(v)),
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    redis::ErrorKind::ResponseError
-                                        | redis::ErrorKind::ExtensionError
-                                ) =>
-                            {
-                                Ok(Err(e.to_string()))
-                            }
-                            Err(e) => Err(e),
-                        }
-                    }
-                });
-                futures_util::future::join_all(sends)
-                    .await
-                    .into_iter()
-                    .collect()
-            }
-        }
+        let limiter = Arc::new(limiter);
+        *self.limiter.write().unwrap_or_else(|p| p.into_inner()) = Some(limiter.clone());
+        Ok(limiter)
     }
 }
 
-impl Backend for RedisBackend {
+impl Backend for ClientBackend {
     fn execute<'a>(
         &'a self,
         calls: &'a [Call],
@@ -413,73 +347,63 @@ impl Backend for RedisBackend {
             if calls.is_empty() {
                 return Ok(Vec::new());
             }
-            if !self.breaker.admit() {
-                return Err(BackendError::BreakerOpen);
-            }
-            let conn = match self.connect().await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    self.breaker.failure(matches!(e, BackendError::Timeout(_)));
-                    return Err(e);
+            let limiter = self.connect().await?;
+            // The calls of one request at once: on one multiplexed connection they leave in one
+            // write, as a pipeline would.
+            let results: Vec<Result<Vec<Decision>, BackendError>> = match &*limiter {
+                Limiter::Single(l, _) => {
+                    futures_util::future::join_all(calls.iter().map(|c| decide(l, c))).await
+                }
+                Limiter::Cluster(l, _) => {
+                    futures_util::future::join_all(calls.iter().map(|c| decide(l, c))).await
                 }
             };
-            let mut pipe = redis::pipe();
-            for call in calls {
-                pipe.add_command(call.to_cmd());
-            }
-            let timeout = self.settings.timeout;
-            let replies =
-                match tokio::time::timeout(timeout, self.round_trip(&conn, &pipe, calls.len()))
-                    .await
-                {
-                    Err(_) => {
-                        self.breaker.failure(true);
-                        return Err(BackendError::Timeout(timeout));
-                    }
-                    Ok(Err(e)) => {
-                        let timed_out = e.is_timeout();
-                        self.breaker.failure(timed_out);
-                        return Err(if timed_out {
-                            BackendError::Timeout(timeout)
-                        } else {
-                            BackendError::Unavailable(e.to_string())
-                        });
-                    }
-                    Ok(Ok(replies)) => replies,
-                };
-            self.breaker.success();
-            if replies.len() != calls.len() {
-                return Err(BackendError::Command(format!(
-                    "{} replies to {} commands",
-                    replies.len(),
-                    calls.len()
-                )));
-            }
-            calls
-                .iter()
-                .zip(&replies)
-                .map(|(call, reply)| parse_reply(call, reply))
-                .collect()
+            results.into_iter().collect()
         })
     }
 
     fn ping(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
-            let Ok(conn) = self.connect().await else {
+            let Ok(limiter) = self.connect().await else {
                 return false;
             };
-            let mut pipe = redis::pipe();
-            pipe.cmd("PING");
             let timeout = self.settings.timeout.min(Duration::from_secs(1));
-            matches!(
-                tokio::time::timeout(timeout, self.round_trip(&conn, &pipe, 1)).await,
-                Ok(Ok(ref v)) if matches!(v.first(), Some(Ok(Value::SimpleString(_))) | Some(Ok(Value::Okay)))
-            )
+            let ping = async {
+                match &*limiter {
+                    Limiter::Single(_, conn) => {
+                        let mut conn = conn.clone();
+                        redis::cmd("PING").query_async::<String>(&mut conn).await
+                    }
+                    Limiter::Cluster(_, conn) => {
+                        let mut conn = conn.clone();
+                        redis::cmd("PING").query_async::<String>(&mut conn).await
+                    }
+                }
+            };
+            matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
         })
     }
 
     fn slot_of(&self, key: &str) -> Option<u16> {
         self.settings.cluster.then(|| key_slot(key.as_bytes()))
+    }
+
+    fn breaker_open(&self) -> bool {
+        match self.current().as_deref() {
+            Some(Limiter::Single(l, _)) => l.breaker_open(),
+            Some(Limiter::Cluster(l, _)) => l.breaker_open(),
+            None => false,
+        }
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = match self.current().as_deref() {
+            Some(Limiter::Single(l, _)) => l.stats().into_iter().collect(),
+            Some(Limiter::Cluster(l, _)) => l.stats().into_iter().collect(),
+            None => Vec::new(),
+        };
+        v.sort();
+        v
     }
 }
 
@@ -492,43 +416,29 @@ mod tests {
         // Values from CLUSTER KEYSLOT.
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
-        assert_eq!(key_slot(b"123456789"), 0x31C3 % 16384);
+        for key in ["foo{}{bar}", "123456789", "{f}_user_a", "a{b}c", "{}", ""] {
+            assert_eq!(
+                key_slot(key.as_bytes()),
+                redis_ratelimit_testkit::cluster::slot(key),
+                "{key}"
+            );
+        }
     }
 
     #[test]
-    fn breaker_opens_on_timeout_and_probes_once() {
-        let b = Breaker::new(3, Duration::from_millis(50));
-        assert!(b.admit());
-        b.failure(false);
-        b.failure(false);
-        assert!(b.admit(), "two failures of three stay closed");
-        b.failure(true);
-        assert!(!b.admit(), "a timeout opens it");
-        std::thread::sleep(Duration::from_millis(60));
-        assert!(b.admit(), "after the cool-down one probe");
-        assert!(!b.admit(), "and only one");
-        b.success();
-        assert!(b.admit());
-        assert!(!b.is_open());
-    }
-
-    #[test]
-    fn replies_parse() {
-        let six = |a| Value::Array([a, 5, 4, 0, 1000, 0].map(Value::Int).to_vec());
-        let call = Call::CheckAll {
-            keys: vec!["a".into(), "b".into()],
-            specs: vec![],
-            cost: 1,
+    fn specs_become_the_clients() {
+        let spec = Spec::Inline {
+            algorithm: Algorithm::Gcra,
+            limit: 10,
+            period_ms: 1000,
+            burst: Some(20),
+            block_ms: Some(5000),
         };
-        let d = parse_reply(&call, &Ok(Value::Array(vec![six(1), six(1), six(1)]))).unwrap();
-        assert_eq!(d.len(), 3);
-        assert!(d[0].allowed);
-        assert!(parse_reply(&call, &Ok(Value::Array(vec![six(1)]))).is_err());
-        assert!(parse_reply(&call, &Ok(Value::Int(3))).is_err());
-        assert_eq!(
-            parse_reply(&call, &Err("ERR no such policy".into())),
-            Err(BackendError::Command("ERR no such policy".into()))
-        );
+        let client::LimitSpec::Limit(l) = to_client_spec(&spec).unwrap() else {
+            panic!("a limit")
+        };
+        assert_eq!(l.burst_value(), Some(20));
+        assert_eq!(l.block_ms(), Some(5000));
+        assert!(to_client_spec(&Spec::Policy("bad name".into())).is_err());
     }
 }

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
-use crate::backend::{Backend, RedisBackend};
+use crate::backend::{Backend, ClientBackend};
 use crate::config::{read_dir_sources, Config, LoadOptions, Source};
 use crate::json;
 use crate::log::{log, Level};
@@ -63,7 +63,6 @@ struct Shared {
     redis_up: AtomicBool,
     config_ok: AtomicBool,
     healthy_with_config: bool,
-    breaker_open: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl Shared {
@@ -123,15 +122,13 @@ pub fn load_config(settings: &Settings) -> Result<(Config, u64), String> {
 /// Starts the service with the Redis backend the settings name. The first configuration must
 /// load; later bad files are logged and the running configuration stays.
 pub async fn start(settings: Settings) -> Result<Running, String> {
-    let redis = RedisBackend::new(settings.redis.clone());
-    let breaker = redis.clone();
-    start_with_backend(settings, redis, Box::new(move || breaker.breaker.is_open())).await
+    let backend = ClientBackend::new(settings.redis.clone());
+    start_with_backend(settings, backend).await
 }
 
 pub async fn start_with_backend(
     settings: Settings,
     backend: Arc<dyn Backend>,
-    breaker_open: Box<dyn Fn() -> bool + Send + Sync>,
 ) -> Result<Running, String> {
     let stats = Arc::new(Stats::default());
     let (config, print) = load_config(&settings)?;
@@ -155,7 +152,6 @@ pub async fn start_with_backend(
         limiter: limiter.clone(),
         redis_up: AtomicBool::new(false),
         healthy_with_config: settings.healthy_with_config,
-        breaker_open,
     });
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -384,7 +380,8 @@ async fn http(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Respo
             StatusCode::OK,
             shared.limiter.stats.render(
                 shared.redis_up.load(Ordering::Relaxed),
-                (shared.breaker_open)(),
+                shared.limiter.backend().breaker_open(),
+                &shared.limiter.backend().counters(),
             ),
             "text/plain; version=0.0.4",
         ),

@@ -376,7 +376,7 @@ impl RateLimiter {
                 };
                 calls.push(Call::Check {
                     key: key.clone(),
-                    spec: spec.args(),
+                    spec: spec.clone(),
                     cost: costs[i],
                 });
             } else {
@@ -395,7 +395,7 @@ impl RateLimiter {
                 outcomes[i] = Outcome::Remote { call, at: 0 };
                 calls.push(Call::Check {
                     key: keys[i].clone().unwrap_or_default(),
-                    spec: spec_args(&resolved[i]),
+                    spec: spec_of(&resolved[i]),
                     cost: *cost,
                 });
             } else {
@@ -407,7 +407,7 @@ impl RateLimiter {
                         .iter()
                         .map(|&i| keys[i].clone().unwrap_or_default())
                         .collect(),
-                    specs: members.iter().map(|&i| spec_args(&resolved[i])).collect(),
+                    specs: members.iter().map(|&i| spec_of(&resolved[i])).collect(),
                     cost: *cost,
                 });
             }
@@ -581,6 +581,9 @@ impl RateLimiter {
         let near = (threshold as f64 * ratio).floor() as u64;
         let s = &r.stats;
         let over = !d.allowed;
+        if over && d.from_cache {
+            LimitStats::add(&s.over_limit_with_local_cache, cost);
+        }
         if over {
             if before >= threshold {
                 LimitStats::add(&s.over_limit, cost);
@@ -681,11 +684,10 @@ impl RateLimiter {
     }
 }
 
-fn spec_args(r: &Option<Resolved>) -> Vec<String> {
+fn spec_of(r: &Option<Resolved>) -> Spec {
     r.as_ref()
-        .and_then(|r| r.limit.spec.as_ref())
-        .map(Spec::args)
-        .unwrap_or_default()
+        .and_then(|r| r.limit.spec.clone())
+        .unwrap_or(Spec::Policy(String::new()))
 }
 
 fn current_limit(limit: &RateLimit) -> PbRateLimit {

@@ -270,13 +270,27 @@ impl Settings {
                     .into(),
             ));
         }
+        let on_error = env.string("RLS_ON_REDIS_ERROR", "unavailable");
+        let local_share: f64 =
+            env.number("RLS_LOCAL_SHARE", 1.0, "a share above 0 and at most 1")?;
+        if !(local_share > 0.0 && local_share <= 1.0) {
+            return Err(SettingsError(format!(
+                "RLS_LOCAL_SHARE={local_share}: expected a share above 0 and at most 1"
+            )));
+        }
         let redis = RedisSettings {
             urls,
             cluster,
-            pool_size: env.number("REDIS_POOL_SIZE", 4usize, "a number of connections")?,
             timeout: env.duration("REDIS_TIMEOUT", Duration::from_secs(10))?,
             breaker_failures: env.number("RLS_BREAKER_FAILURES", 3u32, "a number of failures")?,
             breaker_cool_down: env.duration("RLS_BREAKER_COOL_DOWN", Duration::from_secs(1))?,
+            denial_cache: env.number(
+                "RLS_DENIAL_CACHE",
+                0usize,
+                "a number of refusals to keep (0: off)",
+            )?,
+            local_fallback: on_error == "local",
+            local_share,
         };
         if redis.timeout.is_zero() {
             return Err(SettingsError("REDIS_TIMEOUT must be above 0".into()));
@@ -329,12 +343,13 @@ impl Settings {
             global_shadow_mode: env.bool("SHADOW_MODE", false)?,
             global_quota_mode: env.bool("QUOTA_MODE", false)?,
             headers,
-            failure_mode: match env.string("RLS_ON_REDIS_ERROR", "unavailable").as_str() {
-                "unavailable" => FailureMode::Unavailable,
-                "ok" | "allow" => FailureMode::Allow,
+            failure_mode: match on_error.as_str() {
+                // With the local fallback the client decides; what it cannot decide fails.
+                "unavailable" | "local" => FailureMode::Unavailable,
+                "ok" => FailureMode::Allow,
                 other => {
                     return Err(SettingsError(format!(
-                        "RLS_ON_REDIS_ERROR={other}: expected unavailable or ok"
+                        "RLS_ON_REDIS_ERROR={other}: expected unavailable, ok or local"
                     )))
                 }
             },

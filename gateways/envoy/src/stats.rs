@@ -164,7 +164,7 @@ impl Stats {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self, redis_up: bool, breaker_open: bool) -> String {
+    pub fn render(&self, redis_up: bool, breaker_open: bool, client: &[(String, u64)]) -> String {
         let mut out = String::new();
         let map = self.limits.lock().unwrap_or_else(|p| p.into_inner());
         type Pick = fn(&LimitStats) -> &AtomicU64;
@@ -278,6 +278,15 @@ impl Stats {
         );
         let _ = writeln!(out, "# TYPE {name} histogram");
         self.redis_time.render(&mut out, name, "");
+        let name = "redis_ratelimit_rls_client_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} The Redis client's counters: commands sent, decisions by source (module, library, cache, fallback...)."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (what, n) in client {
+            let _ = writeln!(out, "{name}{{what=\"{}\"}} {n}", escape(what));
+        }
         for (name, help, value) in [
             (
                 "redis_ratelimit_rls_redis_up",
