@@ -415,6 +415,12 @@ fn wildcard_match_edges() {
     assert!(wildcard_match(&parts("*"), ""));
     assert!(wildcard_match(&parts("x*y*z"), "xyz"));
     assert!(!wildcard_match(&parts("x*y*z"), "xzy"));
+    // Prefix and suffix match, a middle part is missing.
+    assert!(!wildcard_match(&parts("x*y*z"), "xaaz"));
+    assert!(!wildcard_match(
+        &parts("/api/*/resource/*/action"),
+        "/api/v1/other/123/action"
+    ));
     assert!(wildcard_match(&parts("exact"), "exact"));
     assert!(!wildcard_match(&parts("exact"), "exactly"));
 }

@@ -103,6 +103,9 @@ pub struct RateLimiter {
     pub options: Options,
 }
 
+/// What the descriptors of one CHECKALL share: the cost, and in a cluster the slot.
+type GroupKey = (u64, Option<u16>);
+
 /// One descriptor's resolved limit.
 struct Resolved {
     limit: Arc<RateLimit>,
@@ -219,8 +222,8 @@ impl RateLimiter {
                 ))
             })?;
             let mut stats_key = domain.to_owned();
-            for (i, e) in d.entries.iter().enumerate() {
-                stats_key.push(if i == 0 { '.' } else { '.' });
+            for e in &d.entries {
+                stats_key.push('.');
                 stats_key.push_str(&e.key);
                 if !e.value.is_empty() {
                     stats_key.push('_');
@@ -356,7 +359,7 @@ impl RateLimiter {
         let mut calls: Vec<Call> = Vec::new();
         let mut keys: Vec<Option<String>> = vec![None; n];
         // Atomic groups by (cost, slot): descriptor indices.
-        let mut groups: Vec<((u64, Option<u16>), Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(GroupKey, Vec<usize>)> = Vec::new();
         for i in 0..n {
             let Some(r) = &resolved[i] else { continue };
             LimitStats::add(&r.stats.total_hits, costs[i]);

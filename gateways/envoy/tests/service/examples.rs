@@ -465,6 +465,7 @@ async fn example_9_wildcards_match_and_count_each_value() {
         ("/api/v1/resource/123/action", true),
         ("/api/v2/resource/456/action", true),
         ("/api/v2/resource/456", false),
+        ("/api/v2/other/456/action", false),
     ] {
         let r = rls.call(one("example9", "route", v)).await;
         assert_eq!(r.statuses[0].current_limit.is_some(), limited, "{v}");
