@@ -5,6 +5,7 @@
 mod examples;
 mod failures;
 mod features;
+mod readme;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
