@@ -62,6 +62,7 @@ run() {
     callgrind_control -d "$pid" >/dev/null
     local total
     total=$(callgrind_annotate "$out/callgrind.$name.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    redis-cli -p "$port" info commandstats | tr -d '\r' | grep '^cmdstat' >"$out/commandstats.$name.txt" || true
     redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     wait "$pid" 2>/dev/null || true
     pid=""

@@ -283,18 +283,19 @@ impl ClientBackend {
         }
     }
 
-    /// Connects if not connected (one attempt at a time; the others fail at once).
+    /// Connects if not connected (one attempt at a time).
     async fn connect(&self) -> Result<Arc<Limiter>, BackendError> {
         if let Some(l) = self.current() {
             return Ok(l);
         }
-        let Ok(_guard) = self.connecting.try_lock() else {
-            return Err(BackendError::Unavailable("connecting".into()));
+        // Calls that arrive while another connects wait for it (within the timeout).
+        let timeout = self.settings.timeout;
+        let Ok(_guard) = tokio::time::timeout(timeout, self.connecting.lock()).await else {
+            return Err(BackendError::Unavailable("still connecting".into()));
         };
         if let Some(l) = self.current() {
             return Ok(l);
         }
-        let timeout = self.settings.timeout;
         let attempt = async {
             if self.settings.cluster {
                 let c = redis::cluster::ClusterClient::builder(self.settings.urls.clone())

@@ -40,7 +40,9 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let mode = it.next().ok_or("usage: rls-bench grpc|baseline --redis-port P ...")?;
+    let mode = it
+        .next()
+        .ok_or("usage: rls-bench grpc|baseline --redis-port P ...")?;
     if mode != "grpc" && mode != "baseline" {
         return Err(format!("unknown mode '{mode}': grpc or baseline"));
     }
@@ -57,7 +59,8 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         let number = |name: &str, v: String| -> Result<u64, String> {
-            v.parse().map_err(|_| format!("{name}: expected a number, got '{v}'"))
+            v.parse()
+                .map_err(|_| format!("{name}: expected a number, got '{v}'"))
         };
         match flag.as_str() {
             "--redis-port" => {
@@ -128,7 +131,10 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 fn ready_hook() {
     if let Ok(cmd) = std::env::var("RLS_BENCH_READY") {
-        let status = std::process::Command::new("sh").arg("-c").arg(&cmd).status();
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .status();
         if !matches!(status, Ok(s) if s.success()) {
             eprintln!("rls-bench: RLS_BENCH_READY failed: {cmd}");
         }
@@ -211,10 +217,14 @@ async fn run_grpc(args: Args) -> Result<(), String> {
     ]
     .iter()
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .chain([("REDIS_URL".to_owned(), format!("127.0.0.1:{}", args.redis_port))])
+    .chain([(
+        "REDIS_URL".to_owned(),
+        format!("127.0.0.1:{}", args.redis_port),
+    )])
     .collect();
-    let settings = Settings::from_env_and_args(&vars, &["--config".into(), dir.display().to_string()])
-        .map_err(|e| e.to_string())?;
+    let settings =
+        Settings::from_env_and_args(&vars, &["--config".into(), dir.display().to_string()])
+            .map_err(|e| e.to_string())?;
     let running = redis_ratelimit_rls::server::start(settings).await?;
     let url = format!("http://{}", running.grpc_addr);
     let mut clients = Vec::new();
@@ -272,7 +282,10 @@ async fn run_baseline(args: Args) -> Result<(), String> {
                 pipe.cmd("INCRBY").arg(&key).arg(1);
                 pipe.cmd("EXPIRE").arg(&key).arg(86_400).ignore();
             }
-            let _: Vec<i64> = pipe.query_async(&mut conn).await.map_err(|e| e.to_string())?;
+            let _: Vec<i64> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(())
         }
     };

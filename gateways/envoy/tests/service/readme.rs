@@ -4,7 +4,8 @@
 use super::*;
 
 fn blocks(marker: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let mut out = Vec::new();
     let mut rest = readme.as_str();
     while let Some(at) = rest.find(marker) {
@@ -26,7 +27,10 @@ async fn the_readme_configurations_load_and_decide() {
         .enumerate()
         .map(|(i, c)| (format!("readme{i}.yaml"), c.clone()))
         .collect();
-    let refs: Vec<(&str, &str)> = files.iter().map(|(n, t)| (n.as_str(), t.as_str())).collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.as_str()))
+        .collect();
     let mut rls = Rls::start(&refs, &[]).await;
     let mut con = rls.redis.client();
     let _: () = redis::cmd("RATELIMIT.POLICY")
@@ -35,7 +39,13 @@ async fn the_readme_configurations_load_and_decide() {
         .unwrap();
     // The extension's example: a token bucket of 100 a minute, burst 20.
     let r = rls
-        .call(request("api", vec![descriptor(&[("user", "u1")]), descriptor(&[("tenant", "t1")])]))
+        .call(request(
+            "api",
+            vec![
+                descriptor(&[("user", "u1")]),
+                descriptor(&[("tenant", "t1")]),
+            ],
+        ))
         .await;
     assert_eq!(codes(&r), vec![OK, OK]);
     assert_eq!(r.statuses[0].limit_remaining, 19);
@@ -44,7 +54,10 @@ async fn the_readme_configurations_load_and_decide() {
     let both = || {
         request(
             "edge",
-            vec![descriptor(&[("remote_address", "192.0.2.1")]), descriptor(&[("user", "alice")])],
+            vec![
+                descriptor(&[("remote_address", "192.0.2.1")]),
+                descriptor(&[("user", "alice")]),
+            ],
         )
     };
     for _ in 0..10 {
@@ -52,7 +65,10 @@ async fn the_readme_configurations_load_and_decide() {
     }
     let r = rls.call(both()).await;
     assert_eq!(codes(&r), vec![OVER, OK]);
-    assert_eq!(r.statuses[1].limit_remaining, 90, "the refused request took nothing from alice");
+    assert_eq!(
+        r.statuses[1].limit_remaining, 90,
+        "the refused request took nothing from alice"
+    );
 }
 
 #[test]
