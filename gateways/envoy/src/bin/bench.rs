@@ -277,8 +277,8 @@ async fn run_baseline(args: Args) -> Result<(), String> {
             // envoyproxy/ratelimit's key: prefix, domain, key_value, the window's start.
             let window = 1_796_000_000u64 / 86_400 * 86_400;
             let mut pipe = redis::pipe();
-            for d in 0..descriptors {
-                let key = format!("bench_{}_{}_{window}", KEYS[d], value_of(i, d, keys));
+            for (d, name) in KEYS.iter().enumerate().take(descriptors) {
+                let key = format!("bench_{name}_{}_{window}", value_of(i, d, keys));
                 pipe.cmd("INCRBY").arg(&key).arg(1);
                 pipe.cmd("EXPIRE").arg(&key).arg(86_400).ignore();
             }
