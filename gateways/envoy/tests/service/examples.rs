@@ -22,7 +22,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_1_each_value_has_its_own_500_per_second() {
     let mut rls = Rls::start(&[("example1.yaml", EXAMPLE_1)], &[]).await;
-    fresh_window(1, Duration::from_millis(600)).await;
+    fresh_window(1, Duration::from_millis(950)).await;
     let mut req = one("mongo_cps", "database", "users");
     req.hits_addend = 500;
     let r = rls.call(req.clone()).await;
@@ -132,13 +132,15 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_3_the_most_specific_match_wins() {
     let mut rls = Rls::start(&[("example3.yaml", EXAMPLE_3)], &[]).await;
-    fresh_window(1, Duration::from_millis(600)).await;
-    for _ in 0..10 {
-        let r = rls
-            .call(one("edge_proxy_per_ip", "remote_address", "50.0.0.1"))
-            .await;
-        assert_eq!(r.overall_code, OK);
-    }
+    fresh_window(1, Duration::from_millis(950)).await;
+    // Few calls, so that they all fall in one second: nine at once, the tenth, the eleventh.
+    let mut nine = one("edge_proxy_per_ip", "remote_address", "50.0.0.1");
+    nine.hits_addend = 9;
+    assert_eq!(rls.call(nine).await.overall_code, OK);
+    let r = rls
+        .call(one("edge_proxy_per_ip", "remote_address", "50.0.0.1"))
+        .await;
+    assert_eq!(r.overall_code, OK, "the 10th in the second");
     let r = rls
         .call(one("edge_proxy_per_ip", "remote_address", "50.0.0.1"))
         .await;
@@ -278,7 +280,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_6_shadow_mode_never_limits_but_counts() {
     let mut rls = Rls::start(&[("example6.yaml", EXAMPLE_6)], &[]).await;
-    fresh_window(1, Duration::from_millis(600)).await;
+    fresh_window(1, Duration::from_millis(950)).await;
     let user = |u: &str| {
         request(
             "example6",
@@ -332,16 +334,20 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_7_replaces_drops_the_named_limit() {
     let mut rls = Rls::start(&[("example7.yaml", EXAMPLE_7)], &[]).await;
-    fresh_window(1, Duration::from_millis(600)).await;
+    fresh_window(1, Duration::from_millis(950)).await;
     let first = || descriptor(&[("key_1", "value_1"), ("user", "bkthomps")]);
     let second = || descriptor(&[("key_2", "value_2"), ("user", "bkthomps")]);
-    // Both: 10 a second, since the 5 a second is replaced and not counted.
-    for i in 0..10 {
-        let r = rls.call(request("example7", vec![first(), second()])).await;
-        assert_eq!(r.overall_code, OK, "request {i}");
-        assert_eq!(r.statuses[0].current_limit, None, "replaced");
-        assert_eq!(r.statuses[1].limit_remaining, 9 - i);
-    }
+    // Both: 10 a second, since the 5 a second is replaced and not counted (nine at once, the
+    // tenth, the eleventh: few calls, all in one second).
+    let mut nine = request("example7", vec![first(), second()]);
+    nine.hits_addend = 9;
+    let r = rls.call(nine).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[0].current_limit, None, "replaced");
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    let r = rls.call(request("example7", vec![first(), second()])).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[1].limit_remaining, 0);
     let r = rls.call(request("example7", vec![first(), second()])).await;
     assert_eq!(r.overall_code, OVER);
     // (key_1, value_1), (user, bkthomps) alone: its 5 a second untouched.

@@ -40,7 +40,7 @@ async fn a_stalled_redis_costs_one_timeout_then_the_breaker_answers_at_once() {
     let mut rls = Rls::start(
         &[("f.yaml", LIMIT)],
         &[
-            ("REDIS_TIMEOUT", "300ms"),
+            ("REDIS_TIMEOUT", "2s"),
             ("RLS_BREAKER_FAILURES", "1"),
             ("RLS_BREAKER_COOL_DOWN", "30s"),
         ],
@@ -58,11 +58,11 @@ async fn a_stalled_redis_costs_one_timeout_then_the_breaker_answers_at_once() {
         e.message()
     );
     assert!(
-        first >= Duration::from_millis(250),
+        first >= Duration::from_millis(1500),
         "waited the timeout: {first:?}"
     );
     assert!(
-        first < Duration::from_secs(5),
+        first < Duration::from_secs(15),
         "bounded by the timeout: {first:?}"
     );
     // The breaker is open: the next calls do not wait.
@@ -72,7 +72,7 @@ async fn a_stalled_redis_costs_one_timeout_then_the_breaker_answers_at_once() {
         assert_eq!(e.code(), tonic::Code::Unavailable);
         assert!(e.message().contains("breaker open"), "{}", e.message());
         assert!(
-            started.elapsed() < Duration::from_millis(250),
+            started.elapsed() < Duration::from_secs(1),
             "{:?}",
             started.elapsed()
         );
