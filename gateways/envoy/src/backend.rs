@@ -152,6 +152,31 @@ pub struct RedisSettings {
     pub local_fallback: bool,
     /// With the local fallback: the share of each limit this instance admits.
     pub local_share: f64,
+    /// TLS (`rediss://` URLs): the CA to trust instead of the system's, and a client certificate
+    /// and key for mutual TLS, all PEM.
+    pub tls: Option<TlsFiles>,
+}
+
+/// envoyproxy/ratelimit's `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`,
+/// read at start.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles {
+    pub ca_cert: Option<Vec<u8>>,
+    pub client_cert_and_key: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsFiles {
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self.client_cert_and_key.as_ref().map(|(cert, key)| {
+                redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }
+            }),
+            root_cert: self.ca_cert.clone(),
+        }
+    }
 }
 
 enum Limiter {
@@ -298,15 +323,23 @@ impl ClientBackend {
         }
         let attempt = async {
             if self.settings.cluster {
-                let c = redis::cluster::ClusterClient::builder(self.settings.urls.clone())
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(1)
-                    .build()?;
+                let mut builder =
+                    redis::cluster::ClusterClient::builder(self.settings.urls.clone())
+                        .connection_timeout(timeout)
+                        .response_timeout(timeout)
+                        .retries(1);
+                if let Some(tls) = &self.settings.tls {
+                    builder = builder.certs(tls.certificates());
+                }
+                let c = builder.build()?;
                 let conn = c.get_async_connection().await?;
                 Ok::<_, redis::RedisError>((None, Some(conn)))
             } else {
-                let c = redis::Client::open(self.settings.urls[0].as_str())?;
+                let url = self.settings.urls[0].as_str();
+                let c = match &self.settings.tls {
+                    Some(tls) => redis::Client::build_with_tls(url, tls.certificates())?,
+                    None => redis::Client::open(url)?,
+                };
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(timeout)
                     .set_response_timeout(timeout)

@@ -264,12 +264,49 @@ impl Settings {
         if urls.is_empty() {
             return Err(SettingsError("REDIS_URL is empty".into()));
         }
-        if tls && urls.iter().any(|u| u.starts_with("rediss://")) {
-            return Err(SettingsError(
-                "REDIS_TLS=true: this build has no TLS support (see gateways/envoy/README.md)"
-                    .into(),
-            ));
-        }
+        let read = |name: &str| -> Result<Option<Vec<u8>>, SettingsError> {
+            match env.get(name) {
+                None => Ok(None),
+                Some(path) => std::fs::read(path)
+                    .map(Some)
+                    .map_err(|e| SettingsError(format!("{name}={path}: {e}"))),
+            }
+        };
+        let ca_cert = read("REDIS_TLS_CACERT")?;
+        let client_cert = read("REDIS_TLS_CLIENT_CERT")?;
+        let client_key = read("REDIS_TLS_CLIENT_KEY")?;
+        let client_cert_and_key = match (client_cert, client_key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => {
+                return Err(SettingsError(
+                    "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together".into(),
+                ))
+            }
+        };
+        let skip_hostname = env.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)?;
+        let urls: Vec<String> = if tls && skip_hostname {
+            urls.into_iter()
+                .map(|u| {
+                    if u.contains('#') {
+                        u
+                    } else {
+                        format!("{u}#insecure")
+                    }
+                })
+                .collect()
+        } else {
+            urls
+        };
+        let uses_tls = urls.iter().any(|u| u.starts_with("rediss://"));
+        let tls_files = if uses_tls && (ca_cert.is_some() || client_cert_and_key.is_some()) {
+            Some(crate::backend::TlsFiles {
+                ca_cert,
+                client_cert_and_key,
+            })
+        } else {
+            None
+        };
         let on_error = env.string("RLS_ON_REDIS_ERROR", "unavailable");
         let local_share: f64 =
             env.number("RLS_LOCAL_SHARE", 1.0, "a share above 0 and at most 1")?;
@@ -291,6 +328,7 @@ impl Settings {
             )?,
             local_fallback: on_error == "local",
             local_share,
+            tls: tls_files,
         };
         if redis.timeout.is_zero() {
             return Err(SettingsError("REDIS_TIMEOUT must be above 0".into()));

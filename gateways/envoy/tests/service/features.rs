@@ -575,3 +575,131 @@ async fn the_binary_runs_on_envoyproxys_environment_variables() {
     );
     testkit::remove_dir(&root);
 }
+
+/// A CA and a server certificate for 127.0.0.1, made with the openssl command.
+fn make_certs(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("the openssl command");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rls-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_redis_with_a_private_ca() {
+    let certs = testkit::make_temp_dir();
+    make_certs(&certs);
+    let tls_port = testkit::free_port();
+    let path = |name: &str| certs.join(name).display().to_string();
+    let redis = testkit::Server::builder()
+        .config(&[
+            ("tls-port", &tls_port.to_string()),
+            ("tls-cert-file", &path("server.pem")),
+            ("tls-key-file", &path("server.key")),
+            ("tls-ca-cert-file", &path("ca.pem")),
+            ("tls-auth-clients", "no"),
+        ])
+        .start();
+    let dir = ConfigDir::new(&[("api.yaml", TWO_LIMITS)]);
+    let ca = path("ca.pem");
+    let running = server::start(settings(
+        &format!("127.0.0.1:{tls_port}"),
+        &dir.path,
+        &[("REDIS_TLS", "true"), ("REDIS_TLS_CACERT", &ca)],
+    ))
+    .await
+    .unwrap();
+    let mut client = connect(&running).await;
+    wait_until(Duration::from_secs(20), || async {
+        http(running.http_addr, "GET", "/healthcheck", "").await.0 == 200
+    })
+    .await;
+    fresh_window(86_400, Duration::from_secs(10)).await;
+    let r = client
+        .should_rate_limit(request("api", vec![descriptor(&[("user", "tls")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    // The counter is on that server, reached over TLS only (the plain port is another).
+    let mut con = redis.client();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("api_user_tls*")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(keys.len(), 1);
+    running.stop().await;
+
+    // Without the CA the server's certificate is not trusted: not serving, UNAVAILABLE.
+    let running = server::start(settings(
+        &format!("127.0.0.1:{tls_port}"),
+        &dir.path,
+        &[("REDIS_TLS", "true"), ("REDIS_TIMEOUT", "1s")],
+    ))
+    .await
+    .unwrap();
+    let mut client = connect(&running).await;
+    let e = client
+        .should_rate_limit(request("api", vec![descriptor(&[("user", "tls")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    running.stop().await;
+    testkit::remove_dir(&certs);
+}
