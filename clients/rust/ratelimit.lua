@@ -1,0 +1,1 @@
+../../lua-reference/functions/ratelimit.lua

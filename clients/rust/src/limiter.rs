@@ -1,0 +1,1408 @@
+//! `RateLimiter`: the engine's plans run over a redis-rs connection, every command bounded by
+//! the timeout, under the breaker, with the denial cache, batches and the local fallback.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use redis::{Cmd, RedisError, Value};
+use tokio::sync::{oneshot, Notify};
+
+use crate::clientside::{lock, target, Batch, Batches, DenialCache, Flight};
+use crate::connection::Connection;
+use crate::engine::{
+    function, local_limit, resolve, Breaker, Definition, Engine, EngineChoice, OnError, Options,
+    Resolved,
+};
+use crate::local::LocalLimiter;
+use crate::types::{
+    amount, check_at, check_key, check_policy_name, Call, Decision, Error, Limit, MultiDecision,
+    Period, Policy, Source, Spec, SpecRef,
+};
+use crate::wire;
+
+/// The Functions library (lua-reference/functions/ratelimit.lua), loaded where the server has
+/// no module.
+pub const LIBRARY_CODE: &str = include_str!("../ratelimit.lua");
+
+/// How long a batch's TAKE whose caller stopped waiting (its timeout passed) is still awaited,
+/// so that a late grant is held (and refunded) rather than lost.
+const LATE_REPLY_WAIT: Duration = Duration::from_secs(30);
+
+/// Why a plan did not give its result.
+#[derive(Debug)]
+enum Fail {
+    /// Redis did not answer (down, stalled, refusing, breaker open).
+    Unavailable(String),
+    /// The call's own error (an error reply, a bad argument, a reply of an unknown shape).
+    Error(Error),
+}
+
+impl From<Error> for Fail {
+    fn from(error: Error) -> Self {
+        Fail::Error(error)
+    }
+}
+
+fn from_redis(error: RedisError) -> Fail {
+    if wire::unavailable(&error) {
+        Fail::Unavailable(error.to_string())
+    } else {
+        Fail::Error(Error::Server(wire::reply_text(&error)))
+    }
+}
+
+/// A rate limiter over one redis-rs connection ([`ConnectionManager`] by default: it
+/// reconnects by itself; also [`MultiplexedConnection`](redis::aio::MultiplexedConnection) and
+/// the async [`ClusterConnection`](redis::cluster_async::ClusterConnection)). Cheap to clone:
+/// clones share the connection, the breaker, the cache and the batches.
+///
+/// Every call is bounded by [`Options::timeout`] per command; what a call answers when Redis
+/// cannot is [`Options::on_error`]'s.
+pub struct RateLimiter<C: Connection = ConnectionManager> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: Connection> Clone for RateLimiter<C> {
+    fn clone(&self) -> Self {
+        RateLimiter {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<C> {
+    conn: C,
+    options: Options,
+    engine: Engine,
+    breaker: Breaker,
+    cache: Option<Mutex<DenialCache>>,
+    batches: Batches,
+    local: Option<Mutex<LocalLimiter>>,
+    origin: Instant,
+    stats: Mutex<HashMap<&'static str, u64>>,
+    /// Batch TAKEs still running (their replies may grant units to hold), and their end.
+    in_flight: AtomicUsize,
+    landed: Notify,
+    lease_seq: AtomicU64,
+}
+
+/// Ends a breaker's call without an outcome when its future is dropped.
+struct Abandon<'a> {
+    breaker: &'a Breaker,
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.breaker.abandon();
+        }
+    }
+}
+
+/// Counts a batch TAKE while it runs.
+struct InFlight<C>(Arc<Inner<C>>);
+
+impl<C> Drop for InFlight<C> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.landed.notify_waiters();
+        }
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn cost_words(take: bool, cost: u64, at: Option<u64>) -> Vec<String> {
+    let mut words = vec![
+        if take { "MAX" } else { "COST" }.to_string(),
+        cost.to_string(),
+    ];
+    if let Some(at) = at {
+        words.push("AT".into());
+        words.push(at.to_string());
+    }
+    words
+}
+
+impl<C: Connection> RateLimiter<C> {
+    /// A limiter on `conn` (see [`Options`]; `Options::default()` fails open with a 100 ms
+    /// timeout). Sends nothing: the engine is found by the first call.
+    pub fn new(conn: C, options: Options) -> Result<RateLimiter<C>, Error> {
+        options.validate()?;
+        let inner = Inner {
+            engine: Engine::new(options.engine, options.prefix.clone()),
+            breaker: Breaker::new(options.breaker_failures, options.breaker_cooldown),
+            cache: (options.denial_cache > 0)
+                .then(|| Mutex::new(DenialCache::new(options.denial_cache))),
+            batches: Batches::default(),
+            local: (options.on_error == OnError::Local)
+                .then(|| Mutex::new(LocalLimiter::default())),
+            origin: Instant::now(),
+            stats: Mutex::new(HashMap::new()),
+            in_flight: AtomicUsize::new(0),
+            landed: Notify::new(),
+            lease_seq: AtomicU64::new(0),
+            conn,
+            options,
+        };
+        Ok(RateLimiter {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &Options {
+        &self.inner.options
+    }
+
+    /// `RATELIMIT.CHECK`: admits `call.cost` (default 1) against the limit, consuming it.
+    pub async fn check<S: Spec + ?Sized>(
+        &self,
+        key: &str,
+        spec: &S,
+        call: impl Into<Call>,
+    ) -> Result<Decision, Error> {
+        self.inner
+            .request("CHECK", key, spec.spec(), call.into())
+            .await
+    }
+
+    /// `RATELIMIT.PEEK`: what `check` would answer, consuming nothing.
+    pub async fn peek<S: Spec + ?Sized>(
+        &self,
+        key: &str,
+        spec: &S,
+        call: impl Into<Call>,
+    ) -> Result<Decision, Error> {
+        self.inner
+            .request("PEEK", key, spec.spec(), call.into())
+            .await
+    }
+
+    /// `RATELIMIT.TAKE ... MAX call.cost`: grants the largest cost up to it that a check would
+    /// admit (`granted`; `allowed` when at least one unit).
+    pub async fn take<S: Spec + ?Sized>(
+        &self,
+        key: &str,
+        spec: &S,
+        call: impl Into<Call>,
+    ) -> Result<Decision, Error> {
+        self.inner
+            .request("TAKE", key, spec.spec(), call.into())
+            .await
+    }
+
+    /// `RATELIMIT.REFUND`: gives back up to `call.cost` of what earlier calls consumed.
+    pub async fn refund<S: Spec + ?Sized>(
+        &self,
+        key: &str,
+        spec: &S,
+        call: impl Into<Call>,
+    ) -> Result<Decision, Error> {
+        self.inner
+            .request("REFUND", key, spec.spec(), call.into())
+            .await
+    }
+
+    /// `RATELIMIT.CHECKALL`: every `(key, limit)` at once, all or nothing (in a cluster the
+    /// keys share a slot: give them one hash tag, `{user}:sec`, `{user}:hour`).
+    pub async fn check_all<K: AsRef<str>, S: Spec>(
+        &self,
+        pairs: &[(K, S)],
+        call: impl Into<Call>,
+    ) -> Result<MultiDecision, Error> {
+        let pairs: Vec<(&str, SpecRef<'_>)> =
+            pairs.iter().map(|(k, s)| (k.as_ref(), s.spec())).collect();
+        self.inner.check_all(&pairs, call.into()).await
+    }
+
+    /// `RATELIMIT.RESET`: removes the keys' limiters; how many there were.
+    pub async fn reset<K: AsRef<str>>(&self, keys: &[K]) -> Result<u64, Error> {
+        let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        self.inner.reset(&keys).await
+    }
+
+    /// `RATELIMIT.ACQUIRE key limit lease ID lease_id COST cost`: takes (or renews) a lease.
+    pub async fn acquire<'p>(
+        &self,
+        key: &str,
+        limit: u64,
+        lease: impl Into<Period<'p>>,
+        lease_id: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let lease_ms = lease.into().ms("lease")?;
+        self.inner
+            .acquire(key, limit, lease_ms, lease_id, cost)
+            .await
+    }
+
+    /// `RATELIMIT.RELEASE key ID lease_id`: whether the lease was live.
+    pub async fn release(&self, key: &str, lease_id: &str) -> Result<bool, Error> {
+        self.inner.release(key, lease_id).await
+    }
+
+    /// A lease of `cost` under `limit` for at most `lease`, released by
+    /// [`Lease::release`] or, when the guard is dropped, by a task spawned on the current tokio
+    /// runtime (the release then happens shortly after the drop, not before it returns).
+    /// Refused: [`Error::RateLimited`] with the decision.
+    pub async fn lease<'p>(
+        &self,
+        key: &str,
+        limit: u64,
+        lease: impl Into<Period<'p>>,
+        cost: u64,
+    ) -> Result<Lease<C>, Error> {
+        let seq = self.inner.lease_seq.fetch_add(1, Ordering::Relaxed);
+        let id = format!(
+            "{:x}-{:x}-{seq:x}",
+            std::process::id(),
+            self.inner.origin.elapsed().as_nanos() ^ u128::from(wall_ms())
+        );
+        let decision = self.acquire(key, limit, lease, &id, cost).await?;
+        if !decision.allowed {
+            return Err(Error::RateLimited(Box::new(decision)));
+        }
+        Ok(Lease {
+            limiter: Some(self.clone()),
+            key: key.to_string(),
+            id,
+            decision,
+        })
+    }
+
+    /// The module's named policies (`RATELIMIT.POLICY SET/GET/DEL/LIST`).
+    pub fn policies(&self) -> Policies<'_, C> {
+        Policies { limiter: self }
+    }
+
+    /// Loads the Functions library (`FUNCTION LOAD REPLACE`, on every primary of a cluster).
+    pub async fn load_library(&self) -> Result<(), Error> {
+        self.inner.load_library().await.map_err(|f| match f {
+            Fail::Unavailable(why) => Error::Unavailable(why),
+            Fail::Error(e) => e,
+        })
+    }
+
+    /// Gives back every unit the batches hold (after waiting for the batch TAKEs still running,
+    /// whose grants it then refunds too).
+    pub async fn close(&self) {
+        self.inner.close().await
+    }
+
+    /// Units the batches hold now.
+    pub fn held(&self) -> u64 {
+        self.inner.batches.held()
+    }
+
+    /// Counters: `commands` sent, decisions per source (`module`, `library`, `cache`, `local`,
+    /// `error`, `fallback`), units `taken` by batches and `refunded`.
+    pub fn stats(&self) -> HashMap<String, u64> {
+        lock(&self.inner.stats)
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect()
+    }
+
+    /// Whether the breaker is open now.
+    pub fn breaker_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+}
+
+impl<C: Connection> Inner<C> {
+    fn count(&self, what: &'static str, n: u64) {
+        *lock(&self.stats).entry(what).or_insert(0) += n;
+    }
+
+    fn now_ms(&self, at: Option<u64>) -> u64 {
+        at.unwrap_or_else(|| u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// One command, bounded by the timeout (`patience`: another bound).
+    async fn send(
+        &self,
+        cmd: &Cmd,
+        key: Option<&str>,
+        patience: Option<Duration>,
+    ) -> Result<Value, Fail> {
+        self.count("commands", 1);
+        let mut conn = self.conn.clone();
+        let bound = patience.unwrap_or(self.options.timeout);
+        match tokio::time::timeout(bound, conn.send(cmd, key)).await {
+            // An error reply comes as a value from req_packed_command.
+            Ok(Ok(error @ Value::ServerError(_))) => match error.extract_error() {
+                Err(error) => Err(from_redis(error)),
+                Ok(value) => Ok(value),
+            },
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(from_redis(error)),
+            Err(_) => Err(Fail::Unavailable(format!("no reply within {bound:?}"))),
+        }
+    }
+
+    /// Runs `plan` under the breaker.
+    async fn guarded<T>(&self, plan: impl Future<Output = Result<T, Fail>>) -> Result<T, Fail> {
+        if !self.breaker.allow() {
+            return Err(Fail::Unavailable("breaker open".into()));
+        }
+        let mut abandon = Abandon {
+            breaker: &self.breaker,
+            armed: true,
+        };
+        let result = plan.await;
+        abandon.armed = false;
+        match &result {
+            Err(Fail::Unavailable(_)) => self.breaker.failure(),
+            _ => self.breaker.success(),
+        }
+        result
+    }
+
+    /// What a deciding call answers when Redis could not: the local decision, the open answer,
+    /// or the error.
+    fn fail(
+        &self,
+        why: String,
+        period_ms: u64,
+        local: Option<Result<Decision, Error>>,
+        granted: u64,
+    ) -> Result<Decision, Error> {
+        let breaker = why == "breaker open";
+        let how = match (&local, self.options.on_error) {
+            (Some(_), _) => "deciding in process",
+            (None, OnError::Closed) => "failing closed",
+            (None, _) => "failing open",
+        };
+        if !breaker {
+            log::warn!("redis_ratelimit: Redis unavailable ({why}): {how}");
+        }
+        match (local, self.options.on_error) {
+            (Some(answer), _) => answer,
+            (None, OnError::Closed) => Err(Error::Unavailable(why)),
+            (None, _) => Ok(Decision::error(period_ms, granted)),
+        }
+    }
+
+    // -- engines ------------------------------------------------------------------------
+
+    async fn ensure_library(&self) -> Result<(), Fail> {
+        if self.engine.library_ready() {
+            return Ok(());
+        }
+        if !self.options.load_library {
+            self.engine.set_library_ready(true);
+            return Ok(());
+        }
+        let list = wire::command(&["FUNCTION", "LIST", "LIBRARYNAME", wire::LIBRARY_NAME]);
+        let reply = self.send(&list, None, None).await?;
+        let wanted = wire::library_functions(LIBRARY_CODE);
+        match wire::library_has(&reply, &wanted) {
+            Some(true) => self.engine.set_library_ready(true),
+            found => {
+                self.load_library().await?;
+                if found == Some(false) {
+                    log::info!("redis_ratelimit: replaced an older Functions library 'ratelimit'");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn load_library(&self) -> Result<(), Fail> {
+        let load = wire::command(&["FUNCTION", "LOAD", "REPLACE", LIBRARY_CODE]);
+        // An 800 kB library takes the server a while to compile: its own, longer bound.
+        let patience = (self.options.timeout * 20).max(Duration::from_secs(2));
+        self.send(&load, None, Some(patience)).await?;
+        self.engine.set_library_ready(true);
+        log::info!("redis_ratelimit: loaded the Functions library 'ratelimit' (FUNCTION LOAD)");
+        Ok(())
+    }
+
+    /// The module's command, or the library's function on the prefixed keys (`library`: its
+    /// arguments after the keys; `None`: this call has no library form).
+    async fn call_either(
+        &self,
+        module: Option<&[String]>,
+        name: &str,
+        keys: &[&str],
+        library: Option<&[String]>,
+        readonly: bool,
+        patience: Option<Duration>,
+    ) -> Result<(Value, Source), Fail> {
+        let route = keys.first().copied();
+        if !self.engine.library() {
+            if let Some(words) = module {
+                match self.send(&wire::command(words), route, patience).await {
+                    Ok(reply) => {
+                        self.engine.use_module();
+                        return Ok((reply, Source::Module));
+                    }
+                    Err(Fail::Error(Error::Server(text)))
+                        if self.engine.may_switch()
+                            && (text.to_ascii_lowercase().contains("unknown command")
+                                || text.contains("command doesn't exist")) =>
+                    {
+                        self.engine.use_library()
+                    }
+                    Err(other) => return Err(other),
+                }
+            }
+        }
+        let Some(args) = library else {
+            return Err(Fail::Error(Error::Server(
+                "no such policy: the Functions library has no policies (give the Policy a \
+                 fallback Limit)"
+                    .into(),
+            )));
+        };
+        self.ensure_library().await?;
+        self.engine.use_library();
+        let prefixed: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{}{k}", self.options.prefix))
+            .collect();
+        let mut words = vec![
+            if readonly { "FCALL_RO" } else { "FCALL" }.to_string(),
+            name.to_string(),
+            keys.len().to_string(),
+        ];
+        words.extend(prefixed.iter().cloned());
+        words.extend(args.iter().cloned());
+        let cmd = wire::command(&words);
+        let route = prefixed.first().map(String::as_str);
+        match self.send(&cmd, route, patience).await {
+            Err(Fail::Error(Error::Server(text)))
+                if text.to_ascii_lowercase().contains("function not found") =>
+            {
+                // Flushed meanwhile: load it again, once.
+                self.engine.set_library_ready(false);
+                self.ensure_library().await?;
+                Ok((self.send(&cmd, route, patience).await?, Source::Library))
+            }
+            other => Ok((other?, Source::Library)),
+        }
+    }
+
+    // -- policies -----------------------------------------------------------------------
+
+    async fn definition(&self, policy: &Policy) -> Result<Option<Option<Definition>>, Fail> {
+        if self.engine.library() {
+            return Ok(None);
+        }
+        if let Some(cached) = self
+            .engine
+            .cached(policy.name(), self.options.policy_refresh)
+        {
+            return Ok(Some(cached));
+        }
+        let get = wire::command(&["RATELIMIT.POLICY", "GET", policy.name()]);
+        match self.send(&get, None, None).await {
+            Ok(reply) => {
+                self.engine.use_module();
+                let definition = wire::definition(&reply)?.map(Definition::new);
+                self.engine.remember(policy.name(), definition.clone());
+                Ok(Some(definition))
+            }
+            Err(Fail::Error(Error::Server(text)))
+                if self.engine.may_switch()
+                    && text.to_ascii_lowercase().contains("unknown command") =>
+            {
+                self.engine.use_library();
+                Ok(None)
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    async fn resolve(&self, spec: SpecRef<'_>) -> Result<Resolved, Fail> {
+        let definition = match spec {
+            SpecRef::Limit(_) => Some(None),
+            SpecRef::Policy(policy) => self.definition(policy).await?,
+        };
+        Ok(resolve(&self.engine, spec, definition))
+    }
+
+    /// After `no such policy` (deleted since it was read): forget it; whether to retry.
+    fn forget_policy(&self, error: &Fail, specs: &[SpecRef<'_>]) -> bool {
+        let Fail::Error(Error::Server(text)) = error else {
+            return false;
+        };
+        let Some(name) = text
+            .split("no such policy '")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+        else {
+            return false;
+        };
+        for spec in specs {
+            if let SpecRef::Policy(policy) = spec {
+                if policy.name() == name && policy.fallback_limit().is_some() {
+                    if let Some(Some(_)) = self.engine.cached(name, Duration::MAX) {
+                        self.engine.remember(name, None);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    // -- the calls ----------------------------------------------------------------------
+
+    /// CHECK, PEEK, REFUND or TAKE (`cost`: its MAX) against the server.
+    async fn decide(
+        &self,
+        verb: &'static str,
+        key: &str,
+        spec: SpecRef<'_>,
+        cost: u64,
+        at: Option<u64>,
+        patience: Option<Duration>,
+    ) -> Result<Decision, Fail> {
+        let take = verb == "TAKE";
+        for attempt in 0..2 {
+            let resolved = self.resolve(spec).await?;
+            let tail = cost_words(take, cost, at);
+            let module = resolved.module.as_ref().map(|args| {
+                let mut words = vec![format!("RATELIMIT.{verb}"), key.to_string()];
+                words.extend(args.iter().cloned());
+                words.extend(tail.iter().cloned());
+                words
+            });
+            let library = resolved.library.as_ref().map(|args| {
+                let mut words = args.clone();
+                words.extend(tail.iter().cloned());
+                words
+            });
+            let result = self
+                .call_either(
+                    module.as_deref(),
+                    function(verb),
+                    &[key],
+                    library.as_deref(),
+                    verb == "PEEK",
+                    patience,
+                )
+                .await;
+            match result {
+                Ok((reply, source)) => {
+                    return Ok(wire::decision(
+                        &reply,
+                        source,
+                        resolved.period_ms,
+                        cost,
+                        take,
+                    )?)
+                }
+                Err(error) if attempt == 0 && self.forget_policy(&error, &[spec]) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(Fail::Error(Error::Protocol("no attempt left".into())))
+    }
+
+    /// The in-process decision of `OnError::Local` (`None` where there is none).
+    fn local(
+        &self,
+        verb: &str,
+        key: &str,
+        spec: SpecRef<'_>,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Option<Result<Decision, Error>> {
+        let local = self.local.as_ref()?;
+        let limit = local_limit(&self.engine, spec, self.options.local_share)?;
+        let now = at.unwrap_or_else(wall_ms);
+        let mut local = lock(local);
+        let answer = match verb {
+            "TAKE" => local
+                .take(key, &limit, cost, now)
+                .map(|(granted, fields)| (granted, fields)),
+            "PEEK" => local
+                .peek(key, &limit, cost, now)
+                .map(|f| (if f.allowed { cost } else { 0 }, f)),
+            "REFUND" => local
+                .refund(key, &limit, cost, now)
+                .map(|f| (if f.allowed { cost } else { 0 }, f)),
+            _ => local
+                .check(key, &limit, cost, now)
+                .map(|f| (if f.allowed { cost } else { 0 }, f)),
+        };
+        Some(answer.map(|(granted, f)| Decision {
+            allowed: if verb == "TAKE" {
+                granted > 0
+            } else {
+                f.allowed
+            },
+            limit: f.limit,
+            remaining: f.remaining,
+            retry_after_ms: f.retry_after_ms,
+            reset_after_ms: f.reset_after_ms,
+            delay_ms: f.delay_ms,
+            source: Source::Fallback,
+            shadow_rejected: false,
+            period_ms: limit.period_ms(),
+            granted,
+        }))
+    }
+
+    /// A deciding call under the breaker, with `on_error`'s answer.
+    async fn guarded_decide(
+        &self,
+        verb: &'static str,
+        key: &str,
+        spec: SpecRef<'_>,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Result<Decision, Error> {
+        match self
+            .guarded(self.decide(verb, key, spec, cost, at, None))
+            .await
+        {
+            Ok(decision) => Ok(decision),
+            Err(Fail::Error(error)) => Err(error),
+            Err(Fail::Unavailable(why)) => {
+                let local = self.local(verb, key, spec, cost, at);
+                self.fail(why, spec.known_period_ms(), local, cost)
+            }
+        }
+    }
+
+    async fn request(
+        self: &Arc<Self>,
+        verb: &'static str,
+        key: &str,
+        spec: SpecRef<'_>,
+        call: Call,
+    ) -> Result<Decision, Error> {
+        check_key(key)?;
+        if verb == "TAKE" {
+            amount(call.cost, "max", 1)?;
+        } else {
+            amount(call.cost, "cost", 0)?;
+        }
+        check_at(call.at)?;
+        let now = self.now_ms(call.at);
+        self.refund_due(Some(now), call.at).await;
+        let where_ = target(key, spec);
+        let asked = if verb == "TAKE" { 1 } else { call.cost };
+        if let Some(cache) = &self.cache {
+            if verb == "CHECK" || verb == "TAKE" {
+                if let Some(hit) = lock(cache).get(&where_, asked, now) {
+                    self.count("cache", 1);
+                    return Ok(hit);
+                }
+            } else if verb == "REFUND" {
+                lock(cache).drop_key(key);
+            }
+        }
+        let decision = match spec {
+            SpecRef::Limit(limit)
+                if verb == "CHECK"
+                    && limit.batch_ms().is_some()
+                    && call.cost > 0
+                    && call.cost <= limit.batch_limit() =>
+            {
+                self.batched(key, limit, call.cost, call.at, now).await?
+            }
+            _ => {
+                self.guarded_decide(verb, key, spec, call.cost, call.at)
+                    .await?
+            }
+        };
+        if let Some(cache) = &self.cache {
+            if (verb == "CHECK" || verb == "TAKE")
+                && decision.source.is_server()
+                && self.cacheable(spec)
+            {
+                lock(cache).put(&where_, asked, &decision, now);
+            }
+        }
+        self.count(decision.source.name(), 1);
+        Ok(decision)
+    }
+
+    /// Whether refusals of `spec` may be answered again here: not with a BLOCK (a refusal after
+    /// a block has ended starts another, which an answer from the cache would skip).
+    fn cacheable(&self, spec: SpecRef<'_>) -> bool {
+        match spec {
+            SpecRef::Limit(limit) => limit.block_ms().is_none(),
+            SpecRef::Policy(policy) => match self.engine.known(policy.name()) {
+                Some(definition) => definition.block_ms() == 0,
+                None => policy
+                    .fallback_limit()
+                    .is_none_or(|f| f.block_ms().is_none()),
+            },
+        }
+    }
+
+    // -- batches ------------------------------------------------------------------------
+
+    /// A CHECK answered from the units the batch holds, taking more with one TAKE (shared by
+    /// concurrent callers, run on a task of its own) when they do not cover `cost`.
+    async fn batched(
+        self: &Arc<Self>,
+        key: &str,
+        limit: &Limit,
+        cost: u64,
+        at: Option<u64>,
+        now: u64,
+    ) -> Result<Decision, Error> {
+        let batch = self.batches.get(key, limit);
+        let spec = SpecRef::Limit(limit);
+        loop {
+            let (flight, start) = {
+                let mut state = lock(&batch.state);
+                if cost <= state.held && now < state.until {
+                    let source = Source::Local;
+                    return Ok(state.admit(batch.hold_ms, cost, now, source));
+                }
+                match &state.flight {
+                    Some(flight) => (Some(flight.clone()), None),
+                    None => {
+                        let leftover = if state.held > 0 && now >= state.until {
+                            std::mem::take(&mut state.held)
+                        } else {
+                            0
+                        };
+                        let most = (cost.saturating_sub(state.held)).max(state.size(
+                            batch.hold_ms,
+                            batch.most,
+                            now,
+                        ));
+                        let (flight, done) = Flight::new();
+                        state.flight = Some(flight);
+                        (None, Some((leftover, most, done)))
+                    }
+                }
+            };
+            if let Some(flight) = flight {
+                if tokio::time::timeout(self.options.timeout, flight.wait())
+                    .await
+                    .is_err()
+                {
+                    // The TAKE in flight did not end in time: Redis is as slow for this
+                    // request (a CHECK of its own could only add a unit consumed late).
+                    let local = self.local("CHECK", key, spec, cost, at);
+                    let why = format!("the batch's TAKE took over {:?}", self.options.timeout);
+                    return self.fail(why, limit.period_ms(), local, cost);
+                }
+                continue;
+            }
+            let Some((leftover, most, done)) = start else {
+                continue;
+            };
+            let (answer, answered) = oneshot::channel();
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+            let task = InFlight(self.clone());
+            let batch_for_task = batch.clone();
+            tokio::spawn(async move {
+                let inner = task.0.clone();
+                inner
+                    .batch_take(batch_for_task, leftover, most, at, now, answer, done)
+                    .await;
+                drop(task);
+            });
+            let taken = match answered.await {
+                Ok(taken) => taken,
+                Err(_) => Err(Fail::Unavailable("the batch's TAKE task ended".into())),
+            };
+            let decision = match taken {
+                Ok(decision) => decision,
+                Err(Fail::Error(error)) => return Err(error),
+                Err(Fail::Unavailable(why)) => {
+                    let local = self.local("CHECK", key, spec, cost, at);
+                    return self.fail(why, limit.period_ms(), local, cost);
+                }
+            };
+            let short = {
+                let mut state = lock(&batch.state);
+                if cost <= state.held {
+                    return Ok(state.admit(batch.hold_ms, cost, now, decision.source));
+                }
+                cost - state.held
+            };
+            if decision.granted == 0 && short == 1 {
+                return Ok(decision); // the TAKE's refusal is the CHECK of one unit's
+            }
+            // Refused: the wait until the server can grant the units the batch lacks.
+            let peek = self.guarded_decide("PEEK", key, spec, short, at).await?;
+            return Ok(Decision {
+                allowed: false,
+                granted: 0,
+                delay_ms: 0,
+                source: decision.source,
+                ..peek
+            });
+        }
+    }
+
+    /// The batch's TAKE, on a task of its own: its grant goes into the batch whether or not
+    /// the caller still waits; a reply that comes after the timeout is still awaited (up to
+    /// `LATE_REPLY_WAIT`) and its grant held, then refunded when the hold ends.
+    #[allow(clippy::too_many_arguments)]
+    async fn batch_take(
+        self: Arc<Self>,
+        batch: Arc<Batch>,
+        leftover: u64,
+        most: u64,
+        at: Option<u64>,
+        now: u64,
+        answer: oneshot::Sender<Result<Decision, Fail>>,
+        done: tokio::sync::watch::Sender<bool>,
+    ) {
+        let mut answer = Some(answer);
+        let finish = |batch: &Batch| {
+            lock(&batch.state).flight = None;
+            let _ = done.send(true);
+        };
+        if leftover > 0 {
+            self.refund_units(&batch, leftover, at).await;
+        }
+        if !self.breaker.allow() {
+            finish(&batch);
+            if let Some(answer) = answer.take() {
+                let _ = answer.send(Err(Fail::Unavailable("breaker open".into())));
+            }
+            return;
+        }
+        let spec = SpecRef::Limit(&batch.limit);
+        let take = self.decide("TAKE", &batch.key, spec, most, at, Some(LATE_REPLY_WAIT));
+        tokio::pin!(take);
+        let timely = tokio::time::timeout(self.options.timeout, &mut take).await;
+        let (result, late) = match timely {
+            Ok(result) => (result, false),
+            Err(_) => {
+                // The callers stop waiting; the TAKE may still be granted: await it.
+                self.breaker.failure();
+                finish(&batch);
+                if let Some(answer) = answer.take() {
+                    let _ = answer.send(Err(Fail::Unavailable(format!(
+                        "no reply within {:?}",
+                        self.options.timeout
+                    ))));
+                }
+                (take.await, true)
+            }
+        };
+        match &result {
+            Err(Fail::Unavailable(_)) if !late => self.breaker.failure(),
+            Err(Fail::Unavailable(_)) => {}
+            _ => self.breaker.success(),
+        }
+        if let Ok(decision) = &result {
+            if decision.granted > 0 {
+                self.count("taken", decision.granted);
+                // A late grant is held from its arrival.
+                let from = if late && at.is_none() {
+                    self.now_ms(None)
+                } else {
+                    now
+                };
+                let until = from.saturating_add(batch.hold_ms);
+                {
+                    let mut state = lock(&batch.state);
+                    state.held += decision.granted;
+                    state.until = until;
+                    state.taken_at = from;
+                    state.reply = Some(*decision);
+                    state.virtual_time = at.is_some();
+                }
+                self.batches.holding(&batch, until);
+                if at.is_none() {
+                    self.schedule_sweep(until);
+                }
+            }
+        }
+        if !late {
+            finish(&batch);
+            if let Some(answer) = answer.take() {
+                let _ = answer.send(result);
+            }
+        }
+    }
+
+    /// Refunds what the batches hold when their hold ends at `until` (real time).
+    fn schedule_sweep(self: &Arc<Self>, until: u64) {
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let wait = Duration::from_millis(until.saturating_sub(self.now_ms(None)));
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Some(inner) = weak.upgrade() {
+                let now = inner.now_ms(None);
+                inner.refund_due(Some(now), None).await;
+            }
+        });
+    }
+
+    /// Gives back the units a batch did not use (a failure is logged: they count until the
+    /// key's state refills or slides past them).
+    async fn refund_units(&self, batch: &Batch, units: u64, at: Option<u64>) {
+        let spec = SpecRef::Limit(&batch.limit);
+        // Not under the breaker, and patient: a refund skipped or answered late would leave
+        // the units consumed (or give them back unseen).
+        match self
+            .decide("REFUND", &batch.key, spec, units, at, Some(LATE_REPLY_WAIT))
+            .await
+        {
+            Ok(_) => {
+                self.count("refunded", units);
+                if let Some(cache) = &self.cache {
+                    lock(cache).drop_key(&batch.key);
+                }
+            }
+            Err(error) => log::warn!(
+                "redis_ratelimit: refund of {units} unused batch units of {} not done ({error:?})",
+                batch.key
+            ),
+        }
+    }
+
+    /// Refunds the batches whose hold has ended at `now` (every batch's with `None`): on the
+    /// calls' `at` times in the call, else on a task of its own (the call does not wait).
+    async fn refund_due(self: &Arc<Self>, now: Option<u64>, at: Option<u64>) {
+        if self
+            .batches
+            .next_end()
+            .is_none_or(|end| now.is_some_and(|now| end > now))
+        {
+            return;
+        }
+        let due = self.batches.due(now);
+        if due.is_empty() {
+            return;
+        }
+        if at.is_some() {
+            for (batch, units) in due {
+                self.refund_units(&batch, units, at).await;
+            }
+            return;
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let task = InFlight(self.clone());
+        tokio::spawn(async move {
+            for (batch, units) in due {
+                task.0.refund_units(&batch, units, None).await;
+            }
+            drop(task);
+        });
+    }
+
+    async fn close(self: &Arc<Self>) {
+        // The TAKEs and refunds still running first: their grants are refunded below.
+        loop {
+            let landed = self.landed.notified();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            landed.await;
+        }
+        for (batch, units) in self.batches.due(None) {
+            self.refund_units(&batch, units, None).await;
+        }
+    }
+
+    // -- the other calls ----------------------------------------------------------------
+
+    async fn check_all(
+        &self,
+        pairs: &[(&str, SpecRef<'_>)],
+        call: Call,
+    ) -> Result<MultiDecision, Error> {
+        if pairs.is_empty() {
+            return Err(Error::invalid(
+                "pairs",
+                "check_all needs at least one (key, limit) pair",
+            ));
+        }
+        for (key, _) in pairs {
+            check_key(key)?;
+        }
+        amount(call.cost, "cost", 0)?;
+        check_at(call.at)?;
+        let keys: Vec<&str> = pairs.iter().map(|(k, _)| *k).collect();
+        let specs: Vec<SpecRef<'_>> = pairs.iter().map(|(_, s)| *s).collect();
+        let plan = async {
+            for attempt in 0..2 {
+                let mut resolved = Vec::with_capacity(specs.len());
+                for spec in &specs {
+                    resolved.push(self.resolve(*spec).await?);
+                }
+                let tail = cost_words(false, call.cost, call.at);
+                let periods: Vec<u64> = resolved.iter().map(|r| r.period_ms).collect();
+                let module = resolved.iter().all(|r| r.module.is_some()).then(|| {
+                    let mut words = vec!["RATELIMIT.CHECKALL".to_string(), keys.len().to_string()];
+                    words.extend(keys.iter().map(|k| k.to_string()));
+                    for r in &resolved {
+                        words.extend(r.module.iter().flatten().cloned());
+                    }
+                    words.extend(tail.iter().cloned());
+                    words
+                });
+                let library = resolved.iter().all(|r| r.library.is_some()).then(|| {
+                    let mut words: Vec<String> = Vec::new();
+                    for r in &resolved {
+                        words.extend(r.library.iter().flatten().cloned());
+                    }
+                    words.extend(tail.iter().cloned());
+                    words
+                });
+                let result = self
+                    .call_either(
+                        module.as_deref(),
+                        "ratelimit_checkall",
+                        &keys,
+                        library.as_deref(),
+                        false,
+                        None,
+                    )
+                    .await;
+                match result {
+                    Ok((reply, source)) => {
+                        return Ok(wire::multi(&reply, source, &periods, call.cost)?)
+                    }
+                    Err(error) if attempt == 0 && self.forget_policy(&error, &specs) => continue,
+                    Err(error) => return Err(error),
+                }
+            }
+            Err(Fail::Error(Error::Protocol("no attempt left".into())))
+        };
+        match self.guarded(plan).await {
+            Ok(multi) => {
+                self.count(multi.overall.source.name(), 1);
+                Ok(multi)
+            }
+            Err(Fail::Error(error)) => Err(error),
+            Err(Fail::Unavailable(why)) => {
+                if let Some(local) = self.local_check_all(pairs, call) {
+                    log::warn!("redis_ratelimit: Redis unavailable ({why}): deciding in process");
+                    return local;
+                }
+                let periods: Vec<u64> = specs.iter().map(|s| s.known_period_ms()).collect();
+                let each = periods
+                    .iter()
+                    .map(|p| self.fail(why.clone(), *p, None, call.cost))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(MultiDecision {
+                    overall: Decision::error(0, call.cost),
+                    limits: each,
+                })
+            }
+        }
+    }
+
+    /// check_all in process, all or nothing (`None`: some limit has nothing to decide with).
+    fn local_check_all(
+        &self,
+        pairs: &[(&str, SpecRef<'_>)],
+        call: Call,
+    ) -> Option<Result<MultiDecision, Error>> {
+        let local = self.local.as_ref()?;
+        let limits: Vec<Limit> = pairs
+            .iter()
+            .map(|(_, spec)| local_limit(&self.engine, *spec, self.options.local_share))
+            .collect::<Option<_>>()?;
+        let now = call.at.unwrap_or_else(wall_ms);
+        let mut local = lock(local);
+        let run = |local: &mut LocalLimiter, commit: bool| {
+            pairs
+                .iter()
+                .zip(&limits)
+                .map(|((key, _), limit)| {
+                    if commit {
+                        local.check(key, limit, call.cost, now)
+                    } else {
+                        local.peek(key, limit, call.cost, now)
+                    }
+                })
+                .collect::<Result<Vec<_>, Error>>()
+        };
+        let mut fields = match run(&mut local, false) {
+            Ok(fields) => fields,
+            Err(error) => return Some(Err(error)),
+        };
+        if fields.iter().all(|f| f.allowed) {
+            fields = match run(&mut local, true) {
+                Ok(fields) => fields,
+                Err(error) => return Some(Err(error)),
+            };
+        }
+        let each: Vec<Decision> = fields
+            .iter()
+            .zip(&limits)
+            .map(|(f, limit)| Decision {
+                allowed: f.allowed,
+                limit: f.limit,
+                remaining: f.remaining,
+                retry_after_ms: f.retry_after_ms,
+                reset_after_ms: f.reset_after_ms,
+                delay_ms: f.delay_ms,
+                source: Source::Fallback,
+                shadow_rejected: false,
+                period_ms: limit.period_ms(),
+                granted: if f.allowed { call.cost } else { 0 },
+            })
+            .collect();
+        let least = each.iter().min_by_key(|d| d.remaining)?;
+        let allowed = each.iter().all(|d| d.allowed);
+        let overall = Decision {
+            allowed,
+            limit: least.limit,
+            remaining: least.remaining,
+            retry_after_ms: if each.iter().any(|d| d.retry_after_ms < 0) {
+                -1
+            } else {
+                each.iter().map(|d| d.retry_after_ms).max().unwrap_or(0)
+            },
+            reset_after_ms: each.iter().map(|d| d.reset_after_ms).max().unwrap_or(0),
+            delay_ms: each.iter().map(|d| d.delay_ms).max().unwrap_or(0),
+            source: Source::Fallback,
+            shadow_rejected: false,
+            period_ms: 0,
+            granted: if allowed { call.cost } else { 0 },
+        };
+        Some(Ok(MultiDecision {
+            overall,
+            limits: each,
+        }))
+    }
+
+    async fn reset(&self, keys: &[&str]) -> Result<u64, Error> {
+        if keys.is_empty() {
+            return Err(Error::invalid("keys", "reset needs at least one key"));
+        }
+        for key in keys {
+            check_key(key)?;
+        }
+        let mut words = vec!["RATELIMIT.RESET".to_string()];
+        words.extend(keys.iter().map(|k| k.to_string()));
+        let plan = self.call_either(
+            Some(&words),
+            "ratelimit_reset",
+            keys,
+            Some(&[]),
+            false,
+            None,
+        );
+        let result = self.guarded(plan).await;
+        for key in keys {
+            if let Some(cache) = &self.cache {
+                lock(cache).drop_key(key);
+            }
+            self.batches.drop_key(key);
+            if let Some(local) = &self.local {
+                lock(local).reset(&[key]);
+            }
+        }
+        match result {
+            Ok((reply, _)) => Ok(u64::try_from(wire::count(&reply)?).unwrap_or(0)),
+            Err(Fail::Error(error)) => Err(error),
+            Err(Fail::Unavailable(why)) => Err(Error::Unavailable(why)),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+        lease_id: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        check_key(key)?;
+        amount(limit, "limit", 1)?;
+        check_lease_id(lease_id)?;
+        amount(cost, "cost", 1)?;
+        let args = vec![
+            limit.to_string(),
+            format!("{lease_ms}ms"),
+            "ID".to_string(),
+            lease_id.to_string(),
+            "COST".to_string(),
+            cost.to_string(),
+        ];
+        let mut module = vec!["RATELIMIT.ACQUIRE".to_string(), key.to_string()];
+        module.extend(args.iter().cloned());
+        let keys = [key];
+        let plan = self.call_either(
+            Some(&module),
+            "ratelimit_acquire",
+            &keys,
+            Some(&args),
+            false,
+            None,
+        );
+        match self.guarded(plan).await {
+            Ok((reply, source)) => Ok(wire::decision(&reply, source, lease_ms, cost, false)?),
+            Err(Fail::Error(error)) => Err(error),
+            Err(Fail::Unavailable(why)) => self.fail(why, lease_ms, None, cost),
+        }
+    }
+
+    async fn release(&self, key: &str, lease_id: &str) -> Result<bool, Error> {
+        check_key(key)?;
+        check_lease_id(lease_id)?;
+        let args = vec!["ID".to_string(), lease_id.to_string()];
+        let mut module = vec!["RATELIMIT.RELEASE".to_string(), key.to_string()];
+        module.extend(args.iter().cloned());
+        let keys = [key];
+        let plan = self.call_either(
+            Some(&module),
+            "ratelimit_release",
+            &keys,
+            Some(&args),
+            false,
+            None,
+        );
+        match self.guarded(plan).await {
+            Ok((reply, _)) => Ok(wire::count(&reply)? != 0),
+            Err(Fail::Error(error)) => Err(error),
+            Err(Fail::Unavailable(why)) => Err(Error::Unavailable(why)),
+        }
+    }
+
+    async fn policy_command(&self, words: &[&str]) -> Result<Value, Error> {
+        let cmd = wire::command(words);
+        match self.guarded(self.send(&cmd, None, None)).await {
+            Ok(reply) => Ok(reply),
+            Err(Fail::Error(error)) => Err(error),
+            Err(Fail::Unavailable(why)) => Err(Error::Unavailable(why)),
+        }
+    }
+}
+
+fn check_lease_id(lease_id: &str) -> Result<(), Error> {
+    if !(1..=128).contains(&lease_id.len()) {
+        return Err(Error::invalid(
+            "lease_id",
+            format!("a lease id is 1 to 128 bytes, not {} bytes", lease_id.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// A lease taken by [`RateLimiter::lease`]: released by [`release`](Lease::release), or on
+/// drop by a task spawned on the current tokio runtime (logged where there is none; the lease
+/// then ends when its duration does).
+pub struct Lease<C: Connection = ConnectionManager> {
+    limiter: Option<RateLimiter<C>>,
+    key: String,
+    id: String,
+    decision: Decision,
+}
+
+impl<C: Connection> Lease<C> {
+    /// The acquiring decision.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Gives the lease back now: whether it was still live.
+    pub async fn release(mut self) -> Result<bool, Error> {
+        match self.limiter.take() {
+            Some(limiter) => limiter.release(&self.key, &self.id).await,
+            None => Ok(false),
+        }
+    }
+}
+
+impl<C: Connection> Drop for Lease<C> {
+    fn drop(&mut self) {
+        let Some(limiter) = self.limiter.take() else {
+            return;
+        };
+        let (key, id) = (std::mem::take(&mut self.key), std::mem::take(&mut self.id));
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(error) = limiter.release(&key, &id).await {
+                        log::warn!("redis_ratelimit: release of lease {id} on {key}: {error}");
+                    }
+                });
+            }
+            Err(_) => log::warn!(
+                "redis_ratelimit: lease {id} on {key} dropped outside a tokio runtime: it ends \
+                 when its duration does"
+            ),
+        }
+    }
+}
+
+/// A policy's definition as `RATELIMIT.POLICY GET` answers it (`algorithm`, `limit`,
+/// `period_ms`, `burst`, `block_ms`, `mode`...).
+pub type PolicyDefinition = BTreeMap<String, String>;
+
+/// The module's named policies. In a cluster each primary has its own: define them on every
+/// primary (`redis-cli --cluster call`).
+pub struct Policies<'a, C: Connection> {
+    limiter: &'a RateLimiter<C>,
+}
+
+impl<C: Connection> Policies<'_, C> {
+    /// `RATELIMIT.POLICY SET name <limit> [SHADOW]`.
+    pub async fn set(&self, name: &str, limit: &Limit, shadow: bool) -> Result<(), Error> {
+        check_policy_name(name)?;
+        let mut words = vec!["RATELIMIT.POLICY", "SET", name];
+        words.extend(limit.args().iter().map(String::as_str));
+        if shadow {
+            words.push("SHADOW");
+        }
+        self.limiter.inner.policy_command(&words).await?;
+        self.limiter.inner.engine.forget(name);
+        Ok(())
+    }
+
+    /// `RATELIMIT.POLICY GET name`: the definition, `None` if there is none.
+    pub async fn get(&self, name: &str) -> Result<Option<PolicyDefinition>, Error> {
+        check_policy_name(name)?;
+        let reply = self
+            .limiter
+            .inner
+            .policy_command(&["RATELIMIT.POLICY", "GET", name])
+            .await?;
+        wire::definition(&reply)
+    }
+
+    /// `RATELIMIT.POLICY DEL name`: whether it existed.
+    pub async fn delete(&self, name: &str) -> Result<bool, Error> {
+        check_policy_name(name)?;
+        let reply = self
+            .limiter
+            .inner
+            .policy_command(&["RATELIMIT.POLICY", "DEL", name])
+            .await?;
+        self.limiter.inner.engine.forget(name);
+        Ok(wire::count(&reply)? != 0)
+    }
+
+    /// `RATELIMIT.POLICY LIST`: the names, sorted.
+    pub async fn list(&self) -> Result<Vec<String>, Error> {
+        let reply = self
+            .limiter
+            .inner
+            .policy_command(&["RATELIMIT.POLICY", "LIST"])
+            .await?;
+        wire::names(&reply)
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send<C: Connection>(limiter: &RateLimiter<C>, limit: &Limit) {
+    fn is_send<T: Send>(_: T) {}
+    is_send(limiter.check("k", limit, 1));
+    let _ = EngineChoice::Auto;
+}
