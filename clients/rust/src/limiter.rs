@@ -625,9 +625,7 @@ impl<C: Connection> Inner<C> {
         let now = at.unwrap_or_else(wall_ms);
         let mut local = lock(local);
         let answer = match verb {
-            "TAKE" => local
-                .take(key, &limit, cost, now)
-                .map(|(granted, fields)| (granted, fields)),
+            "TAKE" => local.take(key, &limit, cost, now),
             "PEEK" => local
                 .peek(key, &limit, cost, now)
                 .map(|f| (if f.allowed { cost } else { 0 }, f)),
