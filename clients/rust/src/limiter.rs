@@ -793,6 +793,7 @@ impl<C: Connection> Inner<C> {
     ) -> Result<Decision, Error> {
         let batch = self.batches.get(key, limit);
         let spec = SpecRef::Limit(limit);
+        let mut retries = 0;
         loop {
             let (flight, start) = {
                 let mut state = lock(&batch.state);
@@ -865,6 +866,11 @@ impl<C: Connection> Inner<C> {
                 }
                 cost - state.held
             };
+            if decision.granted >= cost && retries < 3 {
+                // Enough was granted, but concurrent callers used it first: ask again.
+                retries += 1;
+                continue;
+            }
             if decision.granted == 0 && short == 1 {
                 return Ok(decision); // the TAKE's refusal is the CHECK of one unit's
             }
