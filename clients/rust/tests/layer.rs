@@ -250,12 +250,21 @@ async fn the_readme_app_runs_and_limits() {
         .unwrap_or_else(|| redis_ratelimit_testkit::repo_root().join("target"));
     let port = redis_ratelimit_testkit::free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut app = Command::new(target.join("debug/examples/axum_app"))
+    /// The app, killed when the test ends (also when an assertion fails).
+    struct App(std::process::Child);
+    impl Drop for App {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let app = App(Command::new(target.join("debug/examples/axum_app"))
         .env("REDIS_URL", server.url())
         .env("ADDR", addr.to_string())
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap());
     let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         assert!(Instant::now() < deadline, "the app never listened");
@@ -268,8 +277,7 @@ async fn the_readme_app_runs_and_limits() {
     for _ in 0..100 {
         statuses.push(get(addr, "/", &[]).await.status);
     }
-    app.kill().unwrap();
-    app.wait().unwrap();
+    drop(app);
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 99);
     assert_eq!(
         statuses.last(),
