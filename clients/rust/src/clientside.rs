@@ -346,10 +346,7 @@ impl Batches {
     pub fn due(&self, now_ms: Option<u64>) -> Vec<(Arc<Batch>, u64)> {
         let mut found = Vec::new();
         let mut inner = lock(&self.inner);
-        loop {
-            let Some((&(until, seq), _)) = inner.ends.iter().next() else {
-                break;
-            };
+        while let Some((&(until, seq), _)) = inner.ends.iter().next() {
             if now_ms.is_some_and(|now| until > now) {
                 break;
             }

@@ -2,7 +2,9 @@
 //! call for each engine, policies' definitions and fallbacks, the breaker and what `OnError`
 //! answers. The limiter (`limiter.rs`) does the I/O and asks this what to send and what it means.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -224,6 +226,8 @@ impl Definition {
 pub struct Engine {
     pub choice: EngineChoice,
     pub prefix: String,
+    /// The module serves, and that was said (the path of every call: no lock).
+    module_said: AtomicBool,
     state: Mutex<EngineState>,
 }
 
@@ -260,6 +264,7 @@ impl Engine {
         Engine {
             choice,
             prefix,
+            module_said: AtomicBool::new(false),
             state: Mutex::new(EngineState {
                 library,
                 ..EngineState::default()
@@ -282,7 +287,12 @@ impl Engine {
 
     /// The module answered: it serves (said once).
     pub fn use_module(&self) {
+        if self.module_said.load(Ordering::Relaxed) {
+            return;
+        }
         let mut state = lock(&self.state);
+        self.module_said
+            .store(state.library != Some(true), Ordering::Relaxed);
         if state.library.is_none() {
             state.library = Some(false);
         }
@@ -293,6 +303,7 @@ impl Engine {
 
     /// The server has no module: the library serves (said once).
     pub fn use_library(&self) {
+        self.module_said.store(false, Ordering::Relaxed);
         let mut state = lock(&self.state);
         state.library = Some(true);
         if state.warned.insert("engine library".into()) {
@@ -366,30 +377,30 @@ impl Engine {
 /// How a spec is sent: the module's words for the limit, the library's (`None`: no library
 /// form), the period, and whether the limit is a shadow policy's.
 #[derive(Clone, Debug)]
-pub struct Resolved {
-    pub module: Option<Vec<String>>,
-    pub library: Option<Vec<String>>,
+pub struct Resolved<'a> {
+    pub module: Option<Cow<'a, [String]>>,
+    pub library: Option<Cow<'a, [String]>>,
     pub period_ms: u64,
     pub block: bool,
 }
 
 /// Resolves `spec` with the policy definition known (`definition`: `Some(None)` the server has
 /// none, `None` not asked: the library serves).
-pub fn resolve(
+pub fn resolve<'a>(
     engine: &Engine,
-    spec: SpecRef<'_>,
+    spec: SpecRef<'a>,
     definition: Option<Option<Definition>>,
-) -> Resolved {
+) -> Resolved<'a> {
     match spec {
         SpecRef::Limit(limit) => Resolved {
-            module: Some(limit.args().to_vec()),
-            library: Some(limit.args().to_vec()),
+            module: Some(Cow::Borrowed(limit.args())),
+            library: Some(Cow::Borrowed(limit.args())),
             period_ms: limit.period_ms(),
             block: limit.block_ms().is_some(),
         },
         SpecRef::Policy(policy) => {
             let fallback = policy.fallback_limit();
-            let fallback_words = fallback.map(|f| f.args().to_vec());
+            let fallback_words = fallback.map(|f| Cow::Borrowed(f.args()));
             let fallback_period = fallback.map_or(0, |f| f.period_ms());
             let fallback_block = fallback.is_some_and(|f| f.block_ms().is_some());
             match definition {
@@ -402,7 +413,7 @@ pub fn resolve(
                 Some(None) => match fallback {
                     None => Resolved {
                         // The server says "no such policy".
-                        module: Some(vec!["POLICY".into(), policy.name().into()]),
+                        module: Some(Cow::Owned(vec!["POLICY".into(), policy.name().into()])),
                         library: None,
                         period_ms: 0,
                         block: false,
@@ -418,7 +429,7 @@ pub fn resolve(
                     }
                 },
                 Some(Some(definition)) => Resolved {
-                    module: Some(vec!["POLICY".into(), policy.name().into()]),
+                    module: Some(Cow::Owned(vec!["POLICY".into(), policy.name().into()])),
                     library: fallback_words,
                     period_ms: definition.period_ms,
                     block: definition.block_ms() > 0,

@@ -17,7 +17,7 @@
 //! - [`engine`]: the sans-IO part: engines, policies, the breaker, [`Options`], [`OnError`];
 //! - [`clientside`]: the denial cache and the batches;
 //! - [`local`]: the local fallback, on the core crate's own algorithms;
-//! - `tower` (feature `tower`): [`RateLimitLayer`](tower::RateLimitLayer).
+//! - `tower` (feature `tower`): `RateLimitLayer`, a tower layer for HTTP services.
 //!
 //! The README has the guide: engines, failure modes, client-side decisions and their bound.
 

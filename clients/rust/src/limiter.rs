@@ -83,7 +83,7 @@ struct Inner<C> {
     batches: Batches,
     local: Option<Mutex<LocalLimiter>>,
     origin: Instant,
-    stats: Mutex<HashMap<&'static str, u64>>,
+    stats: [AtomicU64; STATS.len()],
     /// Batch TAKEs still running (their replies may grant units to hold), and their end.
     in_flight: AtomicUsize,
     landed: Notify,
@@ -121,6 +121,27 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// The counters of `stats()`.
+const STATS: [&str; 9] = [
+    "commands", "module", "library", "error", "cache", "local", "fallback", "taken", "refunded",
+];
+
+/// A library call's arguments after its keys: a limit's words, then the cost's.
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    head: &'a [String],
+    tail: &'a [&'a str],
+}
+
+fn command_name(verb: &str) -> &'static str {
+    match verb {
+        "CHECK" => "RATELIMIT.CHECK",
+        "PEEK" => "RATELIMIT.PEEK",
+        "TAKE" => "RATELIMIT.TAKE",
+        _ => "RATELIMIT.REFUND",
+    }
+}
+
 fn cost_words(take: bool, cost: u64, at: Option<u64>) -> Vec<String> {
     let mut words = vec![
         if take { "MAX" } else { "COST" }.to_string(),
@@ -147,7 +168,7 @@ impl<C: Connection> RateLimiter<C> {
             local: (options.on_error == OnError::Local)
                 .then(|| Mutex::new(LocalLimiter::default())),
             origin: Instant::now(),
-            stats: Mutex::new(HashMap::new()),
+            stats: Default::default(),
             in_flight: AtomicUsize::new(0),
             landed: Notify::new(),
             lease_seq: AtomicU64::new(0),
@@ -307,9 +328,11 @@ impl<C: Connection> RateLimiter<C> {
     /// Counters: `commands` sent, decisions per source (`module`, `library`, `cache`, `local`,
     /// `error`, `fallback`), units `taken` by batches and `refunded`.
     pub fn stats(&self) -> HashMap<String, u64> {
-        lock(&self.inner.stats)
+        STATS
             .iter()
-            .map(|(k, v)| (k.to_string(), *v))
+            .zip(&self.inner.stats)
+            .map(|(name, n)| (name.to_string(), n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
             .collect()
     }
 
@@ -321,7 +344,9 @@ impl<C: Connection> RateLimiter<C> {
 
 impl<C: Connection> Inner<C> {
     fn count(&self, what: &'static str, n: u64) {
-        *lock(&self.stats).entry(what).or_insert(0) += n;
+        if let Some(i) = STATS.iter().position(|name| *name == what) {
+            self.stats[i].fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     fn now_ms(&self, at: Option<u64>) -> u64 {
@@ -432,17 +457,17 @@ impl<C: Connection> Inner<C> {
     /// arguments after the keys; `None`: this call has no library form).
     async fn call_either(
         &self,
-        module: Option<&[String]>,
+        module: Option<&Cmd>,
         name: &str,
         keys: &[&str],
-        library: Option<&[String]>,
+        library: Option<Args<'_>>,
         readonly: bool,
         patience: Option<Duration>,
     ) -> Result<(Value, Source), Fail> {
         let route = keys.first().copied();
         if !self.engine.library() {
-            if let Some(words) = module {
-                match self.send(&wire::command(words), route, patience).await {
+            if let Some(cmd) = module {
+                match self.send(cmd, route, patience).await {
                     Ok(reply) => {
                         self.engine.use_module();
                         return Ok((reply, Source::Module));
@@ -477,7 +502,8 @@ impl<C: Connection> Inner<C> {
             keys.len().to_string(),
         ];
         words.extend(prefixed.iter().cloned());
-        words.extend(args.iter().cloned());
+        words.extend(args.head.iter().cloned());
+        words.extend(args.tail.iter().map(|w| w.to_string()));
         let cmd = wire::command(&words);
         let route = prefixed.first().map(String::as_str);
         match self.send(&cmd, route, patience).await {
@@ -524,7 +550,7 @@ impl<C: Connection> Inner<C> {
         }
     }
 
-    async fn resolve(&self, spec: SpecRef<'_>) -> Result<Resolved, Fail> {
+    async fn resolve<'a>(&self, spec: SpecRef<'a>) -> Result<Resolved<'a>, Fail> {
         let definition = match spec {
             SpecRef::Limit(_) => Some(None),
             SpecRef::Policy(policy) => self.definition(policy).await?,
@@ -572,24 +598,33 @@ impl<C: Connection> Inner<C> {
         let take = verb == "TAKE";
         for attempt in 0..2 {
             let resolved = self.resolve(spec).await?;
-            let tail = cost_words(take, cost, at);
+            let mut tail = [""; 4];
+            let (cost_text, at_text) = (cost.to_string(), at.map(|at| at.to_string()));
+            tail[0] = if take { "MAX" } else { "COST" };
+            tail[1] = &cost_text;
+            let tail: &[&str] = match &at_text {
+                Some(at_text) => {
+                    tail[2] = "AT";
+                    tail[3] = at_text;
+                    &tail
+                }
+                None => &tail[..2],
+            };
             let module = resolved.module.as_ref().map(|args| {
-                let mut words = vec![format!("RATELIMIT.{verb}"), key.to_string()];
-                words.extend(args.iter().cloned());
-                words.extend(tail.iter().cloned());
-                words
+                let mut cmd = redis::cmd(command_name(verb));
+                cmd.arg(key).arg(&args[..]).arg(tail);
+                cmd
             });
-            let library = resolved.library.as_ref().map(|args| {
-                let mut words = args.clone();
-                words.extend(tail.iter().cloned());
-                words
-            });
+            let library = resolved
+                .library
+                .as_ref()
+                .map(|args| Args { head: args, tail });
             let result = self
                 .call_either(
-                    module.as_deref(),
+                    module.as_ref(),
                     function(verb),
                     &[key],
-                    library.as_deref(),
+                    library,
                     verb == "PEEK",
                     patience,
                 )
@@ -625,9 +660,7 @@ impl<C: Connection> Inner<C> {
         let now = at.unwrap_or_else(wall_ms);
         let mut local = lock(local);
         let answer = match verb {
-            "TAKE" => local
-                .take(key, &limit, cost, now)
-                .map(|(granted, fields)| (granted, fields)),
+            "TAKE" => local.take(key, &limit, cost, now),
             "PEEK" => local
                 .peek(key, &limit, cost, now)
                 .map(|f| (if f.allowed { cost } else { 0 }, f)),
@@ -694,11 +727,11 @@ impl<C: Connection> Inner<C> {
         check_at(call.at)?;
         let now = self.now_ms(call.at);
         self.refund_due(Some(now), call.at).await;
-        let where_ = target(key, spec);
+        let where_ = self.cache.as_ref().map(|_| target(key, spec));
         let asked = if verb == "TAKE" { 1 } else { call.cost };
-        if let Some(cache) = &self.cache {
+        if let (Some(cache), Some(where_)) = (&self.cache, &where_) {
             if verb == "CHECK" || verb == "TAKE" {
-                if let Some(hit) = lock(cache).get(&where_, asked, now) {
+                if let Some(hit) = lock(cache).get(where_, asked, now) {
                     self.count("cache", 1);
                     return Ok(hit);
                 }
@@ -720,12 +753,12 @@ impl<C: Connection> Inner<C> {
                     .await?
             }
         };
-        if let Some(cache) = &self.cache {
+        if let (Some(cache), Some(where_)) = (&self.cache, &where_) {
             if (verb == "CHECK" || verb == "TAKE")
                 && decision.source.is_server()
                 && self.cacheable(spec)
             {
-                lock(cache).put(&where_, asked, &decision, now);
+                lock(cache).put(where_, asked, &decision, now);
             }
         }
         self.count(decision.source.name(), 1);
@@ -760,6 +793,7 @@ impl<C: Connection> Inner<C> {
     ) -> Result<Decision, Error> {
         let batch = self.batches.get(key, limit);
         let spec = SpecRef::Limit(limit);
+        let mut retries = 0;
         loop {
             let (flight, start) = {
                 let mut state = lock(&batch.state);
@@ -832,6 +866,11 @@ impl<C: Connection> Inner<C> {
                 }
                 cost - state.held
             };
+            if decision.granted >= cost && retries < 3 {
+                // Enough was granted, but concurrent callers used it first: ask again.
+                retries += 1;
+                continue;
+            }
             if decision.granted == 0 && short == 1 {
                 return Ok(decision); // the TAKE's refusal is the CHECK of one unit's
             }
@@ -1044,7 +1083,7 @@ impl<C: Connection> Inner<C> {
                     let mut words = vec!["RATELIMIT.CHECKALL".to_string(), keys.len().to_string()];
                     words.extend(keys.iter().map(|k| k.to_string()));
                     for r in &resolved {
-                        words.extend(r.module.iter().flatten().cloned());
+                        words.extend(r.module.iter().flat_map(|w| w.iter()).cloned());
                     }
                     words.extend(tail.iter().cloned());
                     words
@@ -1052,17 +1091,18 @@ impl<C: Connection> Inner<C> {
                 let library = resolved.iter().all(|r| r.library.is_some()).then(|| {
                     let mut words: Vec<String> = Vec::new();
                     for r in &resolved {
-                        words.extend(r.library.iter().flatten().cloned());
+                        words.extend(r.library.iter().flat_map(|w| w.iter()).cloned());
                     }
                     words.extend(tail.iter().cloned());
                     words
                 });
+                let module = module.map(|words| wire::command(&words));
                 let result = self
                     .call_either(
-                        module.as_deref(),
+                        module.as_ref(),
                         "ratelimit_checkall",
                         &keys,
-                        library.as_deref(),
+                        library.as_ref().map(|head| Args { head, tail: &[] }),
                         false,
                         None,
                     )
@@ -1186,11 +1226,15 @@ impl<C: Connection> Inner<C> {
         }
         let mut words = vec!["RATELIMIT.RESET".to_string()];
         words.extend(keys.iter().map(|k| k.to_string()));
+        let cmd = wire::command(&words);
         let plan = self.call_either(
-            Some(&words),
+            Some(&cmd),
             "ratelimit_reset",
             keys,
-            Some(&[]),
+            Some(Args {
+                head: &[],
+                tail: &[],
+            }),
             false,
             None,
         );
@@ -1234,11 +1278,15 @@ impl<C: Connection> Inner<C> {
         let mut module = vec!["RATELIMIT.ACQUIRE".to_string(), key.to_string()];
         module.extend(args.iter().cloned());
         let keys = [key];
+        let cmd = wire::command(&module);
         let plan = self.call_either(
-            Some(&module),
+            Some(&cmd),
             "ratelimit_acquire",
             &keys,
-            Some(&args),
+            Some(Args {
+                head: &args,
+                tail: &[],
+            }),
             false,
             None,
         );
@@ -1256,11 +1304,15 @@ impl<C: Connection> Inner<C> {
         let mut module = vec!["RATELIMIT.RELEASE".to_string(), key.to_string()];
         module.extend(args.iter().cloned());
         let keys = [key];
+        let cmd = wire::command(&module);
         let plan = self.call_either(
-            Some(&module),
+            Some(&cmd),
             "ratelimit_release",
             &keys,
-            Some(&args),
+            Some(Args {
+                head: &args,
+                tail: &[],
+            }),
             false,
             None,
         );
