@@ -13,16 +13,16 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::concurrency::{self, Acquire, Released};
+use redis_ratelimit_core::algorithms::{sliding_log, Algorithm, Kind, Limiter, Refunded, Write};
+use redis_ratelimit_core::codec::Change;
+use redis_ratelimit_core::error::{self, ArgError};
+use redis_ratelimit_core::value::LimiterRef;
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
 use super::txn::Txn;
 use super::{handler, refused, Call};
-use crate::algorithms::concurrency::{self, Acquire, Released};
-use crate::algorithms::{sliding_log, Algorithm, Kind, Limiter, Refunded, Write};
 use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
-use crate::error::{self, ArgError};
-use crate::store::codec::Change;
-use crate::store::value::LimiterRef;
 use crate::store::{Slot, APPLY_COMMAND};
 
 const ARGS: [Arg; 2] = [

@@ -6,15 +6,15 @@ use std::ffi::c_int;
 use std::mem::MaybeUninit;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::Request;
+use redis_ratelimit_core::error::ArgError;
+use redis_ratelimit_core::parse::{parse_call as parse_args, CallArgs};
+use redis_ratelimit_core::policy::Mode;
 
-use super::parse::{parse_call as parse_args, CallArgs};
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT};
 use super::{decide, handler, now_ms, Call};
-use crate::algorithms::Request;
 use crate::config::max_log_limit;
-use crate::error::ArgError;
-use crate::policy::Mode;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
 const MAX_ARGS: usize = 11;

@@ -22,19 +22,19 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::block::{blocked_answer, check_blocking, Blocking};
+use redis_ratelimit_core::algorithms::{Decision, Limiter, Outcome, Request, Write};
+use redis_ratelimit_core::codec::Change;
+use redis_ratelimit_core::error;
+use redis_ratelimit_core::parse::{parse_checkall, parse_integer};
+use redis_ratelimit_core::policy::{self, Mode};
 
-use super::parse::{parse_checkall, parse_integer};
 use super::policy::{resolve, Resolved};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::txn::{Event, Txn};
 use super::{evaluate, handler, now_ms, refused, Call, KeyGroups};
-use crate::algorithms::block::{blocked_answer, check_blocking, Blocking};
-use crate::algorithms::{Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
-use crate::error;
-use crate::policy::{self, Mode};
-use crate::store::codec::Change;
 use crate::store::Slot;
 
 /// The first key is argument 2, after `numkeys`.

@@ -17,12 +17,14 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{
+    Algorithm, Decision, Params, Request, MAX_AMOUNT, MAX_PERIOD_MS,
+};
+use redis_ratelimit_core::parse::parse_integer;
+use redis_ratelimit_core::policy::Mode;
 
-use super::parse::parse_integer;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
 use super::{decide, handler, now_ms, Call};
-use crate::algorithms::{Algorithm, Decision, Params, Request, MAX_AMOUNT, MAX_PERIOD_MS};
-use crate::policy::Mode;
 
 /// A dialect call, parsed: the limit and the cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

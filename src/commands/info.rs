@@ -8,12 +8,14 @@
 use std::ffi::{c_int, CStr, CString};
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::block::check_blocking;
+use redis_ratelimit_core::algorithms::{
+    ceil_div, concurrency, to_u64, Kind, Limiter, Request, State,
+};
+use redis_ratelimit_core::error::{self, ArgError};
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ};
 use super::{handler, now_ms, Call};
-use crate::algorithms::block::check_blocking;
-use crate::algorithms::{ceil_div, concurrency, to_u64, Kind, Limiter, Request, State};
-use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
 const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key)];

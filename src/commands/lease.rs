@@ -19,18 +19,18 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::concurrency::{self, Acquire, AcquireError, Released};
+use redis_ratelimit_core::algorithms::{Kind, Write};
+use redis_ratelimit_core::codec::{encode_lease_acquire, encode_lease_release};
+use redis_ratelimit_core::error::{self, ArgError};
+use redis_ratelimit_core::parse::{parse_acquire, parse_release, LEASE_ID_MAX};
+use redis_ratelimit_core::policy::Mode;
 
-use super::parse::{parse_acquire, parse_release, LEASE_ID_MAX};
 use super::policy::resolve_lease;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
 use super::txn::{Event, Txn};
 use super::{handler, now_ms, refused, Call};
-use crate::algorithms::concurrency::{self, Acquire, AcquireError, Released};
-use crate::algorithms::{Kind, Write};
 use crate::config::{max_leases, MAX_MAX_LEASES};
-use crate::error::{self, ArgError};
-use crate::policy::Mode;
-use crate::store::codec::{encode_lease_acquire, encode_lease_release};
 use crate::store::Slot;
 
 // The config's upper bound is what stored and replicated states are held to.
@@ -186,7 +186,7 @@ fn run_acquire(call: &Call) -> c_int {
         );
     }
     let mode = through.as_ref().map_or(Mode::Enforce, |(mode, _)| *mode);
-    let (answer, shadowed) = crate::policy::answer(acquired.decision, mode);
+    let (answer, shadowed) = redis_ratelimit_core::policy::answer(acquired.decision, mode);
     txn.count(
         Kind::Leases,
         answer.allowed,

@@ -21,26 +21,24 @@ pub(crate) mod resetstat;
 pub(crate) mod take;
 pub(crate) mod txn;
 
-// Argument parsing is pure: it lives in the core crate, where it is fuzzed.
-pub(crate) use redis_ratelimit_core::parse;
-
 use std::ffi::{c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::block::{self, Blocking};
+use redis_ratelimit_core::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Written};
+use redis_ratelimit_core::codec::{encode_packed, encode_write, Change};
+use redis_ratelimit_core::error;
+use redis_ratelimit_core::policy::{Counters, Mode};
+use redis_ratelimit_core::value;
+use redis_ratelimit_core::value::Refused;
 
 use std::sync::Arc;
 
-use crate::algorithms::block::{self, Blocking};
-use crate::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Written};
 use crate::api::{has, rm};
-use crate::error;
 use crate::log::log_warning;
-use crate::policy::{Counters, Mode};
 use crate::stats;
-use crate::store::codec::{encode_packed, encode_write, Change};
-use crate::store::value::Refused;
-use crate::store::{value, Slot};
+use crate::store::Slot;
 use txn::{Event, Txn};
 
 /// The command handlers Redis calls, made from `$body: fn(&Call) -> c_int` run inside [`guard`]:
@@ -484,7 +482,7 @@ pub(crate) struct Evaluation {
 }
 
 /// Decides `request` on the transaction's key and, with `commit`, stores the result: the state
-/// (through [`LimiterRef::store`](crate::store::value::LimiterRef::store) or [`Txn::create`]),
+/// (through [`LimiterRef::store`](redis_ratelimit_core::value::LimiterRef::store) or [`Txn::create`]),
 /// and stages its expiry and the write to replicate (`ratelimit.apply`'s payload, encoded from
 /// the limiter in hand). The error is the reply to send (WRONGTYPE, another algorithm, a
 /// refused value); nothing is stored then.
@@ -657,7 +655,8 @@ pub(crate) fn decide(
 ) -> Result<Decision, String> {
     let mut txn = Txn::open(call, call.raw_arg(1), commit);
     let evaluation = evaluate(&mut txn, request, commit, block_ms)?;
-    let (answer, shadowed) = crate::policy::answer(evaluation.outcome.decision, mode);
+    let (answer, shadowed) =
+        redis_ratelimit_core::policy::answer(evaluation.outcome.decision, mode);
     if commit {
         let blocked = evaluation.blocking == Blocking::Blocked;
         let shadowed = shadowed || shadow_short;

@@ -20,16 +20,16 @@ use std::ffi::{c_int, CString};
 use std::sync::Arc;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{Algorithm, Kind, Params};
+use redis_ratelimit_core::error::{self, ArgError};
+use redis_ratelimit_core::parse::{parse_policy_set, LeaseLimit, LimitArg};
+use redis_ratelimit_core::policy::{self, Counters, Mode, Policy, SetOutcome};
 
-use super::parse::{parse_policy_set, LeaseLimit, LimitArg};
 use super::registry::{Arg, ArgType, Command, Container, Keys, LIMIT_SPEC};
 use super::{handler, replicate_verbatim, Call};
-use crate::algorithms::{Algorithm, Kind, Params};
 use crate::api::{has, rm};
 use crate::config::{max_log_limit, max_policies, MAX_MAX_LOG_LIMIT, MAX_MAX_POLICIES};
-use crate::error::{self, ArgError};
 use crate::log::log_warning;
-use crate::policy::{self, Counters, Mode, Policy, SetOutcome};
 
 const SET_ARGS: [Arg; 7] = [
     Arg::new(c"name", ArgType::String),

@@ -3,11 +3,11 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::error::{self, ArgError};
 
 use super::registry::{Arg, ArgType, Command, Keys, KEY_REMOVED};
 use super::txn::Txn;
 use super::{handler, Call, KeyGroups};
-use crate::error::{self, ArgError};
 use crate::store::Slot;
 
 const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key).multiple()];

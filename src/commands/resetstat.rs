@@ -19,9 +19,9 @@ use std::ffi::{c_void, CStr, CString};
 use std::sync::Mutex;
 
 use redis_module::raw;
+use redis_ratelimit_core::policy::{self, Figures};
 
 use crate::api::{has, rm};
-use crate::policy::{self, Figures};
 use crate::stats;
 
 /// What the counters were when a `CONFIG RESETSTAT` went by.
@@ -193,7 +193,7 @@ fn redis_calls() -> Option<u64> {
 fn calls_field(text: &[u8]) -> Option<u64> {
     let rest = text.strip_prefix(b"calls=")?;
     let end = rest.iter().position(|b| *b == b',').unwrap_or(rest.len());
-    crate::commands::parse::parse_integer(&rest[..end])
+    redis_ratelimit_core::parse::parse_integer(&rest[..end])
 }
 
 #[cfg(test)]

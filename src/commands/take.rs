@@ -9,15 +9,15 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{largest_grant, last_unit_delay_ms, Decision, Request};
+use redis_ratelimit_core::parse::parse_take;
+use redis_ratelimit_core::policy::Mode;
 
 use super::check::parse_call_with;
-use super::parse::parse_take;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::txn::Txn;
 use super::{decide, evaluate, handler, now_ms, Call};
-use crate::algorithms::{largest_grant, last_unit_delay_ms, Decision, Request};
-use crate::policy::Mode;
 
 const NAME: &str = "ratelimit.take";
 

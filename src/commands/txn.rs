@@ -4,7 +4,7 @@
 //!
 //! 1. **open** the key ([`Txn::open`]), for reading or for writing;
 //! 2. **decide**: the command asks a core, on the limiter the key holds ([`Txn::slot`]);
-//! 3. **store**: a changed limiter is written by [`LimiterRef::store`](crate::store::value::LimiterRef::store),
+//! 3. **store**: a changed limiter is written by [`LimiterRef::store`](redis_ratelimit_core::value::LimiterRef::store),
 //!    a new one by [`Txn::create`]; nothing is ever written when a handle or a `Txn` drops, so a
 //!    call that decided not to write simply does not store (PEEK, a rejection, `COST 0`);
 //! 4. then [`Txn::commit`], in this order:
@@ -32,15 +32,15 @@
 use std::ffi::{c_int, CStr};
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::Kind;
+use redis_ratelimit_core::codec::StackBuf;
+use redis_ratelimit_core::policy::Counters;
+use redis_ratelimit_core::value::Refused;
 
 use super::Call;
-use crate::algorithms::Kind;
 use crate::api::rm;
 use crate::log::log_warning;
-use crate::policy::Counters;
 use crate::stats;
-use crate::store::codec::StackBuf;
-use crate::store::value::Refused;
 use crate::store::{Key, Slot};
 
 /// What happens to the key's lifetime at commit.
@@ -138,7 +138,10 @@ impl<'c> Txn<'c> {
     }
 
     /// Stores a new limiter in the key (it held none, or one to replace whole).
-    pub fn create(&mut self, limiter: crate::algorithms::Limiter) -> Result<(), Refused> {
+    pub fn create(
+        &mut self,
+        limiter: redis_ratelimit_core::algorithms::Limiter,
+    ) -> Result<(), Refused> {
         if self.key.set(limiter) {
             Ok(())
         } else {
@@ -158,7 +161,7 @@ impl<'c> Txn<'c> {
     }
 
     /// A buffer to write one replication payload into (`ratelimit.apply`'s, a
-    /// [`Change`](crate::store::codec::Change)); it is replicated at commit, after the ones
+    /// [`Change`](redis_ratelimit_core::codec::Change)); it is replicated at commit, after the ones
     /// staged before it.
     #[inline(always)]
     pub fn replicate(&mut self) -> &mut StackBuf {

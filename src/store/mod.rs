@@ -5,20 +5,19 @@
 pub mod policies;
 
 // A stored limiter's forms and its binary encoding live in the core crate (no Redis).
-pub use redis_ratelimit_core::{codec, compact, value};
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
 use std::os::raw::c_char;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{Kind, Limiter};
+use redis_ratelimit_core::{codec, compact, value};
 
-use crate::algorithms::{Kind, Limiter};
 use crate::api::rm;
-use crate::log::log_warning;
+use crate::log::{guarded, log_warning};
 use crate::stats;
 use value::{Holder, LimiterRef, Value};
 
@@ -65,14 +64,6 @@ pub static LIMITER_TYPE: RedisType = RedisType::new(
 
 fn raw_type() -> *mut raw::RedisModuleType {
     *LIMITER_TYPE.raw_type.borrow()
-}
-
-/// Runs a type callback, turning a panic into `fallback` (never unwinding into Redis).
-pub(crate) fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        log_warning(&format!("ratelimit: {name} callback panicked"));
-        fallback
-    })
 }
 
 /// Hands a new limiter to Redis as a module value pointer: a compact word when it fits one (the

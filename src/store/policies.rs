@@ -22,12 +22,12 @@ use std::ffi::c_int;
 use std::sync::Mutex;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{Algorithm, Kind, Params, MAX_PERIOD_MS};
+use redis_ratelimit_core::policy::{self, Definitions, Mode, Policy, Table};
 
-use crate::algorithms::{Algorithm, Kind, Params, MAX_PERIOD_MS};
 use crate::api::rm;
 use crate::config::MAX_MAX_LOG_LIMIT;
-use crate::policy::{self, Definitions, Mode, Policy, Table};
-use crate::store::{guarded, log_warning};
+use crate::log::{guarded, log_warning};
 
 const VERSION: u8 = 2;
 
