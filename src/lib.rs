@@ -69,7 +69,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    for command in commands::COUNTED {
+    for command in commands::COMMANDS.iter().filter(|command| command.counted) {
         commands::resetstat::counted(command.name);
     }
     if let Err(why) = commands::registry::register_container(ctx.ctx, &commands::policy::CONTAINER)

@@ -23,7 +23,7 @@ use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
 use super::txn::Txn;
 use super::{handler, refused, Call};
 use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
-use crate::store::{Slot, APPLY_COMMAND};
+use crate::store::{Slot, APPLY_COMMAND, APPLY_SHORT_NAME};
 
 const ARGS: [Arg; 2] = [
     Arg::new(c"key", ArgType::Key),
@@ -42,19 +42,18 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(1); sliding-log: O(appended entries)",
     args: &ARGS,
     acl: "write slow dangerous ratelimit",
+    counted: false,
     handler: handler!(run),
 };
-
-/// The name commands replicate their writes under.
-pub(crate) const SHORT_NAME: &std::ffi::CStr = c"rla";
 
 /// `RATELIMIT.APPLY` under its short name: the same arguments, flags, keys and ACL categories.
 /// Not in `@ratelimit`, the category applications are granted: only a master and AOF loading send
 /// it, and neither goes through ACL, so `+@ratelimit -ratelimit.apply` keeps both names away.
 pub(crate) const SHORT: Command = Command {
-    name: SHORT_NAME,
+    name: APPLY_SHORT_NAME,
     summary: c"RATELIMIT.APPLY's short name, used in the replication stream and the AOF",
     acl: "write slow dangerous",
+    counted: false,
     ..COMMAND
 };
 

@@ -39,6 +39,7 @@ pub(crate) const CHECK: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(|call| run(call, true)),
 };
 
@@ -54,6 +55,7 @@ pub(crate) const PEEK: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "read fast ratelimit",
+    counted: false,
     handler: handler!(|call| run(call, false)),
 };
 

@@ -61,6 +61,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(N) for N keys (sliding-log keys: O(log size) each)",
     args: &ARGS,
     acl: "write slow ratelimit",
+    counted: true,
     handler: handler!(run),
 };
 

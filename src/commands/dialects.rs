@@ -170,6 +170,7 @@ pub(crate) const THROTTLE: Command = Command {
     complexity: c"O(1)",
     args: &THROTTLE_ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(|call| run(call, parse_throttle)),
 };
 
@@ -193,6 +194,7 @@ pub(crate) const GCRA: Command = Command {
     complexity: c"O(1)",
     args: &GCRA_ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(|call| run(call, parse_gcra)),
 };
 

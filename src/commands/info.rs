@@ -32,6 +32,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "read fast ratelimit",
+    counted: false,
     handler: handler!(run),
 };
 

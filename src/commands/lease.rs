@@ -76,6 +76,7 @@ pub(crate) const ACQUIRE: Command = Command {
     complexity: c"O(log N) for N live leases",
     args: &ACQUIRE_ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(run_acquire),
 };
 
@@ -91,6 +92,7 @@ pub(crate) const RELEASE: Command = Command {
     complexity: c"O(log N) for N live leases",
     args: &RELEASE_ARGS,
     acl: "write fast ratelimit",
+    counted: false,
     handler: handler!(run_release),
 };
 

@@ -43,7 +43,7 @@ use txn::{Event, Txn};
 
 /// The command handlers Redis calls, made from `$body: fn(&Call) -> c_int` run inside [`guard`]:
 /// one that counts each call (`stats::count_call`) and one that does not. Registration picks
-/// the counting one for the commands of [`COUNTED`] and the dialects.
+/// the counting one for a command [`counted`](registry::Command::counted).
 macro_rules! handler {
     ($body:expr) => {{
         unsafe extern "C" fn plain(
@@ -83,17 +83,6 @@ pub(crate) const COMMANDS: [&registry::Command; 11] = [
     &apply::SHORT,
     &lease::ACQUIRE,
     &lease::RELEASE,
-    &take::COMMAND,
-];
-
-/// The commands of [`COMMANDS`] that count every call (`stats::count_call`, first thing in their
-/// handlers: registration gives them their counting handler), as Redis counts them in
-/// `INFO commandstats`: how a `CONFIG RESETSTAT` that ran is told from one that was refused
-/// (`resetstat.rs`). Every dialect counts its calls too.
-pub(crate) const COUNTED: [&registry::Command; 4] = [
-    &check::CHECK,
-    &checkall::COMMAND,
-    &lease::ACQUIRE,
     &take::COMMAND,
 ];
 

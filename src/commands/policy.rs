@@ -53,6 +53,7 @@ pub(crate) const SET: Command = Command {
     complexity: c"O(1)",
     args: &SET_ARGS,
     acl: "admin dangerous slow ratelimit",
+    counted: false,
     handler: handler!(run_set),
 };
 
@@ -65,6 +66,7 @@ pub(crate) const GET: Command = Command {
     complexity: c"O(1)",
     args: &NAME_ARG,
     acl: "read fast ratelimit",
+    counted: false,
     handler: handler!(run_get),
 };
 
@@ -77,6 +79,7 @@ pub(crate) const DEL: Command = Command {
     complexity: c"O(1)",
     args: &NAME_ARG,
     acl: "admin dangerous slow ratelimit",
+    counted: false,
     handler: handler!(run_del),
 };
 
@@ -89,6 +92,7 @@ pub(crate) const LIST: Command = Command {
     complexity: c"O(N log N) for N policies",
     args: &[],
     acl: "read slow ratelimit",
+    counted: false,
     handler: handler!(run_list),
 };
 

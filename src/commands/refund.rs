@@ -43,6 +43,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "write fast ratelimit",
+    counted: false,
     handler: handler!(run),
 };
 

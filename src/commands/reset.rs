@@ -24,6 +24,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(N) for N keys",
     args: &ARGS,
     acl: "keyspace write slow ratelimit",
+    counted: false,
     handler: handler!(run),
 };
 

@@ -34,7 +34,7 @@ struct Snapshot {
 static PENDING: Mutex<Vec<Snapshot>> = Mutex::new(Vec::new());
 
 /// The commands whose calls `stats::count_call` counts, as Redis names their commandstats lines
-/// (`cmdstat_<name>`): those of `commands::COUNTED`, and the dialects the module registered.
+/// (`cmdstat_<name>`): the `counted` ones the module registered.
 static COUNTED: Mutex<Vec<CString>> = Mutex::new(Vec::new());
 
 /// Declares a registered command whose calls `stats::count_call` counts (from OnLoad), by the

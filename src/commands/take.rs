@@ -40,6 +40,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(log MAX); sliding-log: O(log MAX * log size)",
     args: &ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(run),
 };
 

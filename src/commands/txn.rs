@@ -26,7 +26,7 @@
 //! stored, so there is nothing to expire, replicate, count or notify, and the key closes.
 //!
 //! Counting the *calls* of the counted commands (`stats::count_call`, for `CONFIG RESETSTAT`) is
-//! not per key: the handler of every command of [`COUNTED`](super::COUNTED) does it, first thing,
+//! not per key: the handler of every [`counted`](super::registry::Command::counted) command does it, first thing,
 //! from its declaration (see [`handler!`](super::handler) and `registry::register`).
 
 use std::ffi::{c_int, CStr};
@@ -41,7 +41,7 @@ use super::Call;
 use crate::api::rm;
 use crate::log::log_warning;
 use crate::stats;
-use crate::store::{Key, Slot};
+use crate::store::{Key, Slot, APPLY_SHORT_NAME};
 
 /// What happens to the key's lifetime at commit.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -325,7 +325,7 @@ fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]
     let status = unsafe {
         rm!(RedisModule_Replicate)(
             call.ctx,
-            super::apply::SHORT_NAME.as_ptr(),
+            APPLY_SHORT_NAME.as_ptr(),
             c"sb".as_ptr(),
             key,
             payload.as_ptr().cast::<std::ffi::c_char>(),

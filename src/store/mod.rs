@@ -34,6 +34,10 @@ pub const ENCODING_VERSION: c_int = 1;
 /// registers under this name to read it back.
 pub const APPLY_COMMAND: &CStr = c"ratelimit.apply";
 
+/// [`APPLY_COMMAND`]'s short name, the one commands replicate their writes under
+/// (`rla key payload`): three bytes in every replicated write.
+pub const APPLY_SHORT_NAME: &CStr = c"rla";
+
 /// The data type, exactly 9 characters as Redis requires.
 pub static LIMITER_TYPE: RedisType = RedisType::new(
     "ratelimit",
