@@ -19,9 +19,10 @@ use redis_ratelimit_core::codec::Change;
 use redis_ratelimit_core::error::{self, ArgError};
 use redis_ratelimit_core::value::LimiterRef;
 
+use super::call::{handler, Call};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
+use super::txn::refused;
 use super::txn::Txn;
-use super::{handler, refused, Call};
 use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
 use crate::store::{Slot, APPLY_COMMAND, APPLY_SHORT_NAME};
 

@@ -11,9 +11,10 @@ use redis_ratelimit_core::error::ArgError;
 use redis_ratelimit_core::parse::{parse_call as parse_args, CallArgs};
 use redis_ratelimit_core::policy::Mode;
 
+use super::call::{handler, now_ms, Call};
+use super::decide::decide;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT};
-use super::{decide, handler, now_ms, Call};
 use crate::config::max_log_limit;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).

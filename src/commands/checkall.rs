@@ -29,10 +29,12 @@ use redis_ratelimit_core::error;
 use redis_ratelimit_core::parse::{parse_checkall, parse_integer};
 use redis_ratelimit_core::policy::{self, Mode};
 
+use super::call::{handler, now_ms, Call, KeyGroups};
+use super::decide::evaluate;
 use super::policy::{resolve, Resolved};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
+use super::txn::refused;
 use super::txn::{Event, Txn};
-use super::{evaluate, handler, now_ms, refused, Call, KeyGroups};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
 use crate::store::Slot;

@@ -23,8 +23,9 @@ use redis_ratelimit_core::algorithms::{
 use redis_ratelimit_core::parse::parse_integer;
 use redis_ratelimit_core::policy::Mode;
 
+use super::call::{handler, now_ms, Call};
+use super::decide::decide;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
-use super::{decide, handler, now_ms, Call};
 
 /// A dialect call, parsed: the limit and the cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use redis_ratelimit_core::algorithms::{
 };
 use redis_ratelimit_core::error::{self, ArgError};
 
+use super::call::{handler, now_ms, Call};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ};
-use super::{handler, now_ms, Call};
 use crate::store::{Key, Slot};
 
 const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key)];

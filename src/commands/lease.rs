@@ -26,10 +26,11 @@ use redis_ratelimit_core::error::{self, ArgError};
 use redis_ratelimit_core::parse::{parse_acquire, parse_release, LEASE_ID_MAX};
 use redis_ratelimit_core::policy::Mode;
 
+use super::call::{handler, now_ms, Call};
 use super::policy::resolve_lease;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
+use super::txn::refused;
 use super::txn::{Event, Txn};
-use super::{handler, now_ms, refused, Call};
 use crate::config::{max_leases, MAX_MAX_LEASES};
 use crate::store::Slot;
 

@@ -25,8 +25,8 @@ use redis_ratelimit_core::error::{self, ArgError};
 use redis_ratelimit_core::parse::{parse_policy_set, LeaseLimit, LimitArg};
 use redis_ratelimit_core::policy::{self, Counters, Mode, Policy, SetOutcome};
 
+use super::call::{handler, replicate_verbatim, Call};
 use super::registry::{Arg, ArgType, Command, Container, Keys, LIMIT_SPEC};
-use super::{handler, replicate_verbatim, Call};
 use crate::api::{has, rm};
 use crate::config::{max_log_limit, max_policies, MAX_MAX_LOG_LIMIT, MAX_MAX_POLICIES};
 use crate::log::log_warning;

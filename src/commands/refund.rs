@@ -17,11 +17,12 @@ use redis_ratelimit_core::error;
 use redis_ratelimit_core::parse::parse_refund;
 use redis_ratelimit_core::policy::Mode;
 
+use super::call::{handler, now_ms, Call};
 use super::check::parse_call_with;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
+use super::txn::refused;
 use super::txn::Txn;
-use super::{handler, now_ms, refused, Call};
 use crate::store::Slot;
 
 const ARGS: [Arg; 4] = [

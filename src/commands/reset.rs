@@ -5,9 +5,9 @@ use std::ffi::c_int;
 use redis_module::raw;
 use redis_ratelimit_core::error::{self, ArgError};
 
+use super::call::{handler, Call, KeyGroups};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_REMOVED};
 use super::txn::Txn;
-use super::{handler, Call, KeyGroups};
 use crate::store::Slot;
 
 const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key).multiple()];

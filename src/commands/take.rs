@@ -13,11 +13,12 @@ use redis_ratelimit_core::algorithms::{largest_grant, last_unit_delay_ms, Decisi
 use redis_ratelimit_core::parse::parse_take;
 use redis_ratelimit_core::policy::Mode;
 
+use super::call::{handler, now_ms, Call};
 use super::check::parse_call_with;
+use super::decide::{decide, evaluate};
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::txn::Txn;
-use super::{decide, evaluate, handler, now_ms, Call};
 
 const NAME: &str = "ratelimit.take";
 

@@ -27,17 +27,18 @@
 //!
 //! Counting the *calls* of the counted commands (`stats::count_call`, for `CONFIG RESETSTAT`) is
 //! not per key: the handler of every [`counted`](super::registry::Command::counted) command does it, first thing,
-//! from its declaration (see [`handler!`](super::handler) and `registry::register`).
+//! from its declaration (see [`handler!`](super::call::handler) and `registry::register`).
 
 use std::ffi::{c_int, CStr};
 
 use redis_module::raw;
 use redis_ratelimit_core::algorithms::Kind;
 use redis_ratelimit_core::codec::StackBuf;
+use redis_ratelimit_core::error;
 use redis_ratelimit_core::policy::Counters;
 use redis_ratelimit_core::value::Refused;
 
-use super::Call;
+use super::call::Call;
 use crate::api::rm;
 use crate::log::log_warning;
 use crate::stats;
@@ -265,7 +266,7 @@ impl<'c> Txn<'c> {
             replicate_del_key(self.call, self.name);
         }
         if self.verbatim {
-            super::replicate_verbatim(self.call);
+            super::call::replicate_verbatim(self.call);
         }
         self.key.close();
     }
@@ -345,4 +346,11 @@ fn replicate_del_key(call: &Call, key: *mut raw::RedisModuleString) {
     if status != raw::REDISMODULE_OK as c_int {
         log_warning("ratelimit: could not replicate a limiter's removal");
     }
+}
+
+/// The reply for a value the key refused (never seen: Redis refuses only a key not opened for
+/// writing, and the commands that store open theirs for writing).
+pub(crate) fn refused(_: Refused) -> String {
+    log_warning("ratelimit: a key refused its changed limiter; nothing was changed");
+    error::INTERNAL.to_string()
 }
