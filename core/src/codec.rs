@@ -640,7 +640,9 @@ mod tests {
                 cost,
                 now_ms,
             };
-            if let (_, Write::Created(limiter)) = run(stored.as_mut(), &request, true).unwrap() {
+            let mut created = None;
+            run(stored.as_mut(), &request, true, &mut created).unwrap();
+            if let Some(limiter) = created {
                 stored = Some(limiter);
             }
         }
@@ -776,9 +778,10 @@ mod tests {
                 cost,
                 now_ms,
             };
-            let (outcome, write) = run(stored.as_mut(), &request, true).unwrap();
+            let mut created = None;
+            let (outcome, write) = run(stored.as_mut(), &request, true, &mut created).unwrap();
             assert!(outcome.decision.allowed, "{request:?}");
-            if let Write::Created(limiter) = write {
+            if let (Write::Created, Some(limiter)) = (write, created.take()) {
                 stored = Some(limiter);
             }
         }
@@ -898,7 +901,7 @@ mod tests {
             now_ms: 5_999,
         };
         assert!(
-            run(Some(&mut lowered), &request, true)
+            run(Some(&mut lowered), &request, true, &mut None)
                 .unwrap()
                 .0
                 .decision

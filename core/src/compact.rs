@@ -500,8 +500,9 @@ mod tests {
             cost: 1,
             now_ms,
         };
-        match check(None, &request, true).unwrap().1 {
-            Write::Created(limiter) => limiter,
+        let mut created = None;
+        match check(None, &request, true, &mut created).unwrap().1 {
+            Write::Created => created.expect("a created limiter"),
             other => panic!("{other:?}"),
         }
     }

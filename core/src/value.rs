@@ -535,8 +535,9 @@ mod tests {
             cost: 1,
             now_ms: (1 << 53) - 1 - 2 * MAX_PERIOD_MS,
         };
-        match check(None, &request, true).unwrap().1 {
-            Write::Created(limiter) => limiter,
+        let mut created = None;
+        match check(None, &request, true, &mut created).unwrap().1 {
+            Write::Created => created.expect("a created limiter"),
             other => panic!("{other:?}"),
         }
     }

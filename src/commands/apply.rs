@@ -112,10 +112,11 @@ fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
             if !fits {
                 return Err(state());
             }
-            match sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost) {
-                Write::Created(limiter) => {
+            let mut created = None;
+            match sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost, &mut created) {
+                Write::Created => {
                     drop(stored);
-                    txn.create(limiter).map_err(refused)?;
+                    txn.create(created.ok_or_else(state)?).map_err(refused)?;
                 }
                 _ => store(stored)?,
             }
@@ -180,13 +181,19 @@ fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
                 cost,
                 now_ms: t_ms,
             };
-            let (acquired, write) =
-                match concurrency::acquire(stored.as_deref_mut(), &request, bound, true) {
-                    Ok(result) if result.0.decision.allowed => result,
-                    _ => return Err(state()),
-                };
-            match write {
-                Write::Created(limiter) => {
+            let mut created = None;
+            let (acquired, write) = match concurrency::acquire(
+                stored.as_deref_mut(),
+                &request,
+                bound,
+                true,
+                &mut created,
+            ) {
+                Ok(result) if result.0.decision.allowed => result,
+                _ => return Err(state()),
+            };
+            match (write, created) {
+                (Write::Created, Some(limiter)) => {
                     drop(stored);
                     let expires_at_ms = limiter.expires_at_ms();
                     txn.create(limiter).map_err(refused)?;

@@ -23,7 +23,7 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 use redis_ratelimit_core::algorithms::block::{blocked_answer, check_blocking, Blocking};
-use redis_ratelimit_core::algorithms::{Decision, Limiter, Outcome, Request, Write};
+use redis_ratelimit_core::algorithms::{Decision, Limiter, Outcome, Request};
 use redis_ratelimit_core::codec::Change;
 use redis_ratelimit_core::error;
 use redis_ratelimit_core::parse::{parse_checkall, parse_integer};
@@ -255,11 +255,14 @@ fn decide(
                 Slot::Limiter(limiter) => Some(Limiter::clone(&limiter)),
             }),
         };
-        let (outcome, write, blocking) = check_blocking(copy.as_mut(), request, true, None)
-            .map_err(|mismatch| {
-                error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
-            })?;
-        if let Write::Created(limiter) = write {
+        let mut created = None;
+        let (outcome, _, blocking) =
+            check_blocking(copy.as_mut(), request, true, None, &mut created).map_err(
+                |mismatch| {
+                    error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
+                },
+            )?;
+        if let Some(limiter) = created {
             *copy = Some(limiter);
         }
         outcomes.push(outcome);

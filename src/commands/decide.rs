@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use redis_ratelimit_core::algorithms::block::{self, Blocking};
-use redis_ratelimit_core::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Written};
+use redis_ratelimit_core::algorithms::{Algorithm, Decision, Limiter, Outcome, Request, Write};
 use redis_ratelimit_core::codec::{encode_packed, encode_write, Change};
 use redis_ratelimit_core::error;
 use redis_ratelimit_core::policy::{Counters, Mode};
@@ -55,7 +55,7 @@ pub(crate) fn evaluate(
         let was_blocked = stored
             .as_deref()
             .is_some_and(|limiter| limiter.blocked_until_ms != 0);
-        let (outcome, written, blocking) = block::check_blocking_into(
+        let (outcome, written, blocking) = block::check_blocking(
             stored.as_deref_mut().map(|l| &mut **l),
             request,
             commit,
@@ -68,8 +68,8 @@ pub(crate) fn evaluate(
         // Saturating: a bucket refilling over more than u64 ms must not wrap into the past.
         let expires_at_ms = outcome.t_ms.saturating_add(outcome.decision.reset_after_ms);
         match written {
-            Written::Nothing => return Ok(Evaluation { outcome, blocking }),
-            Written::Created => {
+            Write::Nothing => return Ok(Evaluation { outcome, blocking }),
+            Write::Created => {
                 let Some(limiter) = created.as_ref() else {
                     return Ok(Evaluation { outcome, blocking });
                 };
@@ -84,7 +84,7 @@ pub(crate) fn evaluate(
                 };
                 (outcome, blocking, Create::New, expires_at_ms, replicated)
             }
-            Written::Updated => {
+            Write::Updated => {
                 let Some(handle) = stored.as_mut() else {
                     return Ok(Evaluation { outcome, blocking });
                 };

@@ -122,7 +122,8 @@ fn run(call: &Call) -> c_int {
         now_ms: now,
     };
     // What a COST 0 PEEK answers now: a block too.
-    let (outcome, _, _) = match check_blocking(Some(&mut limiter), &request, false, None) {
+    let (outcome, _, _) = match check_blocking(Some(&mut limiter), &request, false, None, &mut None)
+    {
         Ok(decided) => decided,
         Err(_) => return call.error(error::INTERNAL),
     };

@@ -149,11 +149,17 @@ fn run_acquire(call: &Call) -> c_int {
             Slot::Empty => None,
             Slot::Limiter(handle) => Some(handle),
         };
-        let (acquired, write) =
-            match concurrency::acquire(stored.as_deref_mut(), &request, max_leases(), true) {
-                Ok(decided) => decided,
-                Err(error) => return call.error(&acquire_error(error)),
-            };
+        let mut created = None;
+        let (acquired, write) = match concurrency::acquire(
+            stored.as_deref_mut(),
+            &request,
+            max_leases(),
+            true,
+            &mut created,
+        ) {
+            Ok(decided) => decided,
+            Err(error) => return call.error(&acquire_error(error)),
+        };
         // A lease set is boxed: an update is in place already, and `store` keeps it there.
         let expires_at_ms = match write {
             Write::Nothing => None,
@@ -166,7 +172,10 @@ fn run_acquire(call: &Call) -> c_int {
                 }
                 None => None,
             },
-            Write::Created(limiter) => {
+            Write::Created => {
+                let Some(limiter) = created else {
+                    return call.error(error::INTERNAL);
+                };
                 // The key held nothing to keep a handle on; the new limiter goes in whole.
                 drop(stored);
                 let expires_at_ms = limiter.expires_at_ms();

@@ -428,20 +428,11 @@ pub struct AlgorithmMismatch {
     pub stored: Kind,
 }
 
-/// What [`check`] did to the stored value.
-#[derive(Debug)]
-pub enum Write {
-    /// Nothing changed.
-    Nothing,
-    /// `stored` was updated in place.
-    Updated,
-    /// The key was absent (or equivalent to fresh): this limiter is to be stored.
-    Created(Limiter),
-}
-
-/// What [`check_into`] did to the stored value; a limiter it created is in the caller's slot.
+/// What a call did to the stored value. A limiter it created is written into the caller's
+/// `created` slot rather than returned with this: on every CHECK's path a limiter moved through
+/// the results would be copied at each step (`make profile`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Written {
+pub enum Write {
     /// Nothing changed.
     Nothing,
     /// `stored` was updated in place.
@@ -450,41 +441,18 @@ pub enum Written {
     Created,
 }
 
-impl Written {
-    /// The [`Write`] this stands for, given the `created` slot it was written with.
-    pub fn with(self, created: Option<Limiter>) -> Write {
-        match (self, created) {
-            (Written::Updated, _) => Write::Updated,
-            (Written::Created, Some(limiter)) => Write::Created(limiter),
-            _ => Write::Nothing,
-        }
-    }
-}
-
 /// Evaluates `request` against the stored limiter (`None` when the key is absent).
 ///
 /// With `commit` and an admitted request of positive cost the state is written: in place when a
-/// limiter was stored, else returned as [`Write::Created`]. Without `commit` nothing is written and
-/// the decision is exactly the one a committing call would answer (PEEK equals the CHECK that follows).
+/// limiter was stored, else into `created` ([`Write::Created`]; `created` is left as it is
+/// otherwise). Without `commit` nothing is written and the decision is exactly the one a
+/// committing call would answer (PEEK equals the CHECK that follows).
 pub fn check(
     stored: Option<&mut Limiter>,
     request: &Request,
     commit: bool,
-) -> Result<(Outcome, Write), AlgorithmMismatch> {
-    let mut created = None;
-    let (outcome, written) = check_into(stored, request, commit, &mut created)?;
-    Ok((outcome, written.with(created)))
-}
-
-/// [`check`], with a created limiter written into `created` (left as it is otherwise) rather
-/// than returned: every CHECK's path, where a limiter moved through the results would be copied
-/// at each step (`make profile`).
-pub fn check_into(
-    stored: Option<&mut Limiter>,
-    request: &Request,
-    commit: bool,
     created: &mut Option<Limiter>,
-) -> Result<(Outcome, Written), AlgorithmMismatch> {
+) -> Result<(Outcome, Write), AlgorithmMismatch> {
     if let Some(limiter) = &stored {
         let kind = limiter.kind();
         if kind != Kind::Rate(request.algorithm) {
@@ -504,14 +472,7 @@ pub fn check_into(
         Algorithm::SlidingWindow => {
             drive::<sliding_window::SlidingWindow>(stored, request, commit, created)
         }
-        Algorithm::SlidingLog => match sliding_log::check(stored, request, commit) {
-            (outcome, Write::Nothing) => (outcome, Written::Nothing),
-            (outcome, Write::Updated) => (outcome, Written::Updated),
-            (outcome, Write::Created(limiter)) => {
-                *created = Some(limiter);
-                (outcome, Written::Created)
-            }
-        },
+        Algorithm::SlidingLog => sliding_log::check(stored, request, commit, created),
         Algorithm::Gcra => drive::<gcra::Gcra>(stored, request, commit, created),
     };
     Ok(result)
@@ -659,7 +620,8 @@ pub fn refund(
             cost: 0,
             ..*request
         };
-        return Ok((check(None, &peek, false)?.0, Refunded::Nothing));
+        // A PEEK (`commit` false) creates nothing.
+        return Ok((check(None, &peek, false, &mut None)?.0, Refunded::Nothing));
     };
     let kind = limiter.kind();
     if kind != Kind::Rate(request.algorithm) {
@@ -691,7 +653,7 @@ pub fn refund(
         Refunded::Emptied => None,
         _ => Some(limiter),
     };
-    let (outcome, _, _) = block::check_blocking(after, &peek, false, None)?;
+    let (outcome, _, _) = block::check_blocking(after, &peek, false, None, &mut None)?;
     Ok((outcome, refunded))
 }
 
@@ -723,7 +685,7 @@ fn drive<A: FixedSize>(
     request: &Request,
     commit: bool,
     created: &mut Option<Limiter>,
-) -> (Outcome, Written) {
+) -> (Outcome, Write) {
     let new_params = &request.params;
     let (t_ms, carried) = match stored.as_deref() {
         Some(limiter) => {
@@ -744,7 +706,7 @@ fn drive<A: FixedSize>(
     let (decision, after) = A::decide(carried, new_params, request.cost, t_ms);
     let outcome = Outcome::new(decision, t_ms, request.cost);
     if !(commit && outcome.consumed) {
-        return (outcome, Written::Nothing);
+        return (outcome, Write::Nothing);
     }
     let limiter = Limiter {
         params: *new_params,
@@ -756,11 +718,11 @@ fn drive<A: FixedSize>(
     match stored {
         Some(slot) => {
             *slot = limiter;
-            (outcome, Written::Updated)
+            (outcome, Write::Updated)
         }
         None => {
             *created = Some(limiter);
-            (outcome, Written::Created)
+            (outcome, Write::Created)
         }
     }
 }
@@ -865,8 +827,10 @@ pub(crate) mod testing {
 
     /// One committing call on an `Option<Limiter>` slot, storing what is created.
     pub fn apply(stored: &mut Option<Limiter>, request: &Request) -> Decision {
-        let (outcome, write) = check(stored.as_mut(), request, true).expect("same algorithm");
-        if let Write::Created(limiter) = write {
+        let mut created = None;
+        let (outcome, _) =
+            check(stored.as_mut(), request, true, &mut created).expect("same algorithm");
+        if let Some(limiter) = created {
             *stored = Some(limiter);
         }
         outcome.decision
@@ -901,8 +865,10 @@ pub(crate) mod testing {
     /// A non-committing call (PEEK).
     pub fn peek(stored: &Option<Limiter>, request: &Request) -> Decision {
         let mut copy = stored.clone();
-        let (outcome, write) = check(copy.as_mut(), request, false).expect("same algorithm");
-        assert!(matches!(write, Write::Nothing));
+        let mut created = None;
+        let (outcome, write) =
+            check(copy.as_mut(), request, false, &mut created).expect("same algorithm");
+        assert_eq!((write, created), (Write::Nothing, None));
         assert_eq!(&copy, stored, "peek must not change the state");
         outcome.decision
     }
