@@ -8,7 +8,7 @@ use std::mem::MaybeUninit;
 use redis_module::raw;
 use redis_ratelimit_core::algorithms::Request;
 use redis_ratelimit_core::error::ArgError;
-use redis_ratelimit_core::parse::{parse_call as parse_args, CallArgs};
+use redis_ratelimit_core::parse::{parse_call, CallArgs};
 use redis_ratelimit_core::policy::Mode;
 
 use super::call::{handler, now_ms, Call};
@@ -60,13 +60,9 @@ pub(crate) const PEEK: Command = Command {
     handler: handler!(|call| run(call, false)),
 };
 
-/// Parses the arguments after the key of a CHECK-shaped call.
-pub fn parse_call<'a>(call: &'a Call, first: usize, name: &str) -> Result<CallArgs<'a>, String> {
-    parse_call_with(call, first, name, parse_args)
-}
-
-/// [`parse_call`] with another parser of the same arguments (REFUND's).
-pub fn parse_call_with<'a>(
+/// Parses the arguments of a CHECK-shaped call from position `first` on with `parse` (the core's
+/// parser of CHECK's arguments, or TAKE's or REFUND's), read in place; the error is the reply.
+pub fn parse_args<'a>(
     call: &'a Call,
     first: usize,
     name: &str,
@@ -96,7 +92,7 @@ fn run(call: &Call, commit: bool) -> c_int {
     } else {
         "ratelimit.peek"
     };
-    let args = match parse_call(call, 2, name) {
+    let args = match parse_args(call, 2, name, parse_call) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };

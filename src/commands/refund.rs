@@ -18,7 +18,7 @@ use redis_ratelimit_core::parse::parse_refund;
 use redis_ratelimit_core::policy::Mode;
 
 use super::call::{handler, now_ms, Call};
-use super::check::parse_call_with;
+use super::check::parse_args;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::txn::refused;
@@ -49,7 +49,7 @@ pub(crate) const COMMAND: Command = Command {
 };
 
 fn run(call: &Call) -> c_int {
-    let args = match parse_call_with(call, 2, "ratelimit.refund", parse_refund) {
+    let args = match parse_args(call, 2, "ratelimit.refund", parse_refund) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };

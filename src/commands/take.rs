@@ -14,7 +14,7 @@ use redis_ratelimit_core::parse::parse_take;
 use redis_ratelimit_core::policy::Mode;
 
 use super::call::{handler, now_ms, Call};
-use super::check::parse_call_with;
+use super::check::parse_args;
 use super::decide::{decide, evaluate};
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
@@ -46,7 +46,7 @@ pub(crate) const COMMAND: Command = Command {
 };
 
 fn run(call: &Call) -> c_int {
-    let args = match parse_call_with(call, 2, NAME, parse_take) {
+    let args = match parse_args(call, 2, NAME, parse_take) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };
