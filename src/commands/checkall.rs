@@ -26,7 +26,8 @@ use redis_ratelimit_core::algorithms::block::{blocked_answer, check_blocking, Bl
 use redis_ratelimit_core::algorithms::{Decision, Limiter, Outcome, Request};
 use redis_ratelimit_core::codec::Change;
 use redis_ratelimit_core::error;
-use redis_ratelimit_core::parse::{parse_checkall, parse_integer};
+use redis_ratelimit_core::integer::parse_integer;
+use redis_ratelimit_core::parse::parse_checkall;
 use redis_ratelimit_core::policy::{self, Mode};
 
 use super::call::{handler, now_ms, Call, KeyGroups};

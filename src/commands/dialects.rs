@@ -20,7 +20,7 @@ use redis_module::raw;
 use redis_ratelimit_core::algorithms::{
     Algorithm, Decision, Params, Request, MAX_AMOUNT, MAX_PERIOD_MS,
 };
-use redis_ratelimit_core::parse::parse_integer;
+use redis_ratelimit_core::integer::parse_integer;
 use redis_ratelimit_core::policy::Mode;
 
 use super::call::{handler, now_ms, Call};

@@ -193,7 +193,7 @@ fn redis_calls() -> Option<u64> {
 fn calls_field(text: &[u8]) -> Option<u64> {
     let rest = text.strip_prefix(b"calls=")?;
     let end = rest.iter().position(|b| *b == b',').unwrap_or(rest.len());
-    redis_ratelimit_core::parse::parse_integer(&rest[..end])
+    redis_ratelimit_core::integer::parse_integer(&rest[..end])
 }
 
 #[cfg(test)]
