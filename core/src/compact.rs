@@ -23,7 +23,7 @@
 //! has is stored in place of one, and a key costs no allocation of its own.
 //!
 //! Stored formats: the word is not one. It never leaves the process (RDB, AOF, replication, DUMP
-//! and digests encode the limiter through `codec.rs`), so it may change from one build to the
+//! and digests encode the limiter through `codec/`), so it may change from one build to the
 //! next without an encoding version; the formats that are stored are pinned by
 //! tests/integration/fixtures/.
 //!

@@ -10,7 +10,7 @@
 //!   parameters, at its own time and later) without a panic, and every state they then store encodes
 //!   and decodes again, so a key that a crafted payload installed cannot later make RDB or a
 //!   replica refuse the keys derived from it;
-//! - what `rdb_load` stores: a limiter that fits a compact word (`store/compact.rs`) comes back
+//! - what `rdb_load` stores: a limiter that fits a compact word (`core/src/compact.rs`) comes back
 //!   from it whole.
 #![no_main]
 

@@ -23,7 +23,7 @@ use value::{Holder, LimiterRef, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
 ///
-/// Stored formats: the RDB encoding (`codec.rs`) is what users' RDB files hold, and the AOF
+/// Stored formats: the RDB encoding (`core/src/codec/`) is what users' RDB files hold, and the AOF
 /// rewrite's `APPLY_COMMAND` payload what their AOF files hold; changing either needs a new
 /// encoding version (or `Change` kind), with every older one still read.
 /// tests/integration/fixtures/ pins version 1 byte for byte.

@@ -7,7 +7,7 @@
 //! u32 count (LE)
 //! per policy, sorted by name:
 //!   u8 name length, the name (1 to 64 bytes of A-Z a-z 0-9 _ - .)
-//!   u8 algorithm (as in codec.rs), u64 limit, u64 period_ms, u64 capacity (LE), u8 mode (0 enforce, 1 shadow)
+//!   u8 algorithm (as in core/src/codec/), u64 limit, u64 period_ms, u64 capacity (LE), u8 mode (0 enforce, 1 shadow)
 //!   version 2: u64 block_ms (LE; 0: no BLOCK)
 //! ```
 //! Decoding refuses anything `RATELIMIT.POLICY SET` could not have defined.

@@ -287,7 +287,7 @@ fn admissions(scenario: &Scenario) -> Result<Vec<(u64, u64)>, TestCaseError> {
 /// What one key stores over a random call sequence of any algorithm (parameters changing among
 /// up to three sets, tiny limiters and the largest inputs), with a refund after every third call
 /// or so: the limiter after each call that left one. The store's codec must accept every one of
-/// them (store/codec.rs).
+/// them (core/src/codec/).
 pub(crate) fn stored_limiters() -> impl Strategy<Value = Vec<Limiter>> {
     changing(ALL).prop_map(|scenario| {
         let mut stored = None;
