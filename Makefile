@@ -17,7 +17,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # How long `make fuzz` runs each target, in seconds.
 FUZZ_SECONDS ?= 20
 
-.PHONY: help deps build run test test-python test-node examples fuzz lint fmt clean bench bench-clients profile memcheck test-matrix dist-deps dist test-dist
+.PHONY: help deps build run test test-python test-node examples fuzz lint fmt clean bench bench-clients bench-gateways profile memcheck test-matrix dist-deps dist test-dist
 
 help: ## List the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -84,12 +84,17 @@ bench: build ## The core's own speed per algorithm, then module vs Lua scripts, 
 	@mkdir -p target/bench
 	set -o pipefail; cargo bench -p redis-ratelimit-core | tee target/bench/core.md
 	cargo bench --config profile.bench.opt-level=3 --bench compare
-	@if [ -z "$$BENCH_ONLY" ]; then $(MAKE) --no-print-directory bench-clients; fi
+	@if [ -z "$$BENCH_ONLY" ]; then $(MAKE) --no-print-directory bench-clients bench-gateways; fi
+
+bench-gateways: export RATELIMIT_MODULE := $(MODULE)
+bench-gateways: build ## NGINX and HAProxy serving a static page: without a limiter, with this one, with their own (limit_req, a stick table), under wrk (~3 min): a table of requests/s and latency
+	bash gateways/bench.sh
 
 bench-clients: export RATELIMIT_MODULE := $(MODULE)
-bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs (~1 min; BENCH_QUICK=1: ~20 s); see target/bench/clients/
+bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs; its cost per call beside the raw clients (~2 min; BENCH_QUICK=1: ~40 s); see target/bench/clients/
 	bash clients/node/scripts/prepare.sh
 	node benches/clients/decisions.mjs
+	node benches/clients/overhead.mjs
 
 profile: export RATELIMIT_MODULE := $(MODULE)
 profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word; a policy (~15 min); see target/bench/profile/
@@ -153,6 +158,8 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	python3 lua-reference/functions/assemble.py --check
 	@command -v luacheck >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y lua-check; }
 	luacheck --no-color lua-reference/
+	# The gateways' Lua (NGINX, HAProxy and their shared core), under their own globals.
+	luacheck --no-color --config gateways/.luacheckrc gateways/
 
 fmt: ## Format the code (the workspace and fuzz/)
 	cargo fmt --all

@@ -6,7 +6,8 @@
 #     covers every file of dist/ and `sha256sum -c` accepts it.
 #  2. portable: packaging/check-library.sh passes on the shipped library (glibc floor 2.17, NEEDED
 #     glibc and libgcc_s only, non-executable stack, no debug sections) and refuses the host's own
-#     release build (glibc 2.34, debug info), so the check can fail.
+#     release build (glibc 2.34, debug info), so the check can fail; the pages' sample of it and
+#     their sizes of the library (stripped, as built) are this build's.
 #  3. ratelimit.conf names every config the module registers, with its default.
 #  4. the integration suites that exercise every command, with the shipped library, on every
 #     server tests/matrix.sh finds (the system's redis-server, Valkey 8, ../shared/servers); on the
@@ -183,6 +184,51 @@ done
 # --- 2. portable -----------------------------------------------------------------------------
 check "packaging/check-library.sh passes on the shipped library" bash packaging/check-library.sh "$lib" 2.17
 bash packaging/check-library.sh "$lib" 2.17 | sed -n 's/^check-library: ok    /    /p'
+# The pages' numbers for the shipped library are this run's. docs/operations.md's sample is what
+# check-library prints on it, run as the page runs it (in the library's folder), line for line,
+# its size to the 0.1 MB the pages round it to; README.md's "stripped (0.8 MB)" and
+# operations.md's "(0.8 MB instead of 15.6 MB)" are the sizes dist.sh reported, stripped and as
+# built (MB: 10^6 bytes).
+mb() { awk -v bytes="$1" 'BEGIN { printf "%.1f", bytes / 1000000 }'; }
+# "(819096 bytes)" -> "(0.8 MB)"
+bytes_to_mb() {
+    awk '{
+        if (match($0, /\([0-9]+ bytes\)/)) {
+            n = substr($0, RSTART + 1, RLENGTH - 8)
+            $0 = substr($0, 1, RSTART - 1) sprintf("(%.1f MB)", n / 1000000) substr($0, RSTART + RLENGTH)
+        }
+        print
+    }'
+}
+page_sample() {
+    awk '/^\$ packaging\/check-library\.sh libredis_ratelimit\.so$/ { on = 1; next } on && /^```/ { exit } on' \
+        docs/operations.md
+}
+page_sample_is_this_run() {
+    local expected actual
+    expected=$(page_sample)
+    [ -n "$expected" ] || { echo "docs/operations.md: no \`\$ packaging/check-library.sh libredis_ratelimit.so\` sample"; return 1; }
+    actual=$(cd "$(dirname "$lib")" && bash "$root/packaging/check-library.sh" libredis_ratelimit.so)
+    diff <(bytes_to_mb <<<"$expected") <(bytes_to_mb <<<"$actual") >/dev/null && return 0
+    echo "docs/operations.md's sample (sizes to 0.1 MB):"
+    diff <(bytes_to_mb <<<"$expected") <(bytes_to_mb <<<"$actual") | sed 's/^/  /'
+    echo "this run prints (paste it into the page):"
+    sed 's/^/  /' <<<"$actual"
+    return 1
+}
+check "docs/operations.md's check-library sample is what it prints on the shipped library" page_sample_is_this_run
+page_sizes_are_this_run() {
+    local sizes built stripped status=0
+    sizes=$(sed -n 's/^dist: library: \([0-9]*\) bytes as built, \([0-9]*\) stripped$/\1 \2/p' "$log_dir/dist.log")
+    read -r built stripped <<<"$sizes"
+    [ -n "${stripped:-}" ] || { echo "dist.log has no 'dist: library: N bytes as built, M stripped' line"; return 1; }
+    grep -qF "stripped ($(mb "$stripped") MB)" README.md ||
+        { echo "README.md: not 'stripped ($(mb "$stripped") MB)' ($stripped bytes)"; status=1; }
+    grep -qF "($(mb "$stripped") MB instead of $(mb "$built") MB)" docs/operations.md ||
+        { echo "docs/operations.md: not '($(mb "$stripped") MB instead of $(mb "$built") MB)' ($stripped and $built bytes)"; status=1; }
+    return $status
+}
+check "the pages' sizes of the library are this build's (README.md, docs/operations.md)" page_sizes_are_this_run
 no_build_paths() {
     local found
     found=$(strings "$lib" | grep -F -e "$root" -e "$(realpath -m "${CARGO_HOME:-$HOME/.cargo}")" | head -n 5)
@@ -214,9 +260,9 @@ check "ratelimit.conf shows every config CONFIG GET ratelimit.* lists, with its 
 # One suite per concern, together every command: CHECK, PEEK, RESET, INFO (commands), CHECKALL,
 # REFUND, BLOCK, ACQUIRE/RELEASE (leases), POLICY (policies), CL.THROTTLE and GCRA (dialects),
 # APPLY (policies::replication, operations), the configs (module_configs), RDB (persistence),
-# and the pages' redis-cli sessions (snippets; on the system's redis-server only).
+# and the pages' blocks in order on one server (snippets; on the system's redis-server only).
 suites="commands:: checkall:: refund:: block:: leases:: policies:: dialects:: module_configs:: persistence:: operations::"
-suites+=" snippets::redis_cli_sessions_and_transcripts_answer_as_the_pages_show"
+suites+=" snippets::the_pages_run_top_to_bottom_on_one_server"
 # The Functions library's tests (functions::refund::..., functions::leases::...) match those names
 # too; they test the library, not the module, and take two thirds of the time.
 suites+=" --skip functions::"

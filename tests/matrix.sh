@@ -5,16 +5,19 @@
 # Servers: the system `redis-server`; Valkey 8 (`valkey-server`, installed from Debian's
 # bookworm-backports suite when missing, on the mirror the machine's apt sources already use); and
 # each `redis-server` and `valkey-server` under ../shared/servers/*/ when that folder exists (Redis
-# 7.2, 7.4, 8.0, Valkey 7.2). A test that needs something a server lacks records a skip
-# (`common::skip`) and returns: the "skipped" column counts those tests, which are not counted as
-# passed (tests/summary.sh, as `make test` counts them).
+# 7.2, 7.4, 8.0-m01, Valkey 7.2); and Debian 13's Redis 8.0 and Valkey 8.1, run from a trixie
+# root that tests/debian13.sh makes with debootstrap from the same mirror (cached in
+# target/debian13/). A test that needs something a server lacks records a skip (`common::skip`)
+# and returns: the "skipped" column counts those tests, which are not counted as passed
+# (tests/summary.sh, as `make test` counts them).
 #
 # Environment: RATELIMIT_MODULE (set by make), MATRIX_SERVERS (a space-separated list of server
-# binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey), MATRIX_TESTS
-# (the integration test binary's arguments, e.g. `commands:: leases:: --skip functions::`: only those
-# tests run on each server; `make test-dist` runs a subset that covers every command this way),
-# MATRIX_SKIP (server binaries to leave out, each said on a line: .ci/run leaves out the system's
-# redis-server, on which `make test` has just run the same tests with the same module).
+# binaries, instead of discovering them), MATRIX_NO_INSTALL=1 (never apt-get Valkey nor make the
+# Debian 13 root), MATRIX_TESTS (the integration test binary's arguments, e.g. `commands::
+# leases:: --skip functions::`: only those tests run on each server; `make test-dist` runs a
+# subset that covers every command this way), MATRIX_SKIP (server binaries to leave out, each
+# said on a line: .ci/run leaves out the system's redis-server, on which `make test` has just run
+# the same tests with the same module).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -67,6 +70,14 @@ else
         [ -x "$server" ] && servers+=("$(realpath "$server")")
     done
     [ -d ../shared/servers ] || echo "matrix: ../shared/servers is absent: only the local servers are tested"
+    # Debian 13's Redis 8.0 and Valkey 8.1, from a trixie root tests/debian13.sh makes (cached).
+    if [ "${MATRIX_NO_INSTALL:-0}" = 1 ] && [ ! -f target/debian13/root/.ready ]; then
+        echo "matrix: MATRIX_NO_INSTALL=1 and no Debian 13 root yet: Redis 8.0 and Valkey 8.1 are not tested"
+    elif debian13=$(bash tests/debian13.sh | tail -n 1) && [ -x "$debian13/redis-server" ]; then
+        servers+=("$debian13/redis-server" "$debian13/valkey-server")
+    else
+        echo "matrix: the Debian 13 root could not be made: Redis 8.0 and Valkey 8.1 are not tested" >&2
+    fi
 fi
 if [ -n "${MATRIX_SKIP:-}" ]; then
     kept=()
@@ -86,7 +97,9 @@ if [ -n "${MATRIX_TESTS:-}" ]; then
     read -r -a filters <<<"$MATRIX_TESTS"
     cargo_args=(--test integration --no-fail-fast -- "${filters[@]}")
 else
-    cargo_args=(--tests --no-fail-fast)
+    # The gateways' tests (NGINX, HAProxy) test the proxies' Lua, not the server: `make test`
+    # runs them on the system's redis-server.
+    cargo_args=(--tests --no-fail-fast -- --skip gateways::)
 fi
 
 # Compile the test binaries once, outside the per-server runs.
@@ -100,7 +113,8 @@ total_skipped=0
 for server in "${servers[@]}"; do
     version=$("$server" --version | grep -o 'v=[^ ]*' | cut -c3-)
     name=redis
-    cli=$(command -v redis-cli)
+    cli=$(dirname "$server")/redis-cli
+    [ -x "$cli" ] || cli=$(command -v redis-cli)
     case $(basename "$server") in
         valkey*)
             name=valkey
@@ -111,9 +125,14 @@ for server in "${servers[@]}"; do
     label="$name $version"
     # A preview reports its own version number (8.0-m01 says 7.9.224): name its folder too.
     folder=$(basename "$(dirname "$server")")
-    case $folder in
-        "$name-$version" | bin | sbin) ;;
-        *) label="$label ($folder)" ;;
+    case $server in
+        */target/debian13/bin/*) label="$label (Debian 13)" ;;
+        *)
+            case $folder in
+                "$name-$version" | bin | sbin) ;;
+                *) label="$label ($folder)" ;;
+            esac
+            ;;
     esac
     log="$log_dir/${name}-${version}.log"
     echo "matrix: $label ($server)"

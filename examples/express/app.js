@@ -1,5 +1,6 @@
-// The example API: `GET /` limited per X-API-Key, and `POST /jobs`, which also holds a
-// concurrency lease while it works and refunds its rate cost when it fails. The limiting is
+// The example API: `GET /` limited per X-API-Key (per client address without one), and
+// `POST /jobs`, which also holds a concurrency lease while it works and refunds its rate cost
+// when it fails. The limiting is
 // redis-ratelimit-client's (clients/node): its RateLimiter (the module, else the Functions
 // library it loads), its Express middleware and its headers.
 //
@@ -12,7 +13,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 const express = require('express');
 const { createClient } = require('redis');
-const { RateLimiter, RateLimited, RateLimitError, RateLimitUnavailable, limit, policy, rateLimitHeaders } = require('redis-ratelimit-client');
+const { RateLimiter, RateLimited, RateLimitError, RateLimitUnavailable, addressKey, limit, policy, rateLimitHeaders } = require('redis-ratelimit-client');
 const { rateLimit } = require('redis-ratelimit-client/express');
 
 const configPath = process.env.RATELIMIT_CONFIG || path.join(__dirname, 'ratelimit.json');
@@ -78,16 +79,19 @@ async function start() {
   }
 }
 
+// Who a request counts as: its API key, else its client address (`ip:<req.ip>`, as the
+// middleware does by itself; Express's `trust proxy` setting decides which address that is).
+const caller = (req) => (req.get('X-API-Key') ? `${config.key_prefix}:${req.get('X-API-Key')}` : addressKey(req.ip));
+
 const app = express();
 app.disable('x-powered-by');
 app.use(express.json());
-// Every request needs an API key (a 401 is not counted); then the limit, per key.
-app.use((req, res, next) => (req.get('X-API-Key') ? next() : res.status(401).json({ error: 'missing X-API-Key' })));
-app.use(rateLimit({ limiter, limit: apiPolicy, key: (req) => `${config.key_prefix}:${req.get('X-API-Key')}` }));
+// The limit, per caller: a request without a key is limited by its address.
+app.use(rateLimit({ limiter, limit: apiPolicy, key: caller }));
 // Shadow mode: admitted, and said in the log.
 app.use((req, res, next) => {
   if (req.rateLimit?.shadowRejected) {
-    console.warn(`ratelimit: shadow policy '${policyName}' would have rejected ${config.key_prefix}:${req.get('X-API-Key')}; admitted`);
+    console.warn(`ratelimit: shadow policy '${policyName}' would have rejected ${caller(req)}; admitted`);
   }
   next();
 });
@@ -101,12 +105,13 @@ class JobFailed extends Error {
   }
 }
 
-// Runs a job of `work_ms` (at most 5000) ms holding a lease on `jobs:<api key>`;
+// Runs a job of `work_ms` (at most 5000) ms holding a lease on `jobs:<api key>` (without a key,
+// `jobs:ip:<address>`);
 // `{"fail": true}` makes it fail with a 500 (and the error handler gives its rate cost back).
 app.post('/jobs', async (req, res) => {
   const job = req.body ?? {};
   const workMs = Math.min(Number(job.work_ms ?? 100), 5000);
-  const leaseKey = `${config.jobs.key_prefix}:${req.get('X-API-Key')}`;
+  const leaseKey = `${config.jobs.key_prefix}:${req.get('X-API-Key') || addressKey(req.ip)}`;
   try {
     // The lease is released when the function ends, however it ends, before the answer is sent.
     const done = await limiter.withLease(leaseKey, config.jobs.limit, config.jobs.lease, async () => {
@@ -137,7 +142,7 @@ app.use(async (error, req, res, next) => {
   console.error(error.stack ?? error);
   if (req.rateLimit && req.rateLimit.source !== 'error') {
     try {
-      const refunded = await limiter.refund(`${config.key_prefix}:${req.get('X-API-Key')}`, apiPolicy, 1);
+      const refunded = await limiter.refund(caller(req), apiPolicy, 1);
       if (refunded.source !== 'error') res.set(rateLimitHeaders(refunded, policyName));
     } catch (refundError) {
       console.warn(`ratelimit: refund not done: ${refundError.message}`);

@@ -366,7 +366,12 @@ fn module_load_at_run_time_validates_too() {
     let Value::Array(modules) = modules else {
         panic!("{modules:?}")
     };
-    assert_eq!(modules.len(), 1, "{modules:?}");
+    // Ours once; Redis 8 lists its built-in modules (vectorset) beside it.
+    let ours = modules
+        .iter()
+        .filter(|module| format!("{module:?}").contains("\"ratelimit\""))
+        .count();
+    assert_eq!(ours, 1, "{modules:?}");
     assert_eq!(
         check(&mut con, "k", &["sliding-log", "7", "1s"]).unwrap()[0],
         1

@@ -2,7 +2,7 @@
 // `ratelimit.library`), then the ES module and CommonJS builds with their type declarations.
 //   node scripts/build.mjs            build dist/
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -25,6 +25,10 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   );
   rmSync(join(root, 'dist'), { recursive: true, force: true });
   const tsc = join(root, 'node_modules/typescript/bin/tsc');
+  if (!existsSync(tsc)) {
+    console.error('redis-ratelimit-client: the build needs the package\'s dev dependencies (TypeScript): run `npm ci` in clients/node first');
+    process.exit(1);
+  }
   execFileSync(process.execPath, [tsc, '-p', 'tsconfig.json', '--outDir', 'dist/esm'], { cwd: root, stdio: 'inherit' });
   execFileSync(process.execPath, [tsc, '-p', 'tsconfig.json', '--outDir', 'dist/cjs', '--module', 'commonjs', '--moduleResolution', 'node10'],
     { cwd: root, stdio: 'inherit' });

@@ -136,7 +136,7 @@ export function limit(
   options: { burst?: number; block?: Period; batch?: Period; batchMax?: number } = {},
 ): Limit {
   if (!(ALGORITHMS as readonly string[]).includes(algorithm)) {
-    throw new TypeError(`unknown algorithm ${describe(algorithm)}: expected one of ${ALGORITHMS.join(', ')}`);
+    throw new TypeError(`algorithm must be one of ${ALGORITHMS.join(', ')}, not ${describe(algorithm)}`);
   }
   integer('limit', limit, 1, MAX_VALUE);
   const result: { -readonly [K in keyof Limit]: Limit[K] } = {
@@ -169,7 +169,7 @@ export function limit(
  * not exist (the Functions library) or the server does not have it. */
 export function policy(name: string, options: { fallback?: Limit } = {}): Policy {
   if (typeof name !== 'string' || !POLICY_NAME.test(name)) {
-    throw new TypeError(`policy name must be 1 to 64 characters of A-Z, a-z, 0-9, '_', '-' and '.', not ${describe(name)}`);
+    throw new TypeError(`name (a policy's) must be 1 to 64 characters of A-Z, a-z, 0-9, '_', '-' and '.', not ${describe(name)}`);
   }
   const fallback = options?.fallback;
   if (fallback !== undefined && !isLimit(fallback)) throw new TypeError('fallback must be a limit(...)');
@@ -194,8 +194,10 @@ export function checkKey(key: unknown, what = 'key'): string {
   return key;
 }
 
-export function checkCost(cost: unknown, min = 0): number {
-  return integer('cost', cost, min, MAX_VALUE);
+/** A number of units (a cost, `take`'s max, `acquire`'s n): an integer from `min` to 10^12; the
+ * error names `what`, the caller's argument. */
+export function checkCost(cost: unknown, min = 0, what = 'cost'): number {
+  return integer(what, cost, min, MAX_VALUE);
 }
 
 /** `AT unix-ms` when given: evaluate at that time instead of the server's clock (replays and
@@ -217,8 +219,6 @@ export function limitArgs(lim: Limit, withBlock = true): string[] {
 export function specArgs(spec: LimitSpec): string[] {
   return isPolicy(spec) ? ['POLICY', spec.name] : limitArgs(spec);
 }
-
-const FIELDS = ['allowed', 'limit', 'remaining', 'retry_after_ms', 'reset_after_ms', 'delay_ms'] as const;
 
 function toNumber(value: unknown): number {
   if (typeof value === 'boolean') return value ? 1 : 0;
@@ -247,35 +247,45 @@ export function pairs(reply: unknown): Record<string, unknown> {
   throw new TypeError(`unexpected reply ${describe(reply)}`);
 }
 
-/** One decision from a reply: six integers (RESP2, the library) or a map (RESP3). */
 /** A RESP3 map that the client flattened into `[field, value, ...]` (ioredis 6). */
 function flatMap(reply: unknown): boolean {
-  return Array.isArray(reply) && reply.length > 0 && ['allowed', 'granted'].includes(text(reply[0]));
+  if (!Array.isArray(reply) || reply.length === 0) return false;
+  const first = reply[0];
+  if (typeof first === 'number' || typeof first === 'bigint' || typeof first === 'boolean') return false;
+  const name = text(first);
+  return name === 'allowed' || name === 'granted';
 }
 
-/** One decision from a reply of cost `cost` (`granted` when admitted). With `cost` null, the
- * reply is TAKE's: its first field (`granted` under RESP3) is the grant. */
+/** One decision from a reply of cost `cost` (`granted` when admitted): six integers (RESP2, the
+ * library) or a map (RESP3: a Map, an object, or a flattened array). With `cost` null, the reply
+ * is TAKE's: its first field (`granted` under RESP3) is the grant. */
 export function decision(reply: unknown, source: Source, periodMs: number, cost: number | null = 0): Decision {
-  let values: unknown[];
+  let v0: unknown, v1: unknown, v2: unknown, v3: unknown, v4: unknown, v5: unknown;
   if (Array.isArray(reply) && !flatMap(reply)) {
-    values = reply.slice(0, 6);
+    [v0, v1, v2, v3, v4, v5] = reply;
   } else {
-    const named = pairs(reply);
-    values = (cost === null ? ['granted', ...FIELDS.slice(1)] : FIELDS).map((field) => named[field]);
+    const first = cost === null ? 'granted' : 'allowed';
+    if (reply instanceof Map) {
+      [v0, v1, v2, v3, v4, v5] = [reply.get(first), reply.get('limit'), reply.get('remaining'), reply.get('retry_after_ms'), reply.get('reset_after_ms'), reply.get('delay_ms')];
+    }
+    if (v0 === undefined) {
+      const named = pairs(reply);
+      [v0, v1, v2, v3, v4, v5] = [named[first], named.limit, named.remaining, named.retry_after_ms, named.reset_after_ms, named.delay_ms];
+    }
   }
-  if (values.length !== 6 || values.some((v) => v === undefined || v === null)) {
+  if (v0 == null || v1 == null || v2 == null || v3 == null || v4 == null || v5 == null) {
     throw new TypeError(`unexpected decision reply ${JSON.stringify(reply)}`);
   }
-  const [first, lim, remaining, retryAfterMs, resetAfterMs, delayMs] = values.map(toNumber);
-  const allowed = cost === null ? first > 0 : first === 1;
+  const head = toNumber(v0);
+  const allowed = cost === null ? head > 0 : head === 1;
   return {
     allowed,
-    granted: cost === null ? first : allowed ? cost : 0,
-    limit: lim,
-    remaining,
-    retryAfterMs,
-    resetAfterMs,
-    delayMs,
+    granted: cost === null ? head : allowed ? cost : 0,
+    limit: toNumber(v1),
+    remaining: toNumber(v2),
+    retryAfterMs: toNumber(v3),
+    resetAfterMs: toNumber(v4),
+    delayMs: toNumber(v5),
     source,
     shadowRejected: false,
     periodMs,

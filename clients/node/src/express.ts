@@ -7,6 +7,8 @@ export type { RateLimitOptions } from './http.js';
 // The parts of Express's request and response this uses (Express 4 and 5).
 interface Request {
   rateLimit?: Decision;
+  ip?: string;
+  socket?: { remoteAddress?: string };
 }
 interface Response {
   set(headers: Record<string, string>): unknown;
@@ -15,11 +17,13 @@ interface Response {
 }
 type Next = (error?: unknown) => void;
 
-/** Limits each request (the key of `key(req)`), sets the RateLimit headers on every limited
+/** Limits each request (the key of `key(req)`, else the client address `req.ip`), sets the RateLimit headers on every limited
  * answer, answers 429 (with Retry-After and `{ error, policy, retry_after_ms }`) when refused and
  * 503 when Redis is unavailable and onError is `'closed'`; `req.rateLimit` holds the decision. */
 export function rateLimit<Req extends Request = any>(options: RateLimitOptions<Req>) {
-  const checked = checkOptions(options);
+  // req.ip: the client address as Express's `trust proxy` setting reads it (the socket's peer
+  // without it; with it, from X-Forwarded-For as far as the proxies it trusts).
+  const checked = checkOptions(options, (req: Req) => req.ip ?? req.socket?.remoteAddress, 'Express req.ip');
   return async function rateLimitMiddleware(req: Req, res: Response, next: Next): Promise<void> {
     let outcome;
     try {

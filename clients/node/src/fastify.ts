@@ -11,6 +11,7 @@ export type { RateLimitOptions } from './http.js';
 // The parts of Fastify's instance, request and reply this uses (Fastify 4 and 5).
 interface Request {
   rateLimit?: Decision;
+  ip?: string;
 }
 interface Reply {
   headers(values: Record<string, string>): Reply;
@@ -23,14 +24,16 @@ interface Instance {
   hasRequestDecorator?(name: string): boolean;
 }
 
-/** An `onRequest` hook limiting each request (the key of `key(request)`): the RateLimit headers
+/** An `onRequest` hook limiting each request (the key of `key(request)`, else the client address
+ * `request.ip`): the RateLimit headers
  * on every limited answer, 429 (with Retry-After and `{ error, policy, retry_after_ms }`) when
  * refused, 503 when Redis is unavailable and onError is `'closed'`; `request.rateLimit` holds the
  * decision. */
 export const rateLimit: FastifyPluginAsync<RateLimitOptions<FastifyRequest>> = plugin as unknown as FastifyPluginAsync<RateLimitOptions<FastifyRequest>>;
 
 async function plugin<Req extends Request>(app: Instance, options: RateLimitOptions<Req>): Promise<void> {
-  const checked = checkOptions(options);
+  // request.ip: the client address as Fastify's `trustProxy` option reads it.
+  const checked = checkOptions(options, (request: Req) => request.ip, 'Fastify request.ip');
   if (app.decorateRequest && !app.hasRequestDecorator?.('rateLimit')) app.decorateRequest('rateLimit', null);
   app.addHook('onRequest', async (request: Req, reply: Reply) => {
     const outcome = await decideRequest(checked, request);

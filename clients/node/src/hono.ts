@@ -13,13 +13,32 @@ interface Context {
   header(name: string, value: string): void;
   json(body: unknown, status?: number): Response;
   set(key: 'rateLimit', value: Decision): void;
+  env?: unknown;
+  req: { raw: Request };
 }
 
-/** Limits each request (the key of `key(c)`): the RateLimit headers on every limited answer, 429
+/** The peer address of a request from what the server passed along with it: @hono/node-server's
+ * `{ incoming }` (Node's socket), Bun's server (`requestIP`), Deno's `ServeHandlerInfo`
+ * (`remoteAddr`). No header is read: behind a proxy, give `key`. */
+function peer(env: unknown, request: Request): string | undefined {
+  const e = env as {
+    incoming?: { socket?: { remoteAddress?: string } };
+    requestIP?: (request: Request) => { address?: string } | null;
+    remoteAddr?: { hostname?: string };
+  } | undefined;
+  if (!e || typeof e !== 'object') return undefined;
+  return e.incoming?.socket?.remoteAddress
+    ?? (typeof e.requestIP === 'function' ? e.requestIP(request)?.address : undefined)
+    ?? e.remoteAddr?.hostname;
+}
+const WHERE = "the socket's peer from @hono/node-server, Bun or Deno";
+
+/** Limits each request (the key of `key(c)`, else the client address the server gives: Node's
+ * socket through @hono/node-server, Bun's, Deno's): the RateLimit headers on every limited answer, 429
  * (with Retry-After and `{ error, policy, retry_after_ms }`) when refused, 503 when Redis is
  * unavailable and onError is `'closed'`; `c.get('rateLimit')` holds the decision. */
 export function rateLimit<C extends Context = any>(options: RateLimitOptions<C>) {
-  const checked = checkOptions(options);
+  const checked = checkOptions(options, (c: C) => peer(c.env, c.req.raw), WHERE);
   return async function rateLimitMiddleware(c: C, next: () => Promise<void>): Promise<Response | void> {
     const outcome = await decideRequest(checked, c);
     if (outcome.kind === 'skip') return next();
@@ -40,9 +59,9 @@ export function limitFetch<Args extends unknown[]>(
   handler: (request: Request, ...rest: Args) => Response | Promise<Response>,
   options: RateLimitOptions<Request>,
 ): (request: Request, ...rest: Args) => Promise<Response> {
-  const checked = checkOptions(options);
+  const checked = checkOptions(options, (request: Request, env?: unknown) => peer(env, request), WHERE);
   return async (request: Request, ...rest: Args) => {
-    const outcome = await decideRequest(checked, request);
+    const outcome = await decideRequest(checked, request, ...rest);
     if (outcome.kind === 'skip') return handler(request, ...rest);
     if (outcome.kind === 'unavailable') return json(outcome.body, outcome.status, {});
     if (outcome.status === 429) return json(outcome.body, 429, outcome.headers);

@@ -16,5 +16,5 @@ export {
 } from './core.js';
 export { RateLimited, RateLimitError, RateLimitUnavailable } from './errors.js';
 export { LIBRARY_NAME, Policies, RateLimiter, type CallOptions, type Logger, type RateLimiterOptions, type Stats } from './limiter.js';
-export { rateLimitHeaders, type RateLimitOptions } from './http.js';
+export { addressKey, rateLimitHeaders, type RateLimitOptions } from './http.js';
 export { LIBRARY } from './generated/library.js';

@@ -37,6 +37,11 @@ import { LIBRARY } from './generated/library.js';
 import { LocalLimiter, localDecision, type Reply } from './local.js';
 import { DenialCache } from './cache.js';
 
+/** The default bound on every call: a limiter in front of a request must not add more. */
+export const DEFAULT_TIMEOUT_MS = 100;
+/** The most close() waits for the answers of calls that timed out, by default. */
+const CLOSE_WAIT_MS = 5000;
+
 /** The most keys the in-process limiter of `onError: 'local'` holds. */
 const LOCAL_KEYS = 10000;
 
@@ -91,7 +96,7 @@ export interface RateLimiterOptions {
    * Redis is unavailable, more than 0 and at most 1 (default 1): the local limit and burst are
    * ⌊x · localShare⌋, at least 1. */
   localShare?: number;
-  /** The most any call may take, whatever the client's own settings (default 500 ms). */
+  /** The most any call may take, whatever the client's own settings (default 100 ms). */
   timeoutMs?: number;
   /** `'auto'` (default): the module's commands, else the Functions library; or only one. */
   engine?: 'auto' | 'module' | 'library';
@@ -128,6 +133,8 @@ export interface Stats {
   batchRefunded: number;
   /** Units this limiter's batches hold now: taken, not yet admitted or given back. */
   held: number;
+  /** Replies that arrived after their call's timeout fired (what they took was given back). */
+  lateReplies: number;
 }
 
 /** The options of a call: its cost (default 1), and `at`, a time in ms since the Unix epoch to
@@ -173,13 +180,83 @@ class Breaker {
 
 class Timeout extends Error {}
 
-function bounded<T>(promise: Promise<T>, ms: number): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Timeout(`Redis did not answer within ${ms} ms`)), ms);
-  });
-  promise.catch(() => {}); // answered after the timeout: nobody waits for it any more
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+/** A call in flight, bounded by its deadline. */
+interface Bounded {
+  deadline: number;
+  settled: boolean;
+  expire(): void;
+}
+
+/** The deadlines of a limiter's calls in flight. Every call gets the same timeout, so deadlines
+ * come in the order the calls start: a queue holds them, and one timer, armed at the earliest
+ * deadline not yet settled, serves them all (a timer per call costs more than the rest of the
+ * package's work on a call). Each call still ends at its own deadline (to the timer's ms). */
+class Deadlines {
+  private queue: Array<Bounded | undefined> = [];
+  private head = 0;
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  /** Whether the timer keeps the process alive: while calls are in flight, as a timer per call
+   * would; not once they are all settled (it then only sweeps an empty queue). */
+  private referenced = false;
+  constructor(private readonly ms: number) {}
+
+  add(call: Bounded): void {
+    call.deadline = performance.now() + this.ms;
+    this.queue.push(call);
+    if (this.timer === null) this.arm(this.ms);
+    else if (!this.referenced) {
+      this.timer.ref?.();
+      this.referenced = true;
+    }
+  }
+
+  /** A call settled: the calls settled at the head leave the queue now (sequential calls settle
+   * in order, so the queue holds only the calls in flight, and nothing outlives its call). */
+  settled(): void {
+    const queue = this.queue;
+    let i = this.head;
+    while (i < queue.length && queue[i]!.settled) queue[i++] = undefined;
+    if (i === queue.length) {
+      queue.length = 0;
+      this.head = 0;
+      if (this.referenced) {
+        this.timer?.unref?.();
+        this.referenced = false;
+      }
+    } else {
+      this.head = i;
+    }
+  }
+
+  private arm(ms: number): void {
+    this.timer = setTimeout(this.sweep, ms);
+    this.referenced = true;
+  }
+
+  private readonly sweep = (): void => {
+    this.timer = null;
+    this.referenced = false;
+    const now = performance.now();
+    const queue = this.queue;
+    let i = this.head;
+    for (; i < queue.length; i += 1) {
+      const call = queue[i]!;
+      if (!call.settled && call.deadline > now) break;
+      queue[i] = undefined;
+      if (!call.settled) call.expire();
+    }
+    if (i === queue.length) {
+      queue.length = 0;
+      this.head = 0;
+      return;
+    }
+    this.head = i;
+    if (i > 1024 && i * 2 > queue.length) {
+      queue.splice(0, i);
+      this.head = 0;
+    }
+    this.arm(Math.max(1, Math.ceil(queue[this.head]!.deadline - now)));
+  };
 }
 
 /** The calls on one limit, and the module's command for each. */
@@ -210,6 +287,10 @@ interface Batch {
   at0?: number;
   /** The last TAKE's decision: what local answers report. */
   taken: Decision | null;
+  /** When (the limiter's clock) the TAKEs' delay_ms and reset_after_ms end: local answers count
+   * them down. */
+  delayUntil: number;
+  resetUntil: number;
   /** The TAKE in flight: null when it granted, the refusal when it did not. */
   inFlight: Promise<Decision | null> | null;
   /** Units asked by callers waiting for it. */
@@ -238,7 +319,7 @@ export class Policies {
   /** Defines (or replaces) `name` as `lim`; `shadow`: admit what it would refuse, and count it. */
   async set(name: string, lim: Limit, options: { shadow?: boolean } = {}): Promise<void> {
     const spec = checkSpec(lim);
-    if (isPolicy(spec)) throw new TypeError('a policy is defined by a limit(...)');
+    if (isPolicy(spec)) throw new TypeError('limit must be a limit(...): a policy is defined by one, not by another policy(...)');
     const args = ['RATELIMIT.POLICY', 'SET', policyName(name), ...limitArgs(spec)];
     if (options.shadow) args.push('SHADOW');
     await this.rl._admin(args, true);
@@ -264,7 +345,7 @@ export class Policies {
 }
 
 function policyName(name: unknown): string {
-  if (typeof name !== 'string' || name === '') throw new TypeError('a policy name must be a non-empty string');
+  if (typeof name !== 'string' || name === '') throw new TypeError(`name must be a non-empty string (a policy's name), not ${describeValue(name)}`);
   return name;
 }
 
@@ -295,6 +376,9 @@ export class RateLimiter {
   private readonly denials: DenialCache | null;
   private readonly batches = new Map<string, Batch>();
   private readonly refunds = new Set<Promise<void>>();
+  /** Calls whose timeout fired, until they are answered: close() waits for them. */
+  private readonly late = new Set<Promise<void>>();
+  private readonly deadlines: Deadlines;
   private readonly counters: Stats = {
     commands: 0,
     decisions: { module: 0, library: 0, error: 0, cache: 0, local: 0, fallback: 0 },
@@ -302,29 +386,33 @@ export class RateLimiter {
     batchUsed: 0,
     batchRefunded: 0,
     held: 0,
+    lateReplies: 0,
   };
   private readonly scaledLimits = new WeakMap<Limit, Limit>();
+  private readonly limitArgsCache = new WeakMap<Limit, string[]>();
   private readonly warned = new Set<string>();
   private down = false;
   private libraryAnnounced = false;
 
   constructor(client: unknown, options: RateLimiterOptions = {}) {
     this.transport = counting(transport(client), () => (this.counters.commands += 1));
-    const { onError = 'open', timeoutMs = 500, engine = 'auto', libraryPrefix = 'fn:', loadLibrary = true } = options;
+    const { onError = 'open', timeoutMs = DEFAULT_TIMEOUT_MS, engine = 'auto', libraryPrefix = 'fn:', loadLibrary = true } = options;
     if (!['open', 'closed', 'local'].includes(onError)) throw new TypeError(`onError must be 'open', 'closed' or 'local', not ${describeValue(onError)}`);
     const localShare = options.localShare ?? 1;
     if (typeof localShare !== 'number' || Number.isNaN(localShare)) throw new TypeError(`localShare must be a number, not ${describeValue(localShare)}`);
     if (!(localShare > 0 && localShare <= 1)) throw new RangeError(`localShare must be more than 0 and at most 1, not ${localShare}`);
     this.localShare = localShare;
-    if (!['auto', 'module', 'library'].includes(engine)) throw new TypeError(`engine must be 'auto', 'module' or 'library', not '${engine}'`);
-    if (!(Number.isFinite(timeoutMs) && timeoutMs > 0)) throw new TypeError('timeoutMs must be a positive number of ms');
-    if (typeof libraryPrefix !== 'string') throw new TypeError('libraryPrefix must be a string');
+    if (!['auto', 'module', 'library'].includes(engine)) throw new TypeError(`engine must be 'auto', 'module' or 'library', not ${describeValue(engine)}`);
+    if (!(typeof timeoutMs === 'number' && Number.isFinite(timeoutMs) && timeoutMs > 0)) throw new TypeError(`timeoutMs must be a positive number of ms, not ${describeValue(timeoutMs)}`);
+    if (typeof libraryPrefix !== 'string') throw new TypeError(`libraryPrefix must be a string, not ${describeValue(libraryPrefix)}`);
+    if (typeof loadLibrary !== 'boolean') throw new TypeError(`loadLibrary must be true or false, not ${describeValue(loadLibrary)}`);
     const failures = options.breaker?.failures ?? 3;
     const cooldownMs = options.breaker?.cooldownMs ?? 1000;
-    if (!(Number.isInteger(failures) && failures >= 1)) throw new TypeError('breaker.failures must be an integer of at least 1');
-    if (!(Number.isFinite(cooldownMs) && cooldownMs >= 0)) throw new TypeError('breaker.cooldownMs must be a number of ms');
+    if (!(Number.isInteger(failures) && failures >= 1)) throw new TypeError(`breaker.failures must be an integer of at least 1, not ${describeValue(failures)}`);
+    if (!(typeof cooldownMs === 'number' && Number.isFinite(cooldownMs) && cooldownMs >= 0)) throw new TypeError(`breaker.cooldownMs must be a number of ms, not ${describeValue(cooldownMs)}`);
     this.onError = onError;
     this.timeoutMs = timeoutMs;
+    this.deadlines = new Deadlines(timeoutMs);
     this.engineOption = engine;
     this.libraryPrefix = libraryPrefix;
     this.loadLibraryOption = loadLibrary;
@@ -335,8 +423,14 @@ export class RateLimiter {
     if (denials < 0) throw new RangeError(`denialCache must be 0 (off) or more, not ${denials}`);
     this.denials = denials > 0 ? new DenialCache(denials, this.now) : null;
     this.breaker = new Breaker(failures, cooldownMs, this.now);
-    this.policyRefreshMs = options.policyRefreshMs ?? 10000;
-    this.logger = options.logger ?? console;
+    const policyRefreshMs = options.policyRefreshMs ?? 10000;
+    if (!(typeof policyRefreshMs === 'number' && Number.isFinite(policyRefreshMs) && policyRefreshMs >= 0)) {
+      throw new TypeError(`policyRefreshMs must be a number of ms, not ${describeValue(policyRefreshMs)}`);
+    }
+    this.policyRefreshMs = policyRefreshMs;
+    const logger = options.logger ?? console;
+    if (typeof logger?.info !== 'function' || typeof logger?.warn !== 'function') throw new TypeError('logger must have info(message) and warn(message)');
+    this.logger = logger;
     this.policies = new Policies(this);
     if (engine !== 'auto') this.engineInUse = engine;
   }
@@ -352,7 +446,105 @@ export class RateLimiter {
   }
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
-  async check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+  check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
+    // The common case, an inline limit without batches or a denial cache on the module, in one
+    // step; the rest below. Both answer the same.
+    if (this.denials === null && this.engineInUse === 'module' && isLimit(spec) && spec.batchMs === undefined) {
+      let cost: number;
+      try {
+        cost = checkCost(options.cost ?? 1);
+        checkKey(key);
+        if (options.at !== undefined) atArgs(options.at);
+      } catch (error) {
+        return Promise.reject(error);
+      }
+      return this.fastCheck(key, spec, cost, options.at);
+    }
+    return this.checkAny(key, spec, options);
+  }
+
+  /** `check` of an inline limit on the module, without batches or a denial cache: what single()
+   * and decide() do, with one promise and no intermediate steps (the package's own work is then
+   * a few µs of a call). */
+  private fastCheck(key: string, lim: Limit, cost: number, at: number | undefined): Promise<Decision> {
+    const args = [COMMANDS.check, key, ...this.argsOf(lim), 'COST', String(cost)];
+    if (at !== undefined) args.push('AT', String(at));
+    return new Promise<Decision>((resolve, reject) => {
+      // Redis unavailable (onError), or the caller's mistake (rejects).
+      const fallBack = (error: unknown) => {
+        try {
+          resolve(this.counted(this.unavailable(this.failed(error), lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at))));
+        } catch (failure) {
+          reject(failure);
+        }
+      };
+      if (!this.breaker.allow()) {
+        fallBack(new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)'));
+        return;
+      }
+      let sent: Promise<unknown>;
+      try {
+        sent = this.transport.send(args, key, false);
+      } catch (error) {
+        fallBack(error);
+        return;
+      }
+      const call: Bounded = {
+        deadline: 0,
+        settled: false,
+        expire: () => {
+          call.settled = true;
+          fallBack(new Timeout(`Redis did not answer within ${this.timeoutMs} ms`));
+          const after = sent.then(
+            () => {},
+            () => {},
+          );
+          this.late.add(after);
+          void after.finally(() => this.late.delete(after));
+        },
+      };
+      sent.then(
+        (reply) => {
+          if (call.settled) {
+            // Answered after its timeout: what it consumed goes back.
+            this.counters.lateReplies += 1;
+            try {
+              this.lateGrant(key, lim, decision(reply, 'module', lim.periodMs, cost), at);
+            } catch {
+              // not a decision: nothing known to give back
+            }
+            return;
+          }
+          call.settled = true;
+          this.deadlines.settled();
+          let d: Decision;
+          try {
+            d = decision(reply, 'module', lim.periodMs, cost);
+          } catch (error) {
+            reject(error);
+            return;
+          }
+          this.answered();
+          resolve(this.counted(d));
+        },
+        (error) => {
+          if (call.settled) return;
+          call.settled = true;
+          this.deadlines.settled();
+          if (this.engineOption === 'auto' && unknownCommand(error)) {
+            this.engineInUse = 'library'; // the module is gone: the library from now on
+            this.checkAny(key, lim, { cost, at }).then(resolve, reject);
+            return;
+          }
+          fallBack(error);
+        },
+      );
+      this.deadlines.add(call);
+    });
+  }
+
+  /** `check` in general: the denial cache, batches, policies, either engine. */
+  private async checkAny(key: string, spec: LimitSpec, options: CallOptions): Promise<Decision> {
     const cost = checkCost(options.cost ?? 1);
     const id = this.denialId('check', key, spec, options.at);
     // A TAKE that granted nothing refused one unit: every cost from 1 is refused meanwhile.
@@ -381,7 +573,7 @@ export class RateLimiter {
   /** A partial grant (`RATELIMIT.TAKE`): takes the largest cost from 0 to `max` that `check`
    * would admit now, and consumes it; `granted` says how much (`allowed` is `granted > 0`). */
   async take(key: string, spec: LimitSpec, max: number, options: { at?: number } = {}): Promise<Decision> {
-    const most = checkCost(max, 1);
+    const most = checkCost(max, 1, 'max');
     const id = this.denialId('take', key, spec, options?.at);
     const cached = id && this.denials!.get(id, most, false);
     if (cached) return this.counted(cached);
@@ -396,15 +588,29 @@ export class RateLimiter {
   }
 
   /** Ends every batch, giving back (REFUND) the units they hold, and waits for the refunds.
-   * The client stays open (close it yourself); later calls start new batches. */
-  async close(): Promise<void> {
-    await Promise.allSettled([...this.batches.values()].map((b) => b.inFlight).filter((p) => p !== null));
+   * Calls that timed out and are not answered yet are waited for first (what they took is then
+   * given back), up to `waitMs` (default 5000) in all; what answers after that is given back when
+   * it does. The client stays open (close it yourself); later calls start new batches. */
+  async close(options: { waitMs?: number } = {}): Promise<void> {
+    const waitMs = options?.waitMs ?? CLOSE_WAIT_MS;
+    if (!(Number.isFinite(waitMs) && waitMs >= 0)) throw new TypeError(`waitMs must be a number of ms, not ${describeValue(waitMs)}`);
+    const end = performance.now() + waitMs;
+    const within = async (promises: Array<Promise<unknown>>) => {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const cap = new Promise((resolve) => (timer = setTimeout(resolve, Math.max(0, end - performance.now()))));
+      await Promise.race([Promise.allSettled(promises), cap]);
+      clearTimeout(timer);
+    };
+    const inFlight = [...this.batches.values()].map((b) => b.inFlight).filter((p) => p !== null);
+    await within([...inFlight, ...this.late]);
     for (const b of this.batches.values()) {
       clearTimeout(b.timer);
       this.endHold(b);
     }
     this.batches.clear();
-    await Promise.allSettled([...this.refunds]);
+    // The refunds, until answered: one that timed out is still waited for (in `late`), and what
+    // answers meanwhile may give back more.
+    while ((this.refunds.size > 0 || this.late.size > 0) && performance.now() < end) await within([...this.refunds, ...this.late]);
   }
 
   // ---- batches ----
@@ -458,7 +664,7 @@ export class RateLimiter {
     let b = this.batches.get(id);
     if (!b) {
       const now = this.now();
-      b = { id, key, lim, units: 0, holdEnd: 0, now0: now, taken: null, inFlight: null, waiting: 0, demandSince: now, demandNow: 0, demandBefore: 0, lastAsked: now };
+      b = { id, key, lim, units: 0, holdEnd: 0, now0: now, taken: null, delayUntil: 0, resetUntil: 0, inFlight: null, waiting: 0, demandSince: now, demandNow: 0, demandBefore: 0, lastAsked: now };
       this.batches.set(id, b);
     }
     return b;
@@ -486,20 +692,35 @@ export class RateLimiter {
     return Math.ceil(b.demandNow + (b.demandBefore * (hold - into)) / hold);
   }
 
-  /** One TAKE for the batch: null when it granted units (held now), the refusal when none. */
+  /** One TAKE for the batch: null when it granted units (held now), the refusal when none. A
+   * grant that arrives after the TAKE timed out is held all the same (given back when its hold
+   * ends, or at once when the batch is gone: close()). */
   private async takeBatch(b: Batch, wanted: number, at: number | undefined): Promise<Decision | null> {
-    const d = await this.guard(() => this.request('take', b.key, b.lim, wanted, at));
+    const d = await this.guard(() => this.request('take', b.key, b.lim, wanted, at), (late) => {
+      if (late.granted === 0) return;
+      this.hold(b, late, at);
+      if (this.batches.get(b.id) !== b) this.endHold(b);
+    });
     if (d.granted === 0) return d;
+    this.hold(b, d, at);
+    return null;
+  }
+
+  /** Holds a TAKE's grant in the batch, for one hold time from now. */
+  private hold(b: Batch, d: Decision, at: number | undefined): void {
     const now = this.now();
     b.units += d.granted;
     b.taken = d;
+    // Counted down from now: the most of what the batch's TAKEs said (a late grant joining units
+    // held).
+    b.delayUntil = Math.max(b.units > d.granted ? b.delayUntil : 0, now + d.delayMs);
+    b.resetUntil = Math.max(b.units > d.granted ? b.resetUntil : 0, now + d.resetAfterMs);
     b.holdEnd = now + b.lim.batchMs!;
     b.now0 = now;
     b.at0 = at;
     this.counters.held += d.granted;
     this.counters.batchTaken += d.granted;
     this.arm(b, b.lim.batchMs!);
-    return null;
   }
 
   /** Admits `cost` from the units held. The numbers: the TAKE's, with `remaining` the units
@@ -509,17 +730,18 @@ export class RateLimiter {
     this.counters.held -= cost;
     this.counters.batchUsed += cost;
     const taken = b.taken!;
-    const since = this.now() - b.now0;
+    const now = this.now();
     return {
-      ...taken,
       allowed: true,
       granted: cost,
+      limit: taken.limit,
       remaining: b.units,
       retryAfterMs: 0,
-      resetAfterMs: Math.max(0, Math.ceil(taken.resetAfterMs - since)),
-      delayMs: Math.max(0, Math.ceil(taken.delayMs - since)),
+      resetAfterMs: Math.max(0, Math.ceil(b.resetUntil - now)),
+      delayMs: Math.max(0, Math.ceil(b.delayUntil - now)),
       source: 'local',
       shadowRejected: false,
+      periodMs: taken.periodMs,
     };
   }
 
@@ -533,16 +755,9 @@ export class RateLimiter {
     this.counters.held -= units;
     this.denials?.dropKey(b.key);
     const at = b.at0 === undefined ? undefined : b.at0 + Math.floor(this.now() - b.now0);
-    const refund = this.strict(() => this.request('refund', b.key, b.lim, units, at)).then(
-      () => {
-        this.counters.batchRefunded += units;
-      },
-      (error) => {
-        this.logger.warn(`ratelimit: could not give back ${units} unused units of a batch on ${b.key} (${replyMessage(error)}): they return to the limit as it refills`);
-      },
-    );
-    this.refunds.add(refund);
-    void refund.finally(() => this.refunds.delete(refund));
+    this.giveBack(`${units} unused units of a batch on ${b.key}`, () => this.request('refund', b.key, b.lim, units, at), () => {
+      this.counters.batchRefunded += units;
+    });
   }
 
   /** The batch's timer: ends the hold when it is over (requests may not come to end it), and
@@ -595,10 +810,10 @@ export class RateLimiter {
   /** One request against several limits, all or nothing (in a cluster, give the keys one hash
    * tag). The overall decision, and each limit's in `limits`. */
   async checkAll(limits: Array<[string, LimitSpec]>, options: CallOptions = {}): Promise<MultiDecision> {
-    if (!Array.isArray(limits) || limits.length === 0) throw new TypeError('checkAll needs a non-empty array of [key, limit] pairs');
+    if (!Array.isArray(limits) || limits.length === 0) throw new TypeError('limits must be a non-empty array of [key, limit] pairs');
     const pairs = limits.map((pair, i) => {
-      if (!Array.isArray(pair) || pair.length !== 2) throw new TypeError(`checkAll: item ${i + 1} must be a [key, limit] pair`);
-      return [checkKey(pair[0]), checkSpec(pair[1])] as [string, LimitSpec];
+      if (!Array.isArray(pair) || pair.length !== 2) throw new TypeError(`limits[${i}] must be a [key, limit] pair`);
+      return [checkKey(pair[0], `limits[${i}][0] (a key)`), checkSpec(pair[1], `limits[${i}][1]`)] as [string, LimitSpec];
     });
     const cost = checkCost(options.cost ?? 1);
     const at = atArgs(options.at);
@@ -629,13 +844,19 @@ export class RateLimiter {
       });
       d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
       return d;
-    }, cost, () => this.checkAllLocally(pairs, cost, options.at), true));
+    }, cost, () => this.checkAllLocally(pairs, cost, options.at), true, (late) => {
+      // Admitted after the call timed out: its cost goes back on every limit.
+      if (!late.allowed || cost === 0) return;
+      for (const [key, spec] of pairs) {
+        this.giveBack(`${cost} units admitted on ${key} after the call timed out`, () => this.request('refund', key, spec, cost, options.at));
+      }
+    }));
   }
 
   /** Deletes limiters: how many it removed (in a cluster, keys of one slot). */
   async reset(...keys: string[]): Promise<number> {
     if (keys.length === 0) throw new TypeError('reset needs at least one key');
-    keys.forEach((key) => checkKey(key));
+    keys.forEach((key, i) => checkKey(key, keys.length === 1 ? 'key' : `keys[${i}]`));
     keys.forEach((key) => this.denials?.dropKey(key));
     return this.strict(async () => {
       const { reply } = await this.run(
@@ -653,10 +874,10 @@ export class RateLimiter {
    * `lease` (the period's syntax) or until released. */
   async acquire(key: string, n: number, lease: Period, options: { id: string; cost?: number; at?: number }): Promise<Decision> {
     checkKey(key);
-    const limitN = checkCost(n, 1);
+    const limitN = checkCost(n, 1, 'n');
     const leaseMs = periodMs(lease, 'lease');
     const id = options?.id;
-    if (typeof id !== 'string' || id === '') throw new TypeError('acquire needs { id }: the id the lease is held under (release it with the same)');
+    if (typeof id !== 'string' || id === '') throw new TypeError(`id must be a non-empty string, the id the lease is held under (release it with the same), not ${describeValue(id)}`);
     const cost = checkCost(options.cost ?? 1, 1);
     const rest = [String(limitN), String(lease), 'ID', id, 'COST', String(cost), ...atArgs(options.at)];
     return this.counted(await this.decide(leaseMs, async () => {
@@ -668,13 +889,23 @@ export class RateLimiter {
         },
       );
       return decision(reply, source, leaseMs, cost);
-    }, cost));
+    }, cost, null, false, (late) => {
+      // A lease granted after the call timed out: nobody holds it, it is released.
+      if (!late.allowed) return;
+      this.giveBack(`the lease ${id} on ${key}, granted after the call timed out`, () => this.run(
+        async () => ({ reply: await this.transport.send(['RATELIMIT.RELEASE', key, 'ID', id, ...atArgs(options.at)], key) }),
+        async () => {
+          const k = this.libraryPrefix + key;
+          return { reply: await this.transport.send(['FCALL', 'ratelimit_release', '1', k, 'ID', id, ...atArgs(options.at)], k) };
+        },
+      ));
+    }));
   }
 
   /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
   async release(key: string, id: string, options: { at?: number } = {}): Promise<number> {
     checkKey(key);
-    if (typeof id !== 'string' || id === '') throw new TypeError('release needs the id the lease was acquired with');
+    if (typeof id !== 'string' || id === '') throw new TypeError(`id must be a non-empty string, the one the lease was acquired with, not ${describeValue(id)}`);
     const at = atArgs(options.at);
     return this.strict(async () => {
       const { reply } = await this.run(
@@ -698,7 +929,7 @@ export class RateLimiter {
     work: (decision: Decision) => Promise<T> | T,
     options: { cost?: number; id?: string } = {},
   ): Promise<T> {
-    if (typeof work !== 'function') throw new TypeError('withLease needs a function to run');
+    if (typeof work !== 'function') throw new TypeError(`work must be a function to run holding the lease, not ${describeValue(work)}`);
     const id = options.id ?? randomUUID();
     const acquired = await this.acquire(key, n, lease, { id, cost: options.cost ?? 1 });
     if (!acquired.allowed) throw new RateLimited(acquired, `no lease on ${key}: ${n} in flight; retry in ${acquired.retryAfterMs} ms`);
@@ -722,13 +953,51 @@ export class RateLimiter {
     checkKey(key);
     checkSpec(spec);
     atArgs(atMs);
+    // What a CHECK or TAKE answered after its timeout consumed goes back: its caller has had
+    // onError's answer.
+    const late = command === 'check' || command === 'take' ? (d: Decision) => this.lateGrant(key, spec, d, atMs) : undefined;
     return this.decide(this.knownPeriodMs(spec), () => this.request(command, key, spec, cost, atMs),
-      command === 'refund' ? 0 : cost, () => this.decideLocally(command, key, spec, cost, atMs));
+      command === 'refund' ? 0 : cost, () => this.decideLocally(command, key, spec, cost, atMs), false, late);
+  }
+
+  /** A decision whose caller went away (its call timed out): what it consumed is given back. */
+  private lateGrant(key: string, spec: LimitSpec, d: Decision, at: number | undefined): void {
+    if (!d.allowed || d.granted === 0 || d.shadowRejected) return;
+    this.giveBack(`${d.granted} units granted on ${key} after the call timed out`, () => this.request('refund', key, spec, d.granted, at));
   }
 
   /** One call on one limit, sent to the engine in use (no onError: RateLimitUnavailable as the
    * guard raises it). */
-  private async request(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
+  private request(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
+    if (this.engineInUse === 'module' && !isPolicy(spec)) {
+      // The module serves and the limit is inline: the command straight away, its arguments from
+      // the limit's cached ones (the general path below resolves, in more steps, to the same).
+      const args = [COMMANDS[command], key, ...this.argsOf(spec), command === 'take' ? 'MAX' : 'COST', String(cost)];
+      if (atMs !== undefined) args.push('AT', String(atMs));
+      const replyCost = command === 'take' ? null : command === 'refund' ? 0 : cost;
+      return this.transport.send(args, key, command === 'peek').then(
+        (reply) => decision(reply, 'module', spec.periodMs, replyCost),
+        (error) => {
+          if (!(this.engineOption === 'auto' && unknownCommand(error))) throw error;
+          this.engineInUse = 'library'; // the module is gone: the library from now on
+          return this.requestResolved(command, key, spec, cost, atMs);
+        },
+      );
+    }
+    return this.requestResolved(command, key, spec, cost, atMs);
+  }
+
+  /** An inline limit's module arguments (`algorithm limit period [BURST c] [BLOCK d]`), made once. */
+  private argsOf(lim: Limit): string[] {
+    let args = this.limitArgsCache.get(lim);
+    if (args === undefined) {
+      args = limitArgs(lim);
+      this.limitArgsCache.set(lim, args);
+    }
+    return args;
+  }
+
+  private async requestResolved(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
     const at = atArgs(atMs);
     const readonly = command === 'peek';
     const moduleName = COMMANDS[command];
@@ -960,43 +1229,122 @@ export class RateLimiter {
   // ---- bounds, breaker, onError ----
 
   /** A call that goes to Redis: refused at once while the breaker is open; bounded by timeoutMs;
-   * RateLimitUnavailable when Redis is unavailable; the client's error as is otherwise. */
-  private async guard<T>(work: () => Promise<T>): Promise<T> {
-    if (!this.breaker.allow()) throw new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)');
-    try {
-      const result = await bounded(work(), this.timeoutMs);
-      this.answered();
-      return result;
-    } catch (error) {
-      if (error instanceof Timeout || isUnavailable(error)) {
-        this.breaker.failure();
-        if (!this.down) {
-          this.down = true;
-          const failing = { open: 'open (admitted)', closed: 'closed (RateLimitUnavailable)', local: 'over to the in-process limiter' }[this.onError];
-          this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${failing}`);
-        }
-        throw new RateLimitUnavailable(`Redis unavailable: ${replyMessage(error)}`, { cause: error });
+   * RateLimitUnavailable when Redis is unavailable; the client's error as is otherwise. `late`
+   * receives the result of a call that answered after its timeout fired (its caller has had
+   * onError's answer): what it consumed is given back there. */
+  private guard<T>(work: () => Promise<T>, late?: (value: T) => void): Promise<T> {
+    if (!this.breaker.allow()) return Promise.reject(new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)'));
+    return this.bound(work, late).then(
+      (result) => {
+        this.answered();
+        return result;
+      },
+      (error) => {
+        throw this.failed(error);
+      },
+    );
+  }
+
+  /** `work()` raced against the limiter's deadline (a Timeout); `late` as for guard; `counted`:
+   * a late answer counts in `stats.lateReplies` (a call's, not a refund's). */
+  private bound<T>(work: () => Promise<T>, late?: (value: T) => void, counted = true): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      let running: Promise<T>;
+      try {
+        running = work();
+      } catch (error) {
+        reject(error);
+        return;
       }
-      if (isReplyError(error)) this.answered();
-      throw error;
+      const call: Bounded = {
+        deadline: 0,
+        settled: false,
+        expire: () => {
+          call.settled = true;
+          reject(new Timeout(`Redis did not answer within ${this.timeoutMs} ms`));
+          // Whatever it answers now, nobody waits for it: what it took goes back (`late`), and
+          // close() waits for it.
+          const after = running.then(
+            (value) => {
+              if (counted) this.counters.lateReplies += 1;
+              late?.(value);
+            },
+            () => {},
+          );
+          this.late.add(after);
+          void after.finally(() => this.late.delete(after));
+        },
+      };
+      running.then(
+        (value) => {
+          if (call.settled) return;
+          call.settled = true;
+          this.deadlines.settled();
+          resolve(value);
+        },
+        (error) => {
+          if (call.settled) return;
+          call.settled = true;
+          this.deadlines.settled();
+          reject(error);
+        },
+      );
+      this.deadlines.add(call);
+    });
+  }
+
+  /** The error a call that failed rejects with: RateLimitUnavailable (the breaker counts it, the
+   * log says it once) when Redis is unavailable; the client's own otherwise. */
+  private failed(error: unknown): unknown {
+    if (error instanceof Timeout || isUnavailable(error)) {
+      this.breaker.failure();
+      if (!this.down) {
+        this.down = true;
+        const failing = { open: 'open (admitted)', closed: 'closed (RateLimitUnavailable)', local: 'over to the in-process limiter' }[this.onError];
+        this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${failing}`);
+      }
+      return new RateLimitUnavailable(`Redis unavailable: ${replyMessage(error)}`, { cause: error });
     }
+    if (isReplyError(error)) this.answered();
+    return error;
   }
 
   private answered(): void {
     this.breaker.success();
     if (this.down) {
       this.down = false;
-      this.logger.info('ratelimit: Redis answers again');
+      // At the level of the failure's line: whoever sees one sees the other.
+      this.logger.warn('ratelimit: Redis answers again');
     }
   }
 
-  /** A decision, with onError applied. */
-  private async decide<D extends Decision>(periodMs: number, work: () => Promise<D>, granted: number, local: (() => D | null) | null = null, multi = false): Promise<D> {
-    try {
-      return await this.guard(work);
-    } catch (error) {
-      return this.unavailable(error, periodMs, granted, local, multi);
-    }
+  /** A decision, with onError applied (`late` as for guard). */
+  private decide<D extends Decision>(
+    periodMs: number,
+    work: () => Promise<D>,
+    granted: number,
+    local: (() => D | null) | null = null,
+    multi = false,
+    late?: (value: D) => void,
+  ): Promise<D> {
+    return this.guard(work, late).catch((error) => this.unavailable(error, periodMs, granted, local, multi));
+  }
+
+  /** Gives back in the background what a call took (a batch's unused units, a grant whose caller
+   * went away): `send` bounded by timeoutMs, `done` when it is answered (even after its timeout),
+   * a failure logged. close() waits for it. */
+  private giveBack(what: string, send: () => Promise<unknown>, done?: () => void): void {
+    let counted = false;
+    const count = () => {
+      if (!counted) done?.();
+      counted = true;
+    };
+    const back = this.bound(send, count, false).then(count, (error) => {
+      const why = error instanceof Timeout ? `${replyMessage(error)}; it may still be done when Redis runs it` : replyMessage(error);
+      this.logger.warn(`ratelimit: could not give back ${what} (${why}): they return to the limit as it refills`);
+    });
+    this.refunds.add(back);
+    void back.finally(() => this.refunds.delete(back));
   }
 
   /** onError for a call that found Redis unavailable; any other error rejects as is. */

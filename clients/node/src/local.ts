@@ -453,8 +453,15 @@ export class LocalLimiter {
       }
       granted = low;
     }
+    // A leaky bucket's delay_ms is the wait of the last unit granted: what a CHECK of one unit
+    // would answer after the first granted - 1 (the module's TAKE, docs/commands.md).
+    let lastDelayMs: number | null = null;
+    if (lim.algorithm === 'leaky-bucket' && granted > 1) {
+      const [, before] = checkBlocking(stored && copy(stored), req(granted - 1), true, block);
+      lastDelayMs = checkBlocking(before && copy(before), req(1), false, block)[0].reply.delayMs;
+    }
     const reply = this.decide(key, lim, Math.max(granted, 1), now, true).reply;
-    return { ...reply, granted };
+    return { ...reply, ...(lastDelayMs === null ? {} : { delayMs: lastDelayMs }), granted };
   }
 
   /** `RATELIMIT.REFUND`: gives back up to `cost`; the reply is the peek of cost 0 right after. */

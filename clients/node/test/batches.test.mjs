@@ -103,7 +103,11 @@ for (const algorithm of ALGORITHMS) {
         if (command === 'RATELIMIT.TAKE') {
           takes += 1;
           const granted = Number(reply[0]);
-          const check = (await twin.call('RATELIMIT.CHECK', 'twin', ...specArgs(plain), 'COST', Math.max(granted, 1), ...at)).map(Number);
+          // A leaky bucket's TAKE reports the wait of its last unit: the CHECK of that unit after
+          // the others (docs/commands.md).
+          if (algorithm === 'leaky-bucket' && granted > 1) await twin.call('RATELIMIT.CHECK', 'twin', ...specArgs(plain), 'COST', granted - 1, ...at);
+          const last = algorithm === 'leaky-bucket' && granted > 1 ? 1 : Math.max(granted, 1);
+          const check = (await twin.call('RATELIMIT.CHECK', 'twin', ...specArgs(plain), 'COST', last, ...at)).map(Number);
           assert.deepEqual(check, [granted > 0 ? 1 : 0, ...reply.slice(1).map(Number)], `${args.join(' ')} -> ${reply}`);
         } else if (command === 'RATELIMIT.CHECK') {
           const check = (await twin.call('RATELIMIT.CHECK', 'twin', ...specArgs(plain), ...rest.slice(rest.indexOf('COST')))).map(Number);
@@ -121,7 +125,10 @@ for (const algorithm of ALGORITHMS) {
       const ours = counter(admitted);
       const granted = counter(steps.map(([time, , taken], i) => [time, taken - (i > 0 ? steps[i - 1][2] : 0)]));
       const own = counter(direct);
-      const givenBack = counter(steps.map(([time, , , back], i) => [time, back - (i > 0 ? steps[i - 1][3] : 0)]));
+      // Given back at the time each REFUND was sent at (its AT), not when its answer was counted:
+      // a refund the batch's timer sends is answered while later requests run.
+      const givenBack = counter(sent.filter(({ args }) => args[0] === 'RATELIMIT.REFUND')
+        .map(({ args }) => [Number(args[args.indexOf('AT') + 1]) - base, Number(args[args.indexOf('COST') + 1])]));
       const heldAt = (start) => {
         let units = 0;
         for (const [time, h] of steps) {
@@ -271,4 +278,64 @@ test('batch options are checked when the limit is made', () => {
   assert.throws(() => limit('gcra', 5, '1s', { batchMax: 3 }), (e) => e instanceof TypeError && e.message.includes('batchMax needs batch'));
   const l = limit('gcra', 5, '1s', { batch: '50ms' });
   assert.deepEqual([l.batchMs, l.batchMax], [50, 5]);
+});
+
+test('leaky bucket: a request admitted from a batch never reports less delayMs than a per-request CHECK in its place would have', async (t) => {
+  if (NO_MODULE) return t.skip(NO_MODULE);
+  const server = await startServer({ module: true });
+  const client = await CLIENTS.find((c) => c.name === 'node-redis 6 RESP2').make(server);
+  const twin = raw(server);
+  const rand = random(0xde1a);
+  const base = Math.ceil((Date.now() + 86400000) / 3600000) * 3600000;
+  let elapsed = 0;
+  const sent = []; // every command the limiter sends, in order (one connection)
+  const logging = { sendCommand: (args) => (sent.push(args), client.sendCommand(args)) };
+  try {
+    const rl = new RateLimiter(logging, { now: () => elapsed, timeoutMs: 30000, logger: memoryLogger() });
+    // 10 a second: each unit waits 100 ms behind the one before it; batches of up to 8 held 300 ms.
+    const batched = limit('leaky-bucket', 10, '1s', { burst: 20, batch: '300ms', batchMax: 8 });
+    const local = []; // [elapsed, delayMs, index in sent of the TAKE whose units it used, which unit]
+    let lastTake = -1;
+    let used = 0;
+    while (elapsed < 20000) {
+      elapsed += rand.pick([0, 5, 20, 60, 150, 400]);
+      const d = await rl.check('lb', batched, { at: base + elapsed });
+      const take = sent.findLastIndex((args) => args[0] === 'RATELIMIT.TAKE');
+      if (take !== lastTake) [lastTake, used] = [take, 0];
+      if (d.source === 'local') local.push([elapsed, d.delayMs, take, (used += 1)]);
+    }
+    await rl.close();
+    // The same commands on a twin key, each TAKE granting g replaced by g CHECKs of one unit at its
+    // time: the waits per-request CHECKs in its place would have had.
+    const waits = new Map();
+    for (const [index, args] of sent.entries()) {
+      const [command, , ...rest] = args;
+      if (command === 'RATELIMIT.TAKE') {
+        const at = rest.slice(rest.indexOf('AT'));
+        const max = Number(rest[rest.indexOf('MAX') + 1]);
+        const units = [];
+        for (let i = 0; i < max; i += 1) {
+          const reply = (await twin.call('RATELIMIT.CHECK', 'twin', ...rest.slice(0, rest.indexOf('MAX')), 'COST', '1', ...at)).map(Number);
+          if (reply[0] !== 1) break;
+          units.push(reply[5]);
+        }
+        waits.set(index, { at: Number(at[1]) - base, units });
+      } else {
+        await twin.call(command, 'twin', ...rest);
+      }
+    }
+    let longer = 0;
+    for (const [time, delayMs, take, unit] of local) {
+      const { at, units } = waits.get(take);
+      const own = Math.max(0, Math.ceil(units[unit - 1] - (time - at)));
+      assert.ok(delayMs >= own, `at +${time} ms, unit ${unit} of a TAKE at +${at} ms: the batch said ${delayMs} ms, a CHECK in its place ${own} ms`);
+      if (delayMs > own) longer += 1;
+    }
+    assert.ok(local.length > 50 && longer > 0, `${local.length} admitted from batches, ${longer} told more`);
+    t.diagnostic(`${local.length} admitted from batches; ${longer} told to wait longer than a CHECK in their place (the last unit's wait)`);
+  } finally {
+    twin.disconnect();
+    await closeClient(client);
+    await server.stop();
+  }
 });

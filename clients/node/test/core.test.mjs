@@ -14,7 +14,7 @@ test('limit() takes the module\'s grammar and refuses a mistake when it is made'
   for (const [period, ms] of [['250ms', 250], ['1S', 1000], ['15m', 900000], ['1h', 3600000], ['1d', 86400000], [2500, 2500], ['3650d', 3650 * 86400000]]) {
     assert.equal(periodMs(period), ms, String(period));
   }
-  assert.throws(() => limit('sliding_window', 1, '1s'), (e) => e instanceof TypeError && e.message.includes('expected one of token-bucket, leaky-bucket, fixed-window, sliding-window, sliding-log, gcra'));
+  assert.throws(() => limit('sliding_window', 1, '1s'), (e) => e instanceof TypeError && e.message.startsWith('algorithm must be one of token-bucket, leaky-bucket, fixed-window, sliding-window, sliding-log, gcra'));
   assert.throws(() => limit('fixed-window', 0, '1s'), RangeError);
   assert.throws(() => limit('fixed-window', 1.5, '1s'), TypeError);
   assert.throws(() => limit('fixed-window', '5', '1s'), TypeError);

@@ -93,14 +93,13 @@ for (const flavour of FLAVOURS) {
       assert.equal((await rl.check('s', LIMIT)).source, 'error'); // the probe, timing out
       for (let i = 0; i < 5; i += 1) assert.equal((await rl.check('s', LIMIT)).source, 'error');
       server.resume();
-      // What reached the server: 3 calls before the breaker opened, the probe, the closed limiter's.
-      let reached;
-      for (let i = 0; i < 500; i += 1) {
-        reached = (await fcalls(server)) - before;
-        if (reached >= 5) break;
-        await new Promise((r) => setTimeout(r, 20));
-      }
-      assert.equal(reached, 3 + 1 + 1);
+      // What reached the server: 3 calls before the breaker opened, the probe, the closed
+      // limiter's; each answered after its timeout, admitted, and so given back (a REFUND each):
+      // close() waits for the late answers and their refunds.
+      await rl.close();
+      await closed.close();
+      assert.deepEqual([rl.stats.lateReplies, closed.stats.lateReplies], [4, 1]);
+      assert.equal((await fcalls(server)) - before, (3 + 1 + 1) * 2);
       // Within the cool-down nothing goes out, even with the server back.
       assert.equal((await rl.check('s', LIMIT)).source, 'error');
       // After it, the probe succeeds and the breaker closes.
@@ -108,7 +107,7 @@ for (const flavour of FLAVOURS) {
       assert.equal((await rl.check('s', LIMIT)).source, 'library');
       assert.equal(rl.breakerOpen, false);
       assert.equal((await rl.check('s', LIMIT)).source, 'library');
-      assert.equal((await fcalls(server)) - before, 5 + 1 + 1);
+      assert.equal((await fcalls(server)) - before, 10 + 1 + 1);
     } finally {
       server.resume();
       await closeClient(client);
@@ -132,9 +131,35 @@ test('error replies that are the caller\'s mistake reject with the server\'s tex
     await assert.rejects(rl.check('', LIMIT), TypeError);
     await assert.rejects(rl.check('k', LIMIT, { cost: -1 }), RangeError);
     await assert.rejects(rl.checkAll([]), TypeError);
-    await assert.rejects(rl.acquire('k', 1, '1s', {}), /needs \{ id \}/);
+    await assert.rejects(rl.acquire('k', 1, '1s', {}), /^TypeError: id must be a non-empty string/);
     await assert.rejects(rl.check('k', { algorithm: 'fixed-window', limit: 1, period: '1s' }), /limit\(\.\.\.\) or a policy/);
   } finally {
+    await closeClient(client);
+    await server.stop();
+  }
+});
+
+test('a stall under concurrent load: every call in flight pays the timeout once, then the breaker answers without Redis', async () => {
+  const server = await startServer();
+  const client = await FLAVOURS[0].make(server);
+  try {
+    const rl = new RateLimiter(client, { onError: 'open', timeoutMs: 1000, breaker: { failures: 3, cooldownMs: 60000 }, logger: memoryLogger() });
+    assert.equal((await rl.check('c', LIMIT)).source, 'library');
+    server.pause();
+    const sentBefore = rl.stats.commands;
+    // Ten requests at once: all go to Redis (the breaker is closed when they start), all time out.
+    const all = await Promise.all(Array.from({ length: 10 }, () => timed(() => rl.check('c', LIMIT))));
+    assert.deepEqual(all.map(([d]) => d.source), Array(10).fill('error'));
+    assert.ok(all.every(([, ms]) => ms >= 1000 - 50 && ms < 1000 + SLACK_MS), all.map(([, ms]) => ms.toFixed(0)).join(', '));
+    assert.equal(rl.stats.commands - sentBefore, 10);
+    assert.ok(rl.breakerOpen);
+    // Then: answered at once, nothing sent, for the whole cool-down.
+    for (let i = 0; i < 20; i += 1) assert.equal((await rl.check('c', LIMIT)).source, 'error');
+    assert.equal(rl.stats.commands - sentBefore, 10);
+    server.resume();
+    await rl.close();
+  } finally {
+    server.resume();
     await closeClient(client);
     await server.stop();
   }

@@ -42,10 +42,22 @@ async function get(base, path, key) {
 }
 
 /** The same plan for every framework: what each answer must be. */
-async function plan(base) {
-  const free = await get(base, '/', undefined);
-  assert.equal(free.status, 200);
-  assert.equal(free.headers.get('ratelimit'), null, 'no key: not limited, no headers');
+async function plan(base, limiter) {
+  // Without a key: limited by the client's address (all of these come from 127.0.0.1).
+  await limiter.reset('ip:127.0.0.1');
+  for (let i = 0; i < 3; i += 1) {
+    const r = await get(base, '/', undefined);
+    assert.equal(r.status, 200);
+    assert.equal(item(r.headers.get('ratelimit')).r, 2 - i, 'no key: limited by the address');
+  }
+  const keyless = await get(base, '/', undefined);
+  assert.equal(keyless.status, 429, 'no key: refused past the limit, as any caller');
+  // skip: not limited, not counted.
+  for (let i = 0; i < 5; i += 1) {
+    const health = await get(base, '/health', undefined);
+    assert.equal(health.status, 200);
+    assert.equal(health.headers.get('ratelimit'), null, 'skipped: no headers');
+  }
   for (let i = 0; i < 3; i += 1) {
     const r = await get(base, '/', 'alice');
     assert.equal(r.status, 200);
@@ -81,18 +93,20 @@ async function plan(base) {
 const apps = {
   async express(limiter, prefix) {
     const app = express();
-    app.use(forExpress({ limiter, limit: LIMIT, name: 'api', key: (req) => req.get('X-API-Key') && `${prefix}:${req.get('X-API-Key')}` }));
+    app.use(forExpress({ limiter, limit: LIMIT, name: 'api', key: (req) => req.get('X-API-Key') && `${prefix}:${req.get('X-API-Key')}`, skip: (req) => req.path === '/health' }));
     const heavy = forExpress({ limiter, limit: LIMIT, name: 'api', cost: 3, key: (req) => `${prefix}:heavy:${req.get('X-API-Key')}` });
     const show = (req, res) => res.set('X-Decision-Remaining', String(req.rateLimit?.remaining ?? '')).send('ok');
     app.get('/', show);
+    app.get('/health', show);
     app.get('/heavy', heavy, show);
     return listen((port) => new Promise((resolve) => { const s = app.listen(port, '127.0.0.1', () => resolve(() => new Promise((r) => s.close(r)))); }));
   },
   async fastify(limiter, prefix) {
     const app = Fastify();
-    await app.register(forFastify, { limiter, limit: LIMIT, name: 'api', key: (request) => request.headers['x-api-key'] && `${prefix}:${request.headers['x-api-key']}` });
+    await app.register(forFastify, { limiter, limit: LIMIT, name: 'api', key: (request) => request.headers['x-api-key'] && `${prefix}:${request.headers['x-api-key']}`, skip: (request) => request.url === '/health' });
     const show = async (request, reply) => reply.header('X-Decision-Remaining', String(request.rateLimit?.remaining ?? '')).send('ok');
     app.get('/', show);
+    app.get('/health', show);
     // Per route: a plugin of its own (encapsulated) with its own hook.
     await app.register(async (scoped) => {
       await scoped.register(forFastify, { limiter, limit: LIMIT, name: 'api', cost: 3, key: (request) => `${prefix}:heavy:${request.headers['x-api-key']}` });
@@ -102,18 +116,19 @@ const apps = {
   },
   async hono(limiter, prefix) {
     const app = new Hono();
-    app.use('/', forHono({ limiter, limit: LIMIT, name: 'api', key: (c) => c.req.header('X-API-Key') && `${prefix}:${c.req.header('X-API-Key')}` }));
+    app.use('*', forHono({ limiter, limit: LIMIT, name: 'api', key: (c) => c.req.header('X-API-Key') && `${prefix}:${c.req.header('X-API-Key')}`, skip: (c) => c.req.path !== '/' }));
     const show = (c) => { c.header('X-Decision-Remaining', String(c.get('rateLimit')?.remaining ?? '')); return c.text('ok'); };
     app.get('/', show);
+    app.get('/health', show);
     app.get('/heavy', forHono({ limiter, limit: LIMIT, name: 'api', cost: 3, key: (c) => `${prefix}:heavy:${c.req.header('X-API-Key')}` }), show);
     return serveFetch(app.fetch);
   },
   async fetch(limiter, prefix) {
     const handler = (request) => new Response('ok', { headers: { 'X-Decision-Remaining': '' } });
-    const light = limitFetch(async (request) => new Response('ok'), { limiter, limit: LIMIT, name: 'api', key: (request) => request.headers.get('X-API-Key') && `${prefix}:${request.headers.get('X-API-Key')}` });
+    const light = limitFetch(async (request) => new Response('ok'), { limiter, limit: LIMIT, name: 'api', key: (request) => request.headers.get('X-API-Key') && `${prefix}:${request.headers.get('X-API-Key')}`, skip: (request) => new URL(request.url).pathname === '/health' });
     const heavy = limitFetch(handler, { limiter, limit: LIMIT, name: 'api', cost: 3, key: (request) => `${prefix}:heavy:${request.headers.get('X-API-Key')}` });
-    return serveFetch(async (request) => {
-      const response = await (new URL(request.url).pathname === '/heavy' ? heavy : light)(request);
+    return serveFetch(async (request, env) => {
+      const response = await (new URL(request.url).pathname === '/heavy' ? heavy : light)(request, env);
       // The bare handler has no request object to carry the decision: show it from the header.
       const remaining = response.headers.get('ratelimit')?.match(/r=(\d+)/)?.[1] ?? '';
       const shown = new Response(response.body, response);
@@ -153,7 +168,7 @@ describe('middleware', () => {
       const limiter = new RateLimiter(client, { timeoutMs: 30000, logger: memoryLogger() });
       const app = await apps[framework](limiter, framework);
       try {
-        await plan(app.base);
+        await plan(app.base, limiter);
       } finally {
         await app.close();
       }
@@ -178,6 +193,26 @@ describe('middleware', () => {
       }
     });
   }
+
+  test("express: without a key, req.ip as Express's trust proxy reads it", async () => {
+    const limiter = new RateLimiter(client, { timeoutMs: 30000, logger: memoryLogger() });
+    const app = express();
+    app.set('trust proxy', 'loopback'); // the proxy in front is on this machine: X-Forwarded-For
+    app.use(forExpress({ limiter, limit: limit('fixed-window', 2, '1m') }));
+    app.get('/', (req, res) => res.send(req.ip));
+    const { base, close } = await listen((port) => new Promise((resolve) => { const s = app.listen(port, '127.0.0.1', () => resolve(() => new Promise((r) => s.close(r)))); }));
+    const from = (address) => fetch(`${base}/`, { headers: { 'X-Forwarded-For': address } }).then((r) => r.status);
+    try {
+      await limiter.reset('ip:198.51.100.1', 'ip:198.51.100.2', 'ip:2001:db8:1:200::/56');
+      assert.deepEqual([await from('198.51.100.1'), await from('198.51.100.1'), await from('198.51.100.1')], [200, 200, 429]);
+      assert.equal(await from('198.51.100.2'), 200, 'another address: its own key');
+      // One /56: two addresses of it share a key.
+      assert.deepEqual([await from('2001:db8:1:2ff::1'), await from('2001:db8:1:200::99'), await from('2001:db8:1:201::1')], [200, 200, 429]);
+      assert.equal((await limiter.peek('ip:198.51.100.1', limit('fixed-window', 2, '1m'), { cost: 0 })).remaining, 0);
+    } finally {
+      await close();
+    }
+  });
 
   test('express-rate-limit with the store: its documented behaviour for a limit of 5', async () => {
     const limiter = new RateLimiter(client, { timeoutMs: 30000, logger: memoryLogger() });
@@ -223,4 +258,22 @@ describe('middleware', () => {
       await close();
     }
   });
+});
+
+test('the client address: IPv4 as is, IPv4-mapped IPv6 as IPv4, IPv6 by its /56 (or as asked)', async () => {
+  const { addressKey } = await import('redis-ratelimit-client');
+  assert.equal(addressKey('203.0.113.7'), 'ip:203.0.113.7');
+  assert.equal(addressKey('::ffff:203.0.113.7'), 'ip:203.0.113.7');
+  assert.equal(addressKey('2001:db8:1234:5678:9abc::1'), 'ip:2001:db8:1234:5600::/56');
+  assert.equal(addressKey('2001:DB8:1234:56ff:ffff:ffff:ffff:ffff'), 'ip:2001:db8:1234:5600::/56');
+  assert.equal(addressKey('[2001:db8::1%eth0]'), 'ip:2001:db8::/56');
+  assert.equal(addressKey('2001:db8:1234:5678:9abc::1', 64), 'ip:2001:db8:1234:5678::/64');
+  assert.equal(addressKey('2001:db8:1234:5678:9abc::1', false), 'ip:2001:db8:1234:5678:9abc::1');
+  assert.equal(addressKey('::1'), 'ip:::/56');
+  assert.equal(addressKey('::1', false), 'ip:::1');
+  assert.equal(addressKey('1:0:0:2:0:0:0:3', false), 'ip:1:0:0:2::3');
+  assert.equal(addressKey('::ffff:1.2.3.4:5'), 'ip:::ffff:1.2.3.4:5'); // not an address: as given
+  assert.throws(() => forExpress({ limiter: { check() {} }, limit: LIMIT, ipv6Subnet: 0 }), /ipv6Subnet must be an integer from 1 to 128 or false, not 0/);
+  assert.throws(() => forExpress({ limiter: { check() {} }, limit: LIMIT, key: 'api' }), /key must be a function/);
+  assert.throws(() => forExpress({ limiter: { check() {} }, limit: LIMIT, skip: true }), /skip must be a function/);
 });

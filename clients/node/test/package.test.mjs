@@ -3,9 +3,9 @@
 // Express app run from it (at most 10 lines of the user's own code).
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
+import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 
@@ -171,6 +171,40 @@ export async function main(): Promise<number> {
     }
   });
 
+  test("the README's snippets one after another on one server (the module), as a reader runs them: what the README shows", async (t) => {
+    if (NO_MODULE) return t.skip(NO_MODULE);
+    const server = await startServer({ module: true });
+    const run = (file, env = {}) => spawn(process.execPath, [file], { cwd: project, env: { ...process.env, REDIS_URL: server.url, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    try {
+      // 1. The Express app: a few requests with a key and without.
+      writeFileSync(join(project, 'seq-app.mjs'), readmeApp().replace('timeoutMs: 100 ', 'timeoutMs: 2000 '));
+      const port = await freePort();
+      const app = run('seq-app.mjs', { PORT: String(port) });
+      try {
+        let first;
+        for (let i = 0; i < 1200 && !first; i += 1) {
+          first = await fetch(`http://127.0.0.1:${port}/`, { headers: { 'X-API-Key': 'k1' } }).catch(() => sleep(25).then(() => undefined));
+        }
+        assert.match(first.headers.get('ratelimit'), /^"default";r=99;t=\d+$/);
+        assert.match((await fetch(`http://127.0.0.1:${port}/`)).headers.get('ratelimit'), /^"default";r=99;/);
+      } finally {
+        app.kill('SIGKILL');
+      }
+      // 2. The round-trips example, on the same server, not flushed: the output the README shows.
+      const { code, output } = readmeRoundTrips();
+      writeFileSync(join(project, 'seq-round-trips.mjs'), code);
+      const child = run('seq-round-trips.mjs');
+      let out = '';
+      child.stdout.on('data', (d) => (out += d));
+      child.stderr.on('data', (d) => (out += d));
+      const status = await new Promise((resolve) => child.on('exit', resolve));
+      assert.equal(status, 0, out);
+      assert.equal(out, output);
+    } finally {
+      await server.stop();
+    }
+  });
+
   test("the README's Express app: at most 10 lines, limited per key with headers, the library, failing open", async () => {
     const code = readmeApp();
     const lines = code.split('\n').filter((l) => l.trim() !== '');
@@ -197,11 +231,19 @@ export async function main(): Promise<number> {
       assert.match(output, /loaded the Functions library/);
       const admin = raw(server);
       assert.equal(await admin.exists('fn:api:k1'), 1);
-      admin.disconnect();
       const second = await fetch(`http://127.0.0.1:${port}/`, { headers: { 'X-API-Key': 'k1' } });
       assert.match(second.headers.get('ratelimit'), /^"default";r=98;/);
-      const unlimited = await fetch(`http://127.0.0.1:${port}/`);
-      assert.equal(unlimited.headers.get('ratelimit'), null);
+      // Without the header: limited by the client address, as any caller, 429 past 100.
+      for (let i = 1; i <= 100; i += 1) {
+        const keyless = await fetch(`http://127.0.0.1:${port}/`);
+        assert.equal(keyless.status, 200);
+        assert.equal(keyless.headers.get('ratelimit'), `"default";r=${100 - i};t=${keyless.headers.get('ratelimit').split('t=')[1]}`);
+      }
+      const refused = await fetch(`http://127.0.0.1:${port}/`);
+      assert.equal(refused.status, 429);
+      assert.ok(Number(refused.headers.get('retry-after')) >= 1);
+      assert.equal(await admin.exists('fn:ip:127.0.0.1'), 1);
+      admin.disconnect();
       // Redis gone: admitted, without headers, within the timeout.
       await server.stop();
       const started = performance.now();
@@ -212,6 +254,47 @@ export async function main(): Promise<number> {
     } finally {
       app.kill('SIGKILL');
       await server.stop();
+    }
+  });
+});
+
+describe('installed from a checkout, as the README says', () => {
+  test('the commands of the README, in a copy of the checkout and a fresh app folder: imports as ESM and CommonJS', () => {
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    const match = /<!-- test: install-from-checkout[^>]*-->\n```sh\n([\s\S]*?)```/.exec(readme);
+    assert.ok(match, 'README.md has the install-from-checkout block');
+    const [inCheckout, inApp, ...more] = match[1].split('\n').filter((l) => l.trim() !== '' && !l.startsWith('#'));
+    assert.equal(more.length, 0, match[1]);
+    assert.ok(inApp.includes(`${pkg.name}-${pkg.version}.tgz`), `the README names this version's tarball: ${inApp}`);
+    const dir = mkdtempSync(join(tmpdir(), 'rl-checkout-'));
+    try {
+      // The checkout as git has it: the package's sources (not its node_modules or build) and
+      // what its build reads from the repository (the library, the licence).
+      const repo = resolve(root, '../..');
+      const checkout = join(dir, 'checkout');
+      const skip = new Set(['node_modules', 'dist', 'generated']);
+      cpSync(root, join(checkout, 'clients/node'), {
+        recursive: true,
+        filter: (source) => !relative(root, source).split('/').some((part) => skip.has(part) || part.endsWith('.tgz') || part.endsWith('.tap')),
+      });
+      for (const file of [pkg.ratelimit.library.replace(/^(\.\.\/)+/, ''), 'LICENSE']) cpSync(join(repo, file), join(checkout, file));
+      const app = join(dir, 'app');
+      mkdirSync(app);
+      writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'user-app', version: '1.0.0', private: true }));
+      const env = { ...process.env, CHECKOUT: checkout, npm_config_audit: 'false', npm_config_fund: 'false', npm_config_loglevel: 'error', npm_config_prefer_offline: 'true' };
+      execFileSync('bash', ['-c', inCheckout], { cwd: checkout, env, stdio: 'pipe' });
+      execFileSync('bash', ['-c', inApp], { cwd: app, env, stdio: 'pipe' });
+      const installed = join(app, 'node_modules', pkg.name);
+      assert.ok(lstatSync(installed).isDirectory() && !lstatSync(installed).isSymbolicLink(), 'a copy, not a link to the checkout');
+      writeFileSync(join(app, 'esm.mjs'), "import { RateLimiter, limit } from 'redis-ratelimit-client';\nimport { rateLimit } from 'redis-ratelimit-client/express';\n"
+        + "process.stdout.write([typeof RateLimiter, typeof rateLimit, limit('gcra', 5, '1s').periodMs].join(' '));\n");
+      writeFileSync(join(app, 'cjs.cjs'), "const { RateLimiter, limit } = require('redis-ratelimit-client');\nconst { rateLimit } = require('redis-ratelimit-client/express');\n"
+        + "process.stdout.write([typeof RateLimiter, typeof rateLimit, limit('gcra', 5, '1s').periodMs].join(' '));\n");
+      for (const file of ['esm.mjs', 'cjs.cjs']) {
+        assert.equal(execFileSync(process.execPath, [file], { cwd: app, encoding: 'utf8' }), 'function function 1000', file);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

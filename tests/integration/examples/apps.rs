@@ -45,13 +45,24 @@ fn assert_admitted(response: &Response, policy: &str, q: u64, w: u64, r: u64) {
     assert_eq!(response.header("retry-after"), None, "{response:?}");
 }
 
+/// Whether a request without a key is limited by the client's address (Express: the package's
+/// middleware does it) or refused with a 401 (FastAPI).
+fn keyless_limited(example: Example) -> bool {
+    matches!(example, Example::Express)
+}
+
 /// The answers every engine must give to [`limits_plan`], checked field by field: they are
-/// the same for the module and the library, and for both apps.
-fn assert_limits(rounds: &[Vec<Response>]) {
+/// the same for the module and the library, and for both apps but for the keyless request.
+fn assert_limits(example: Example, rounds: &[Vec<Response>]) {
     let responses: Vec<&Response> = rounds.iter().map(|round| &round[0]).collect();
     let no_key = responses[0];
-    assert_eq!(no_key.status, 401, "{no_key:?}");
-    assert_eq!(no_key.header("ratelimit"), None, "not limited: {no_key:?}");
+    if keyless_limited(example) {
+        // Counted under the client's address, as any caller.
+        assert_admitted(no_key, POLICY, 5, 10, 4);
+    } else {
+        assert_eq!(no_key.status, 401, "{no_key:?}");
+        assert_eq!(no_key.header("ratelimit"), None, "not limited: {no_key:?}");
+    }
     for (i, response) in responses[1..6].iter().enumerate() {
         assert_admitted(response, POLICY, 5, 10, 4 - i as u64);
         assert_eq!(response.body, json!("ok"));
@@ -142,9 +153,19 @@ fn limits_each_key_with_coherent_headers_and_refunds_failed_jobs(example: Exampl
         assert!(text.contains(part), "{text}");
     }
     let rounds = app.drive(&limits_plan());
-    assert_limits(&rounds);
-    // Decided: 6 on a, 1 on b, 3 on c (the 401 is not counted).
-    assert_eq!(sliding_window_calls(&server), 10);
+    assert_limits(example, &rounds);
+    // Decided: 6 on a, 1 on b, 3 on c, and the keyless one where it is limited (a 401 is not
+    // counted).
+    assert_eq!(
+        sliding_window_calls(&server),
+        10 + u64::from(keyless_limited(example))
+    );
+    if keyless_limited(example) {
+        // Past the limit, a keyless caller is refused like any other.
+        let more = app.drive(&Value::Array((0..5).map(|_| json!([get("")])).collect()));
+        let statuses: Vec<u16> = more.iter().map(|round| round[0].status).collect();
+        assert_eq!(statuses, [200, 200, 200, 200, 429], "{more:?}");
+    }
 }
 
 fn falls_back_to_the_functions_library_with_the_same_answers(example: Example) {
@@ -158,7 +179,7 @@ fn falls_back_to_the_functions_library_with_the_same_answers(example: Example) {
         log.contains("loaded the Functions library 'ratelimit'"),
         "{log}"
     );
-    assert_limits(&app.drive(&limits_plan()));
+    assert_limits(example, &app.drive(&limits_plan()));
     // The library's keys, under its own prefix.
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
@@ -244,8 +265,10 @@ fn fails_open_by_default_and_closed_when_set(example: Example) {
     );
     let refused = &closed.drive(&json!([[get("k")]]))[0][0];
     assert_eq!(refused.status, 503, "failing closed: {refused:?}");
-    // Without a key it is still a 401: nothing to limit.
-    assert_eq!(closed.drive(&json!([[get("")]]))[0][0].status, 401);
+    // Without a key: limited by the address where the app does (so 503 failing closed), else
+    // still a 401.
+    let keyless = closed.drive(&json!([[get("")]]))[0][0].status;
+    assert_eq!(keyless, if keyless_limited(example) { 503 } else { 401 });
 }
 
 /// Per key, the most jobs running at once, from the apps' own start and finish times.

@@ -131,6 +131,11 @@ fn a_rewrite_that_starts_during_a_failover_keeps_the_server_and_the_definitions(
     let before = define_policies(&mut con);
     fill(&mut con, 400);
     common::wait_replica_sync(&master, &replica);
+    // The full sync's child may still be running once the replica is in sync (Redis 8 reaps
+    // it later): a BGSAVE now would be refused.
+    wait_until("the sync's child to exit", Duration::from_secs(10), || {
+        master.info_field("persistence", "rdb_bgsave_in_progress") == "0"
+    });
     config_set(&mut con, "rdb-key-save-delay", "4000").unwrap();
     run_ok(&mut con, "BGSAVE");
     let reply: String = redis::cmd("BGREWRITEAOF").query(&mut con).unwrap();

@@ -360,7 +360,11 @@ pub(super) fn current_incr(server: &Server) -> String {
     let manifest = fs::read_to_string(dir.join("appendonly.aof.manifest")).expect("the manifest");
     let file = manifest
         .lines()
-        .filter(|line| line.ends_with("type i"))
+        // `file NAME seq N type i`, and Redis 8 adds `startoffset N` (and `endoffset N`).
+        .filter(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            words.windows(2).any(|pair| pair == ["type", "i"])
+        })
         .filter_map(|line| line.split_whitespace().nth(1))
         .next_back()
         .unwrap_or_else(|| panic!("no incremental file in {manifest}"));

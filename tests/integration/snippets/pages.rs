@@ -68,6 +68,9 @@ pub enum Directive {
     NoModule,
     Library,
     Config(String, String),
+    /// `fresh`: the block's server is started anew first, where the page tells the reader to
+    /// start from a server just started.
+    Fresh,
     Repo,
     Output,
     /// `vary PREFIX` (with `output`): a number right after PREFIX may be any number.
@@ -248,6 +251,7 @@ fn parse_one(item: &str) -> Result<Directive, String> {
         ["no-module"] => Ok(Directive::NoModule),
         ["library"] => Ok(Directive::Library),
         ["repo"] => Ok(Directive::Repo),
+        ["fresh"] => Ok(Directive::Fresh),
         ["output"] => Ok(Directive::Output),
         ["vary", prefix] => Ok(Directive::Vary(prefix.to_string())),
         ["wait", duration] => parse_duration(duration).map(Directive::Wait),
@@ -302,38 +306,59 @@ pub fn all_blocks() -> (Vec<Block>, Vec<String>) {
     (blocks, problems)
 }
 
-/// Runs of blocks of `kinds` that share one server: a block and the `continue` blocks after it
-/// (skipped blocks left out). A `continue` whose previous block is not of `kinds` is a problem.
-pub fn chains(blocks: &[Block], kinds: &[Kind]) -> (Vec<Vec<Block>>, Vec<String>) {
+impl Directive {
+    /// Does this directive choose the block's server (so a `continue` block cannot carry it)?
+    pub fn picks_server(&self) -> bool {
+        matches!(
+            self,
+            Directive::NoModule | Directive::Library | Directive::Config(..) | Directive::Fresh
+        )
+    }
+}
+
+/// Sessions and console transcripts: the blocks a `continue` may join.
+fn is_transcript(kind: Kind) -> bool {
+    matches!(kind, Kind::Session | Kind::Console)
+}
+
+/// The running blocks (skipped ones left out) in page order, as chains: a block and the
+/// `continue` blocks after it, which share its clock. A misplaced `continue` is a problem (and
+/// its block a chain of its own), and so is a `continue` block that names a server.
+pub fn chains(blocks: &[Block]) -> (Vec<Vec<Block>>, Vec<String>) {
     let mut chains: Vec<Vec<Block>> = Vec::new();
     let mut problems = Vec::new();
-    let mut previous: Option<&Block> = None;
     for block in blocks {
         if block.kind == Kind::Inert || block.skipped() {
             continue;
         }
-        let continues = block.has(&Directive::Continue);
-        let joins =
-            continues && previous.is_some_and(|p| p.page == block.page && kinds.contains(&p.kind));
-        if kinds.contains(&block.kind) {
-            if continues && !matches!(block.kind, Kind::Session | Kind::Console) {
-                problems.push(format!(
-                    "{}: `continue` is for sessions and console transcripts only",
-                    block.name()
-                ));
-                chains.push(vec![block.clone()]);
-            } else if joins {
-                chains.last_mut().expect("a chain").push(block.clone());
-            } else if continues {
-                problems.push(format!(
-                    "{}: `continue` needs a running block of the same runner before it",
-                    block.name()
-                ));
-            } else {
-                chains.push(vec![block.clone()]);
-            }
+        if !block.has(&Directive::Continue) {
+            chains.push(vec![block.clone()]);
+            continue;
         }
-        previous = Some(block);
+        let previous = chains.last().and_then(|chain| chain.last());
+        let joins = previous.is_some_and(|p| p.page == block.page && is_transcript(p.kind));
+        if !is_transcript(block.kind) {
+            problems.push(format!(
+                "{}: `continue` is for sessions and console transcripts only",
+                block.name()
+            ));
+        } else if !joins {
+            problems.push(format!(
+                "{}: `continue` needs a session or console transcript before it on its page",
+                block.name()
+            ));
+        } else {
+            if let Some(d) = block.directives.iter().find(|d| d.picks_server()) {
+                problems.push(format!(
+                    "{}: `{d:?}` with `continue`: a `continue` block runs on the server of the \
+                     block before it",
+                    block.name()
+                ));
+            }
+            chains.last_mut().expect("a chain").push(block.clone());
+            continue;
+        }
+        chains.push(vec![block.clone()]);
     }
     (chains, problems)
 }
@@ -365,5 +390,59 @@ mod tests {
                 Directive::Config("a".into(), "b c".into())
             ]
         );
+        assert_eq!(
+            parse_directives("<!-- snippet: fresh -->").unwrap(),
+            vec![Directive::Fresh]
+        );
+    }
+
+    #[test]
+    fn continue_joins_the_session_before_it_on_its_page_and_nothing_else() {
+        let page = "\
+```
+127.0.0.1:6379> PING
+PONG
+```
+<!-- snippet: continue -->
+```console
+$ redis-cli PING
+PONG
+```
+```python
+print(1)
+```
+<!-- snippet: continue -->
+```
+127.0.0.1:6379> PING
+PONG
+```
+<!-- snippet: skip (not run) -->
+```sh
+true
+```
+```
+127.0.0.1:6379> PING
+PONG
+```
+<!-- snippet: continue, fresh -->
+```
+127.0.0.1:6379> PING
+PONG
+```
+";
+        let (blocks, problems) = parse_page("p.md", page);
+        assert!(problems.is_empty(), "{problems:?}");
+        let (chains, problems) = chains(&blocks);
+        let lines: Vec<Vec<usize>> = chains
+            .iter()
+            .map(|chain| chain.iter().map(|b| b.line).collect())
+            .collect();
+        // The session and the transcript that continues it; the python block alone; the
+        // session after it alone (a `continue` after a program is a problem); the skipped sh
+        // block left out; the last two joined, `fresh` on the second a problem.
+        assert_eq!(lines, vec![vec![1, 6], vec![10], vec![14], vec![22, 27]]);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("p.md:14") && problems[0].contains("needs a session"));
+        assert!(problems[1].contains("p.md:27") && problems[1].contains("Fresh"));
     }
 }

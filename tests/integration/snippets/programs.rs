@@ -1,4 +1,4 @@
-//! Python, Node and shell blocks: each a program run against a fresh server (REDIS_URL), which
+//! Python, Node and shell blocks: each a program run against the run's server (REDIS_URL), which
 //! must exit 0 in time, its stdout compared with the page's `output` block if it has one. The
 //! tools they need (a virtualenv with redis-py, an npm project with node-redis) are made once under
 //! target/snippets/ and reused.
@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::pages::{repo_root, Block, Directive, Expected, Kind};
-use super::run::{cache_dir, find_on_path, indent, normalize, path_with, run, start_env};
+use super::run::{cache_dir, find_on_path, indent, normalize, path_with, run, Env};
 
 /// How long one program may run: it must exit by itself (a client left open hangs it).
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -135,9 +135,9 @@ fn step(command: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
-/// Runs one block as a program; its failure, if any, naming its page, line and block.
-pub fn run_block(block: &Block) -> Option<String> {
-    let env = start_env(block);
+/// Runs one block as a program on `env` (its tool, [`python`] or [`node_project`], checked
+/// before); its failure, if any, naming its page, line and block.
+pub fn run_block(block: &Block, env: &Env) -> Option<String> {
     let dir = if block.has(&Directive::Repo) {
         repo_root()
     } else {

@@ -1,4 +1,4 @@
-//! What every runner shares: a block's server (with the module or not, the library, a config
+//! What every runner shares: the run's servers (with the module or not, the library, a config
 //! file), the `redis-cli` wrapper put first on PATH, running a process with a deadline, the
 //! session clock (`at`, `wait`) and comparing output.
 
@@ -7,60 +7,112 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::pages::{repo_root, Block, Directive};
 use crate::common::{now_ms, Server, DAY_MS};
 
-/// The server of a chain of blocks, and what it has.
+/// A server of the run, and what it has.
 pub struct Env {
     pub server: Server,
     pub module: bool,
+    /// The Functions library was loaded into it (by a `library` block).
     pub library: bool,
     /// The folder holding the `redis-cli` wrapper, first on PATH.
     pub bin: PathBuf,
 }
 
-/// Starts the server the first block of a chain asks for: the module unless `no-module`, the
-/// Functions library with `library`, and a config file `redis.conf` holding its `config` lines
-/// (always a file, so `CONFIG REWRITE` works as on a server started from one).
-pub fn start_env(first: &Block) -> Env {
-    let module = !first.has(&Directive::NoModule);
-    let library = first.has(&Directive::Library);
-    let config: String = first
-        .directives
-        .iter()
-        .filter_map(|d| match d {
-            Directive::Config(name, value) => Some(format!("{name} {value}\n")),
-            _ => None,
-        })
-        .collect();
-    let mut builder = Server::builder().config_file(&config);
-    if !module {
+/// What a server is started with: the module or not, and its config file's lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Setup {
+    module: bool,
+    config: String,
+}
+
+impl Setup {
+    fn of(block: &Block) -> Setup {
+        Setup {
+            module: !block.has(&Directive::NoModule),
+            config: block
+                .directives
+                .iter()
+                .filter_map(|d| match d {
+                    Directive::Config(name, value) => Some(format!("{name} {value}\n")),
+                    _ => None,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The servers of a run, one per setup the pages ask for, each shared by every block that asks
+/// for it, in page order, as a reader runs them on the server they started: what one block
+/// leaves on it, the next ones see.
+#[derive(Default)]
+pub struct Servers {
+    servers: Vec<(Setup, Env)>,
+    /// How many were started (a `fresh` block starts its setup's anew).
+    pub started: usize,
+}
+
+impl Servers {
+    /// The server a chain whose first block is `first` runs on: the shared one of its setup (the
+    /// module unless `no-module`, its `config` lines), started at the first block that asks for
+    /// it, and anew for a `fresh` block; with `library`, the Functions library (re)loaded into it.
+    pub fn for_block(&mut self, first: &Block) -> &Env {
+        let setup = Setup::of(first);
+        let found = self.servers.iter().position(|(s, _)| *s == setup);
+        let index = match found {
+            Some(i) if !first.has(&Directive::Fresh) => i,
+            found => {
+                if let Some(i) = found {
+                    self.servers.remove(i); // stops it
+                }
+                self.started += 1;
+                let env = start_env(&setup);
+                self.servers.push((setup, env));
+                self.servers.len() - 1
+            }
+        };
+        let env = &mut self.servers[index].1;
+        if first.has(&Directive::Library) {
+            load_library(&env.server);
+            env.library = true;
+        }
+        env
+    }
+}
+
+/// Starts a server of `setup`: the module unless not, and a config file `redis.conf` holding its
+/// `config` lines (always a file, so `CONFIG REWRITE` works as on a server started from one).
+fn start_env(setup: &Setup) -> Env {
+    let mut builder = Server::builder().config_file(&setup.config);
+    if !setup.module {
         builder = builder.no_module();
     }
     let server = builder.start();
-    if library {
-        let path = repo_root().join("lua-reference/functions/ratelimit.lua");
-        let code = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let _: String = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(code)
-            .query(&mut server.client())
-            .unwrap_or_else(|e| panic!("FUNCTION LOAD of {}: {e}", path.display()));
-    }
     let bin = server.dir().join(".snippet-bin");
     fs::create_dir_all(&bin).expect("create the wrapper folder");
     write_wrapper(&bin.join("redis-cli"), server.port());
     Env {
         server,
-        module,
-        library,
+        module: setup.module,
+        library: false,
         bin,
     }
+}
+
+/// `FUNCTION LOAD REPLACE` of the Functions library (what `make functions` does).
+fn load_library(server: &Server) {
+    let path = repo_root().join("lua-reference/functions/ratelimit.lua");
+    let code = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(code)
+        .query(&mut server.client())
+        .unwrap_or_else(|e| panic!("FUNCTION LOAD of {}: {e}", path.display()));
 }
 
 /// `redis-cli` as the pages run it: the test server's port (a `-p 6379` in a page means that
@@ -347,33 +399,6 @@ pub fn takes_at(words: &[&str], env: &Env) -> bool {
             )
         });
     module || library
-}
-
-/// Runs `work` on every item, on two threads (the machine has two cores), and collects what it
-/// answers, in the items' order.
-pub fn parallel<T: Sync, R: Send>(items: &[T], work: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let next = AtomicUsize::new(0);
-    let mut results: Vec<(usize, R)> = thread::scope(|scope| {
-        let workers: Vec<_> = (0..2)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::SeqCst);
-                        let Some(item) = items.get(i) else { break };
-                        done.push((i, work(item)));
-                    }
-                    done
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().expect("a snippet worker panicked"))
-            .collect()
-    });
-    results.sort_by_key(|(i, _)| *i);
-    results.into_iter().map(|(_, r)| r).collect()
 }
 
 /// The folder the runners cache their tools in: `target/snippets`.

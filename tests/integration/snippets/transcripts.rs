@@ -5,9 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::pages::{Block, Directive, Kind, PROMPT};
-use super::run::{
-    indent, normalize, path_with, real_redis_cli, run, start_env, takes_at, Clock, Env,
-};
+use super::run::{indent, normalize, path_with, real_redis_cli, run, takes_at, Clock, Env};
 
 /// One command of a transcript and what the page shows it printing.
 struct Step {
@@ -108,10 +106,9 @@ fn redis_cli_command(line: &str) -> Option<Vec<String>> {
     None
 }
 
-/// Runs a chain of sessions and console transcripts on one server; the failures, each naming
-/// its page, line and block.
-pub fn run_chain(chain: &[Block]) -> Vec<String> {
-    let env = start_env(&chain[0]);
+/// Runs a chain of sessions and console transcripts on `env`, with one clock; the failures,
+/// each naming its page, line and block.
+pub fn run_chain(chain: &[Block], env: &Env) -> Vec<String> {
     let live = chain
         .iter()
         .any(|b| b.directives.iter().any(|d| matches!(d, Directive::Wait(_))));
@@ -124,9 +121,9 @@ pub fn run_chain(chain: &[Block]) -> Vec<String> {
         }
         let result = match block.kind {
             Kind::Session => session_steps(block).map(|(options, steps)| {
-                run_steps(block, &steps, &env, &mut clock, |command, clock| {
+                run_steps(block, &steps, env, &mut clock, |command, clock| {
                     let words: Vec<&str> = command.split_whitespace().collect();
-                    let sent = match takes_at(&words, &env).then(|| clock.next()).flatten() {
+                    let sent = match takes_at(&words, env).then(|| clock.next()).flatten() {
                         Some(at) => format!("{command} AT {at}"),
                         None => command.to_string(),
                     };
@@ -139,10 +136,10 @@ pub fn run_chain(chain: &[Block]) -> Vec<String> {
                 })
             }),
             Kind::Console => console_steps(block).map(|steps| {
-                run_steps(block, &steps, &env, &mut clock, |command, clock| {
+                run_steps(block, &steps, env, &mut clock, |command, clock| {
                     let at = redis_cli_command(command)
                         .filter(|words| {
-                            takes_at(&words.iter().map(String::as_str).collect::<Vec<_>>(), &env)
+                            takes_at(&words.iter().map(String::as_str).collect::<Vec<_>>(), env)
                         })
                         .and_then(|_| clock.next());
                     let sent = match at {

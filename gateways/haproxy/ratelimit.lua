@@ -1,0 +1,224 @@
+-- ratelimit: redis-ratelimit for HAProxy 2.6+ (Debian's haproxy; Lua 5.3 or 5.4, core.tcp).
+-- A Lua file of yours, loaded with `lua-load` after `lua-prepend-path`, names the limits:
+--
+--   local ratelimit = require("ratelimit")
+--   ratelimit.configure{ redis = "127.0.0.1:6379", timeout_ms = 50 }
+--   ratelimit.rule("api", { key = "txn.api_key", limit = "sliding-window 100 1m" })
+--
+-- and haproxy.cfg applies them, the key computed into a variable by any sample expression:
+--
+--   http-request set-var-fmt(txn.api_key) "api:%[req.hdr(x-api-key)]"
+--       if { req.hdr(x-api-key) -m found }
+--   http-request lua.ratelimit api
+--   http-response lua.ratelimit-headers
+--
+-- gateways/haproxy/README.md has the options and a complete haproxy.cfg. Load it with
+-- `lua-load-per-thread` (a socket belongs to the thread that opened it): the connection pool and
+-- the breaker are then per thread, and nothing is shared between threads or HAProxy processes.
+
+local core_ = require("ratelimit_core")
+
+local M = {}
+
+local rules = {}
+local limiter
+
+local function now_ms()
+  local t = core.now()
+  return t.sec * 1000 + t.usec / 1000
+end
+
+local LEVELS = { err = "Alert", warn = "Warning", info = "Info" }
+local function log(level, message)
+  core[LEVELS[level] or "Alert"](message)
+end
+
+-- The breaker's store: a table of this Lua state.
+local state, expires = {}, {}
+local store = {
+  get = function(_, name) return state[name] end,
+  set = function(_, name, value) state[name] = value end,
+  add = function(_, name, ttl_ms)
+    local now = now_ms()
+    if state[name] and expires[name] > now then return false end
+    state[name], expires[name] = true, now + ttl_ms
+    return true
+  end,
+}
+
+-- Idle connections per server address, most recent last, in this thread's Lua state (a socket
+-- belongs to the thread that opened it). An idle socket keeps IDLE_S as its timeout: HAProxy
+-- closes a socket's stream after its timeout without traffic, so a pooled one waiting with a
+-- call's short timeout would be closed within it.
+local POOL_SIZE = 16
+local IDLE_S = 60
+local pools = {}
+
+local Conn = {}
+Conn.__index = Conn
+function Conn:receive(pattern) return self.sock:receive(pattern) end
+function Conn:send(data) return self.sock:send(data) end
+function Conn:settimeout_ms(ms) self.sock:settimeout(ms / 1000) end
+function Conn:reused() return self.uses end
+
+local env = {
+  now_ms = now_ms,
+  log = log,
+  store = store,
+  defaults = {},
+  connect = function(o, timeout_ms, fresh)
+    local pool = pools[o.redis.text]
+    if pool and pool[1] and not fresh then
+      local conn = pool[#pool]
+      pool[#pool] = nil
+      conn.uses = conn.uses + 1
+      return conn
+    end
+    local sock = core.tcp()
+    sock:settimeout(timeout_ms / 1000)
+    local ok, err = sock:connect(o.redis.host, o.redis.port)
+    if not ok then return nil, "connect: " .. tostring(err) end
+    return setmetatable({ sock = sock, uses = 0, where = o.redis.text }, Conn)
+  end,
+  keep = function(conn)
+    local pool = pools[conn.where]
+    if not pool then
+      pool = {}
+      pools[conn.where] = pool
+    end
+    if #pool < POOL_SIZE then
+      conn.sock:settimeout(IDLE_S)
+      pool[#pool + 1] = conn
+    else
+      conn.sock:close()
+    end
+  end,
+  close = function(conn) conn.sock:close() end,
+}
+
+local function read_file(path)
+  local file, err = io.open(path, "rb")
+  if not file then return nil, err end
+  local text = file:read("*a")
+  file:close()
+  return text
+end
+
+--- Options under every rule's (redis, timeout_ms, on_error, engine, prefix,
+--- breaker_cooldown_ms, password), and library = the path of the Functions library's file,
+--- loaded into servers that have neither the module nor the library. A mistake stops HAProxy
+--- from starting, with the message.
+function M.configure(opts)
+  if type(opts) ~= "table" then error("ratelimit.configure takes a table of options", 2) end
+  local defaults = {}
+  for k, v in pairs(opts) do
+    if k ~= "library" then defaults[k] = v end
+  end
+  local probe = {}
+  for k, v in pairs(defaults) do probe[k] = v end
+  probe.limit = probe.limit or "fixed-window 1 1s"
+  local ok, err = core_.options(probe, {})
+  if not ok then error("ratelimit.configure: " .. err, 2) end
+  if opts.library ~= nil then
+    if type(opts.library) ~= "string" then
+      error("ratelimit.configure: library must be the path of the Functions library's file", 2)
+    end
+    local code, rerr = read_file(opts.library)
+    if not code then
+      error("ratelimit.configure: library = '" .. opts.library .. "': " .. rerr, 2)
+    end
+    if not code:find("^#!lua name=ratelimit") then
+      error("ratelimit.configure: library = '" .. opts.library .. "' is not the Functions "
+        .. "library (its first line is not #!lua name=ratelimit)", 2)
+    end
+    env.library_code = code
+  end
+  env.defaults = defaults
+  if limiter then limiter.defaults = defaults end
+end
+
+local function key_source(key, where)
+  if type(key) == "function" then return key end
+  if type(key) ~= "string" or not key:match("^[a-z]+%.[A-Za-z0-9_.]+$") then
+    error(string.format("ratelimit.rule: %s: key must name a variable (\"txn.api_key\", set by "
+      .. "http-request set-var) or be a function(txn), not %s", where, tostring(key)), 3)
+  end
+  return function(txn) return txn:get_var(key) end
+end
+
+--- Names a limit for `http-request lua.ratelimit <name>`: the options of the NGINX module's
+--- limit{} (limit or policy [+ fallback], or limits = {...} for CHECKALL, name, cost, and any
+--- option of configure), with each key the name of a variable or a function(txn).
+function M.rule(name, opts)
+  if type(name) ~= "string" or not name:match("^[A-Za-z0-9_.%-]+$") then
+    error("ratelimit.rule: the name must be a token of A-Z, a-z, 0-9, '_', '-', '.'", 2)
+  end
+  if rules[name] then error("ratelimit.rule: '" .. name .. "' is defined twice", 2) end
+  if type(opts) ~= "table" then error("ratelimit.rule: '" .. name .. "' takes a table", 2) end
+  -- Checked now (with a stand-in key), so that a mistake stops HAProxy from starting.
+  local probe, sources = {}, {}
+  for k, v in pairs(opts) do probe[k] = v end
+  if opts.limits then
+    probe.limits = {}
+    for i, entry in ipairs(opts.limits) do
+      local copy = {}
+      for k, v in pairs(type(entry) == "table" and entry or {}) do copy[k] = v end
+      sources[i] = key_source(copy.key, string.format("'%s' limits[%d]", name, i))
+      copy.key = "k"
+      probe.limits[i] = copy
+    end
+  else
+    sources[1] = key_source(opts.key, "'" .. name .. "'")
+    probe.key = "k"
+  end
+  local merged = {}
+  for k, v in pairs(env.defaults) do merged[k] = v end
+  local ok, err = core_.options(probe, merged)
+  if not ok then error("ratelimit.rule: '" .. name .. "': " .. err, 2) end
+  rules[name] = { opts = probe, sources = sources }
+end
+
+local function the_limiter()
+  if not limiter then limiter = core_.new(env) end
+  return limiter
+end
+
+-- The call's options for this transaction: the rule's, with the keys read from the request.
+local function call_options(rule, txn)
+  local o = rule.opts
+  if o.limits then
+    for i, entry in ipairs(o.limits) do entry.key = rule.sources[i](txn) end
+  else
+    o.key = rule.sources[1](txn)
+  end
+  return o
+end
+
+local function action(txn, name)
+  local rule = rules[name]
+  if not rule then
+    the_limiter():once("err", "ratelimit: http-request lua.ratelimit " .. tostring(name)
+      .. ": no such rule (ratelimit.rule(\"" .. tostring(name) .. "\", {...}) in a lua-load file)")
+    return txn:done(txn:reply{ status = 500, body = core_.CONFIG_BODY,
+      headers = { ["content-type"] = { "application/json" } } })
+  end
+  local result = the_limiter():decide(call_options(rule, txn))
+  if not result then return end
+  if result.status == 200 then
+    if result.headers[1] then txn:set_priv(result.headers) end
+    return
+  end
+  local headers = { ["content-type"] = { "application/json" } }
+  for _, h in ipairs(result.headers) do headers[h[1]] = { h[2] } end
+  return txn:done(txn:reply{ status = result.status, headers = headers, body = result.body })
+end
+
+core.register_action("ratelimit", { "http-req" }, action, 1)
+
+core.register_action("ratelimit-headers", { "http-res" }, function(txn)
+  local headers = txn:get_priv()
+  if type(headers) ~= "table" then return end
+  for i = 1, #headers do txn.http:res_set_header(headers[i][1], headers[i][2]) end
+end, 0)
+
+return M

@@ -1,0 +1,757 @@
+-- ratelimit_core: what the NGINX and the HAProxy modules of redis-ratelimit share. It runs on
+-- LuaJIT (lua-nginx-module) and on Lua 5.3/5.4 (HAProxy), and does no I/O of its own: the proxy's
+-- module hands it a socket opener, a clock, a logger and a store for the breaker.
+--
+--   options  the call's table checked and compiled (limit specs parsed once per text)
+--   RESP     commands written, replies read from a socket-like object (receive "*l" / n)
+--   engine   the module's RATELIMIT.* commands, or the Functions library (FCALL ratelimit_*),
+--            found on the first call and kept; the library loaded where it is missing
+--   breaker  after a failure, no call to Redis for `breaker_cooldown_ms`; then one probe
+--   answer   status, the RateLimit-Policy / RateLimit / Retry-After fields and the body, as the
+--            Python and Node packages' middleware send them (README "As HTTP headers")
+
+local M = {}
+
+local format, match, gmatch, lower, sub, byte = string.format, string.match, string.gmatch,
+  string.lower, string.sub, string.byte
+local concat, floor = table.concat, math.floor
+
+M.LIBRARY_NAME = "ratelimit"
+
+local ALGORITHMS = {
+  ["token-bucket"] = true, ["leaky-bucket"] = true, ["fixed-window"] = true,
+  ["sliding-window"] = true, ["sliding-log"] = true, ["gcra"] = true,
+}
+local UNITS = { [""] = 1, ms = 1, s = 1000, m = 60000, h = 3600000, d = 86400000 }
+local NAME_PATTERN = "^[A-Za-z0-9_.%-]+$"
+
+local function int(n) return format("%d", n) end
+
+--- ms as whole seconds, rounded up.
+function M.ceil_s(ms) return floor((ms + 999) / 1000) end
+
+--- A period (`250ms`, `1s`, `15m`, `1h`, `1d`, or bare ms) in ms; nil if it is not one.
+function M.period_ms(text)
+  local digits, unit = match(lower(text), "^(%d+)(%a*)$")
+  if not digits or not UNITS[unit] then return nil end
+  local ms = tonumber(digits) * UNITS[unit]
+  if ms < 1 then return nil end
+  return ms
+end
+
+-- Limit specs, parsed once per distinct text.
+local specs = {}
+
+--- "sliding-window 100 1m [BURST n] [BLOCK d]" as { words = {...}, period_ms = n }, or nil and
+--- what is wrong with it. The server checks the bounds (its ERR names the argument).
+function M.parse_limit(text)
+  local cached = specs[text]
+  if cached then return cached end
+  if type(text) ~= "string" then
+    return nil, format("must be a string like \"sliding-window 100 1m\", not a %s", type(text))
+  end
+  local words = {}
+  for word in gmatch(text, "%S+") do words[#words + 1] = word end
+  if #words < 3 then
+    return nil, format("'%s' must be \"algorithm limit period [BURST n] [BLOCK d]\"", text)
+  end
+  if not ALGORITHMS[lower(words[1])] then
+    return nil, format("'%s': unknown algorithm '%s': expected token-bucket, leaky-bucket, "
+      .. "fixed-window, sliding-window, sliding-log or gcra", text, words[1])
+  end
+  if not match(words[2], "^%d+$") then
+    return nil, format("'%s': the limit '%s' must be an integer", text, words[2])
+  end
+  local period = M.period_ms(words[3])
+  if not period then
+    return nil, format("'%s': the period '%s' must be an integer of ms or with a unit ms, s, m, "
+      .. "h or d (250ms, 1s, 15m, 1h, 1d)", text, words[3])
+  end
+  local i = 4
+  while i <= #words do
+    local option = lower(words[i])
+    if option ~= "burst" and option ~= "block" then
+      return nil, format("'%s': unknown option '%s': expected BURST or BLOCK", text, words[i])
+    end
+    if not words[i + 1] then return nil, format("'%s': %s needs a value", text, words[i]) end
+    i = i + 2
+  end
+  local spec = { words = words, period_ms = period, text = text }
+  specs[text] = spec
+  return spec
+end
+
+-- Options --------------------------------------------------------------------------------------
+
+M.DEFAULTS = {
+  redis = "127.0.0.1:6379",
+  timeout_ms = 50,
+  on_error = "open",
+  engine = "auto",
+  prefix = "fn:",
+  breaker_cooldown_ms = 1000,
+  cost = 1,
+}
+
+local function positive_int(value)
+  return type(value) == "number" and value >= 0 and value == floor(value)
+end
+
+local addresses = {}
+local function address(text)
+  local cached = addresses[text]
+  if cached then return cached end
+  local host, port = match(text, "^%[?([^%]]*)%]?:(%d+)$")
+  if not host or host == "" or tonumber(port) < 1 or tonumber(port) > 65535 then
+    return nil
+  end
+  cached = { host = host, port = tonumber(port), text = text,
+    open_until = "open_until " .. text, probe = "probe " .. text }
+  addresses[text] = cached
+  return cached
+end
+
+--- One limit of a call: { key, spec (inline, or a policy's fallback), policy, name }, or nil and
+--- what is wrong. `where` names it in messages ("limit", "limits[2]").
+local function one_limit(entry, where, single)
+  local limit, policy, fallback = entry.limit, entry.policy, entry.fallback
+  local out = { key = entry.key }
+  if out.key ~= nil and type(out.key) ~= "string" then
+    return nil, format("%s: key must be a string (nil or \"\" leaves the request unlimited), "
+      .. "not a %s", where, type(out.key))
+  end
+  if (limit == nil) == (policy == nil) then
+    return nil, format("%s: give one of limit = \"algorithm limit period\" or policy = \"name\"",
+      where)
+  end
+  if limit ~= nil then
+    local spec, err = M.parse_limit(limit)
+    if not spec then return nil, format("%s: limit %s", where, err) end
+    out.spec = spec
+  else
+    if type(policy) ~= "string" or not match(policy, NAME_PATTERN) or #policy > 64 then
+      return nil, format("%s: policy must be a name of 1 to 64 A-Z, a-z, 0-9, '_', '-', '.', "
+        .. "not %s", where, tostring(policy))
+    end
+    out.policy = policy
+    if fallback ~= nil then
+      local spec, err = M.parse_limit(fallback)
+      if not spec then return nil, format("%s: fallback %s", where, err) end
+      out.spec = spec
+    end
+  end
+  local name = entry.name
+  if name == nil then
+    name = policy or (single and "default") or nil
+    if not name then
+      return nil, format("%s: name is needed with several limits (the name of its item in the "
+        .. "RateLimit fields)", where)
+    end
+  end
+  if type(name) ~= "string" or not match(name, NAME_PATTERN) then
+    return nil, format("%s: name must be a token of A-Z, a-z, 0-9, '_', '-' and '.', not %s",
+      where, tostring(name))
+  end
+  out.name = name
+  return out
+end
+
+--- The call's options checked, with the module's defaults under them: a table
+--- { limits = {...}, cost, redis = {host, port}, timeout_ms, on_error, ... } or nil and the
+--- message naming the option at fault.
+function M.options(opts, defaults)
+  if type(opts) ~= "table" then return nil, "takes a table of options" end
+  local o = {}
+  for _, field in ipairs({ "redis", "timeout_ms", "on_error", "engine", "prefix",
+    "breaker_cooldown_ms", "cost", "password" }) do
+    local value = opts[field]
+    if value == nil then value = defaults[field] end
+    if value == nil then value = M.DEFAULTS[field] end
+    o[field] = value
+  end
+  if type(o.redis) ~= "string" then return nil, "redis must be \"host:port\"" end
+  local redis = address(o.redis)
+  if not redis then
+    return nil, format("redis must be \"host:port\" (an IP address: the proxy resolves no names "
+      .. "there), not '%s'", o.redis)
+  end
+  o.redis = redis
+  if not positive_int(o.timeout_ms) or o.timeout_ms < 1 then
+    return nil, format("timeout_ms must be a whole number of ms, at least 1, not %s",
+      tostring(o.timeout_ms))
+  end
+  if o.on_error ~= "open" and o.on_error ~= "closed" then
+    return nil, format("on_error must be \"open\" or \"closed\", not %s", tostring(o.on_error))
+  end
+  if o.engine ~= "auto" and o.engine ~= "module" and o.engine ~= "library" then
+    return nil, format("engine must be \"auto\", \"module\" or \"library\", not %s",
+      tostring(o.engine))
+  end
+  if type(o.prefix) ~= "string" then return nil, "prefix must be a string" end
+  if not positive_int(o.breaker_cooldown_ms) then
+    return nil, format("breaker_cooldown_ms must be a whole number of ms, not %s",
+      tostring(o.breaker_cooldown_ms))
+  end
+  if not positive_int(o.cost) then
+    return nil, format("cost must be a whole number from 0, not %s", tostring(o.cost))
+  end
+  if o.password ~= nil and type(o.password) ~= "string" then
+    return nil, "password must be a string"
+  end
+  local limits = {}
+  if opts.limits ~= nil then
+    if opts.limit ~= nil or opts.policy ~= nil or opts.key ~= nil then
+      return nil, "give either limits = { {key=..., limit=...}, ... } or key with limit/policy, "
+        .. "not both"
+    end
+    if type(opts.limits) ~= "table" or #opts.limits == 0 then
+      return nil, "limits must be a non-empty list of { key = ..., limit = ... | policy = ... }"
+    end
+    local names = {}
+    for i, entry in ipairs(opts.limits) do
+      if type(entry) ~= "table" then
+        return nil, format("limits[%d] must be a table { key = ..., limit = ... }", i)
+      end
+      local one, err = one_limit(entry, format("limits[%d]", i), false)
+      if not one then return nil, err end
+      if names[one.name] then
+        return nil, format("limits[%d]: name '%s' is given twice", i, one.name)
+      end
+      names[one.name] = true
+      limits[i] = one
+    end
+  else
+    local one, err = one_limit(opts, "limit", true)
+    if not one then return nil, err end
+    limits[1] = one
+  end
+  o.limits = limits
+  return o
+end
+
+-- RESP -----------------------------------------------------------------------------------------
+
+--- A command as RESP2 (an array of bulk strings).
+function M.command(words)
+  local out = { "*", int(#words), "\r\n" }
+  for i = 1, #words do
+    local word = words[i]
+    out[#out + 1] = "$" .. int(#word) .. "\r\n" .. word .. "\r\n"
+  end
+  return concat(out)
+end
+
+local ERROR_MT = {}
+--- Whether a reply is an error reply ({ message = "ERR ..." }).
+function M.is_error(value) return getmetatable(value) == ERROR_MT end
+
+--- Reads one RESP2 reply from `sock` (its `receive("*l")` and `receive(n)`): a number, a string,
+--- a table (array), false (nil bulk or array), or an error reply; nil and the transport's error
+--- (timeout, closed) when the socket fails.
+function M.read_reply(sock)
+  local line, err = sock:receive("*l")
+  if not line then return nil, err end
+  local kind, rest = byte(line, 1), sub(line, 2)
+  if kind == 58 then -- ':'
+    local n = tonumber(rest)
+    if not n then return nil, "protocol error: integer " .. rest end
+    return n
+  elseif kind == 43 then -- '+'
+    return rest
+  elseif kind == 45 then -- '-'
+    return setmetatable({ message = rest }, ERROR_MT)
+  elseif kind == 36 then -- '$'
+    local n = tonumber(rest)
+    if not n then return nil, "protocol error: bulk " .. rest end
+    if n < 0 then return false end
+    local data, derr = sock:receive(n + 2)
+    if not data then return nil, derr end
+    return sub(data, 1, n)
+  elseif kind == 42 then -- '*'
+    local n = tonumber(rest)
+    if not n then return nil, "protocol error: array " .. rest end
+    if n < 0 then return false end
+    local out = {}
+    for i = 1, n do
+      local value, verr = M.read_reply(sock)
+      if value == nil then return nil, verr end
+      out[i] = value
+    end
+    return out
+  end
+  return nil, "protocol error: unexpected reply " .. line
+end
+
+-- Decisions and the HTTP answer ----------------------------------------------------------------
+
+local FIELDS = { "allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms" }
+
+--- Six integers as a decision table; nil if the reply is not one.
+function M.decision(reply)
+  if type(reply) ~= "table" or #reply < 6 then return nil end
+  local d = {}
+  for i = 1, 6 do
+    if type(reply[i]) ~= "number" then return nil end
+    d[FIELDS[i]] = reply[i]
+  end
+  d.allowed = d.allowed == 1
+  return d
+end
+
+--- The answer to the decisions of one request: { status, headers = { {name, value}, ... },
+--- body } where `limits` is { {name, period_ms, decision}, ... } and `overall` the decision that
+--- admits or refuses (default the only limit's). As README "As HTTP headers": RateLimit-Policy
+--- `"name";q=<limit>;w=<period s>` per limit (no `w` where the period is unknown), RateLimit
+--- `"name";r=<remaining>;t=<s>` (t from reset_after_ms admitted, retry_after_ms refused; no item
+--- where it never can, -1), and on a 429 Retry-After from the overall decision unless -1.
+function M.answer(limits, overall)
+  overall = overall or limits[1][3]
+  local policies, items = {}, {}
+  local refused_by
+  for i = 1, #limits do
+    local name, period_ms, d = limits[i][1], limits[i][2], limits[i][3]
+    local item = '"' .. name .. '";q=' .. int(d.limit)
+    if period_ms and period_ms > 0 then item = item .. ";w=" .. int(M.ceil_s(period_ms)) end
+    policies[#policies + 1] = item
+    local wait = d.allowed and d.reset_after_ms or d.retry_after_ms
+    if wait >= 0 then
+      items[#items + 1] = '"' .. name .. '";r=' .. int(d.remaining) .. ";t=" .. int(M.ceil_s(wait))
+    end
+    if not d.allowed and not refused_by then refused_by = name end
+  end
+  local headers = { { "RateLimit-Policy", concat(policies, ", ") } }
+  if #items > 0 then headers[2] = { "RateLimit", concat(items, ", ") } end
+  if overall.allowed then return { status = 200, headers = headers, decision = overall } end
+  if overall.retry_after_ms >= 0 then
+    headers[#headers + 1] = { "Retry-After", int(M.ceil_s(overall.retry_after_ms)) }
+  end
+  return {
+    status = 429,
+    headers = headers,
+    decision = overall,
+    body = format('{"error": "rate limited", "policy": "%s", "retry_after_ms": %s}',
+      refused_by or limits[1][1], int(overall.retry_after_ms)),
+  }
+end
+
+M.UNAVAILABLE_BODY = '{"error": "rate limiter unavailable"}'
+M.CONFIG_BODY = '{"error": "rate limiter misconfigured"}'
+
+-- The limiter ----------------------------------------------------------------------------------
+
+local Limiter = {}
+Limiter.__index = Limiter
+
+--- A limiter over a proxy's I/O. `env`:
+---   connect(o, timeout_ms, fresh) -> sock (receive, send, settimeout_ms, reused) or nil, err;
+---                                 or a sock with exchange(payload, n, deadline) -> n replies
+---                                 (the proxy pipelines, authenticates and pools itself)
+---   keep(sock)                 -> give a healthy connection back to the pool
+---   close(sock)
+---   now_ms()                   -> a clock in ms
+---   log(level, message)        -> level "err", "warn" or "info"
+---   store                      -> get(name), set(name, value), add(name, ttl_ms) -> bool: the
+---                                 breaker's state, shared as widely as the proxy allows
+---   library_code               -> the Functions library's source, or nil (then a server
+---                                 without module nor library is an error that says so)
+---   defaults                   -> options under every call's
+function M.new(env)
+  local self = setmetatable({}, Limiter)
+  self.env = env
+  self.defaults = env.defaults or {}
+  self.engines = {} -- server address -> "module" or "library", once known
+  self.library_ready = {}
+  self.policies = {} -- name -> { at_ms, period_ms or false }
+  self.said = {}
+  return self
+end
+
+--- Logs `message` once per process (and per distinct text).
+function Limiter:once(level, message)
+  if self.said[message] then return end
+  local n = (self.said.n or 0) + 1
+  if n > 1000 then return end
+  self.said.n = n
+  self.said[message] = true
+  self.env.log(level, message)
+end
+
+-- The breaker: one failure opens it for the cool-down; after it, one probe (the store's `add`).
+-- (Per server: the store's names end with its address.)
+function Limiter:breaker_open(o)
+  local store = self.env.store
+  local open_until = store:get(o.redis.open_until) or 0
+  if open_until == 0 then return false end
+  local now = self.env.now_ms()
+  if now < open_until then return true end
+  -- Cool-down over: one request probes; the others fail as during it until it answers.
+  return not store:add(o.redis.probe, o.timeout_ms * 4)
+end
+
+function Limiter:failed(o, err)
+  local store = self.env.store
+  local name = o.redis.open_until
+  local was = store:get(name) or 0
+  store:set(name, self.env.now_ms() + o.breaker_cooldown_ms)
+  if was == 0 then
+    self.env.log("warn", format("ratelimit: Redis %s unavailable (%s): no call to it for %d ms "
+      .. "at a time until it answers; each limit fails as its on_error says", o.redis.text,
+      tostring(err), o.breaker_cooldown_ms))
+  end
+end
+
+function Limiter:succeeded(o)
+  local store = self.env.store
+  local name = o.redis.open_until
+  if (store:get(name) or 0) ~= 0 then
+    store:set(name, 0)
+    self.env.log("warn", format("ratelimit: Redis %s answers again", o.redis.text))
+  end
+end
+
+-- Replies that say the server cannot serve now (loading, busy with a script, a replica that lost
+-- its master or is read-only, out of memory): Redis unavailable, not a mistake of the caller.
+local UNAVAILABLE = { LOADING = true, BUSY = true, MASTERDOWN = true, READONLY = true,
+  TRYAGAIN = true, CLUSTERDOWN = true, OOM = true }
+local function unavailable_reply(replies)
+  for i = 1, #replies do
+    local reply = replies[i]
+    if M.is_error(reply) and UNAVAILABLE[match(reply.message, "^(%u+)")] then
+      return reply.message
+    end
+  end
+  return nil
+end
+
+-- One round trip: `commands` pipelined, their replies read, every operation bounded by what is
+-- left of the deadline. Answers the replies, or nil and the transport's error.
+function Limiter:round_trip(sock, commands, deadline)
+  local payload = {}
+  for i = 1, #commands do payload[i] = M.command(commands[i]) end
+  local replies, err
+  if sock.exchange then
+    -- The proxy's own pipeline (NGINX: concurrent calls share one round trip).
+    replies, err = sock:exchange(concat(payload), #commands, deadline)
+  else
+    replies, err = self:send_and_read(sock, payload, #commands, deadline)
+  end
+  if replies then
+    local busy = unavailable_reply(replies)
+    if busy then return nil, busy end
+  end
+  return replies, err
+end
+
+function Limiter:send_and_read(sock, payload, n, deadline)
+  local env = self.env
+  sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
+  local ok, err = sock:send(concat(payload))
+  if not ok then return nil, err end
+  local replies = {}
+  for i = 1, n do
+    sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
+    local reply, rerr = M.read_reply(sock)
+    if reply == nil then return nil, rerr end
+    replies[i] = reply
+  end
+  return replies
+end
+
+local function unknown_command(reply)
+  return M.is_error(reply) and (match(reply.message, "^ERR unknown command") ~= nil)
+end
+
+local function function_not_found(reply)
+  return M.is_error(reply) and match(lower(reply.message), "function not found") ~= nil
+end
+
+-- The module's command for the call's limits.
+local function module_command(o, keys_limits)
+  local n = #keys_limits
+  local words
+  if n == 1 then
+    words = { "RATELIMIT.CHECK", keys_limits[1].key }
+  else
+    words = { "RATELIMIT.CHECKALL", int(n) }
+    for i = 1, n do words[#words + 1] = keys_limits[i].key end
+  end
+  for i = 1, n do
+    local l = keys_limits[i]
+    if l.use_fallback or not l.policy then
+      for _, w in ipairs(l.spec.words) do words[#words + 1] = w end
+    else
+      words[#words + 1] = "POLICY"
+      words[#words + 1] = l.policy
+    end
+  end
+  words[#words + 1] = "COST"
+  words[#words + 1] = int(o.cost)
+  return words
+end
+
+-- The library's FCALL for the call's limits (policies by their fallbacks), or nil and why not.
+local function library_command(o, keys_limits)
+  local n = #keys_limits
+  local words = { "FCALL", n == 1 and "ratelimit_check" or "ratelimit_checkall", int(n) }
+  for i = 1, n do words[#words + 1] = o.prefix .. keys_limits[i].key end
+  for i = 1, n do
+    local l = keys_limits[i]
+    if not l.spec then
+      return nil, format("ratelimit: policy '%s' on the Functions library: the library has no "
+        .. "policies; give it a fallback = \"algorithm limit period\"", l.policy)
+    end
+    for _, w in ipairs(l.spec.words) do words[#words + 1] = w end
+  end
+  words[#words + 1] = "COST"
+  words[#words + 1] = int(o.cost)
+  return words
+end
+
+-- Makes sure the server has the Functions library (loading it where missing); true, or false and
+-- a configuration error, or nil and a transport error.
+function Limiter:ensure_library(o, sock, deadline)
+  local where = o.redis.text
+  if self.library_ready[where] then return true end
+  local replies, err = self:round_trip(sock,
+    { { "FUNCTION", "LIST", "LIBRARYNAME", M.LIBRARY_NAME } }, deadline)
+  if not replies then return nil, err end
+  local present = false
+  if type(replies[1]) == "table" then
+    for _, library in ipairs(replies[1]) do
+      if type(library) == "table" then
+        for k = 1, #library - 1, 2 do
+          if library[k] == "library_name" and library[k + 1] == M.LIBRARY_NAME then
+            present = true
+          end
+        end
+      end
+    end
+  end
+  if not present then
+    local code = self.env.library_code
+    if not code then
+      return false, format("ratelimit: Redis %s has neither the module nor the Functions "
+        .. "library '%s': load one (redis-cli -x FUNCTION LOAD < ratelimit.lua), or give the "
+        .. "library's file as library = \"/path/to/ratelimit.lua\"", where, M.LIBRARY_NAME)
+    end
+    replies, err = self:round_trip(sock, { { "FUNCTION", "LOAD", code } }, deadline)
+    if not replies then return nil, err end
+    if M.is_error(replies[1]) and not match(replies[1].message, "already exists") then
+      return false, format("ratelimit: FUNCTION LOAD of the library on %s: %s", where,
+        replies[1].message)
+    end
+    self.env.log("warn", format("ratelimit: loaded the Functions library '%s' on %s "
+      .. "(FUNCTION LOAD)", M.LIBRARY_NAME, where))
+  end
+  self.library_ready[where] = true
+  return true
+end
+
+function Limiter:use(o, engine, why)
+  local where = o.redis.text
+  if self.engines[where] == engine then return end
+  self.engines[where] = engine
+  if engine == "module" then
+    self.env.log("info", format("ratelimit: engine on %s: the module (RATELIMIT.* commands)",
+      where))
+  else
+    self.env.log("info", format("ratelimit: engine on %s: the Functions library '%s' (FCALL "
+      .. "ratelimit_*, keys prefixed '%s'): %s", where, M.LIBRARY_NAME, o.prefix, why))
+  end
+end
+
+local POLICY_REFRESH_MS = 10000
+
+local function unavailable(o)
+  if o.on_error == "closed" then
+    return { status = 503, headers = {}, body = M.UNAVAILABLE_BODY, source = "error" }
+  end
+  return { status = 200, headers = {}, source = "error" }
+end
+
+--- Decides a request. Answers nil when no limit applies (no key), else { status, headers, body,
+--- source } where source is "module", "library", "error" (Redis unavailable: status 200 with no
+--- headers when failing open, 503 closed) or "config" (a mistake in the configuration, logged:
+--- status 500).
+function Limiter:decide(opts)
+  local o, err = M.options(opts, self.defaults)
+  if not o then
+    self:once("err", "ratelimit: configuration: " .. err)
+    return { status = 500, headers = {}, body = M.CONFIG_BODY, source = "config" }
+  end
+  local keyed = {}
+  for i = 1, #o.limits do
+    local l = o.limits[i]
+    if l.key ~= nil and l.key ~= "" then keyed[#keyed + 1] = l end
+  end
+  if #keyed == 0 then return nil end
+  if self:breaker_open(o) then return unavailable(o) end
+
+  local env = self.env
+  local deadline = env.now_ms() + o.timeout_ms
+  local sock, cerr = env.connect(o, deadline - env.now_ms())
+  if not sock then
+    self:failed(o, cerr)
+    return unavailable(o)
+  end
+  local result, rerr = self:run(o, sock, keyed, deadline)
+  if result == nil and sock:reused() > 0 and rerr ~= "timeout" and not sock.exchange then
+    -- A pooled connection the server closed meanwhile (a restart): once more on a new one.
+    env.close(sock)
+    sock, cerr = env.connect(o, math.max(1, deadline - env.now_ms()), true)
+    if not sock then
+      self:failed(o, cerr)
+      return unavailable(o)
+    end
+    result, rerr = self:run(o, sock, keyed, deadline)
+  end
+  if result == nil then
+    env.close(sock)
+    self:failed(o, rerr)
+    return unavailable(o)
+  end
+  env.keep(sock)
+  self:succeeded(o)
+  if result.config then
+    self:once("err", result.config)
+    return { status = 500, headers = {}, body = M.CONFIG_BODY, source = "config" }
+  end
+  return result
+end
+
+
+-- The call on a connected socket: an answer, { config = message }, or nil and a transport error.
+function Limiter:run(o, sock, keyed, deadline)
+  local env = self.env
+  local where = o.redis.text
+  if o.password and sock:reused() == 0 and not sock.exchange then
+    local replies, err = self:round_trip(sock, { { "AUTH", o.password } }, deadline)
+    if not replies then return nil, err end
+    if M.is_error(replies[1]) then
+      return { config = format("ratelimit: AUTH on %s: %s", where, replies[1].message) }
+    end
+  end
+  local engine = o.engine ~= "auto" and o.engine or self.engines[where] or "module"
+  for _ = 1, 3 do
+    if engine == "module" then
+      local commands, gets = {}, {}
+      local now = env.now_ms()
+      for i = 1, #keyed do
+        local l = keyed[i]
+        local cached = l.policy and self.policies[l.policy]
+        if l.policy and (not cached or now - cached[1] >= POLICY_REFRESH_MS) then
+          commands[#commands + 1] = { "RATELIMIT.POLICY", "GET", l.policy }
+          gets[#gets + 1] = l.policy
+        end
+      end
+      for i = 1, #keyed do
+        local l = keyed[i]
+        local cached = l.policy and self.policies[l.policy]
+        -- A policy the server lacks: its fallback, if it has one (the server says which).
+        l.use_fallback = l.policy and cached and cached[2] == false and l.spec ~= nil
+      end
+      local check = module_command(o, keyed)
+      commands[#commands + 1] = check
+      local replies, err = self:round_trip(sock, commands, deadline)
+      if not replies then return nil, err end
+      local reply = replies[#replies]
+      if unknown_command(replies[1]) or unknown_command(reply) then
+        if o.engine == "module" then
+          local said = unknown_command(reply) and reply or replies[1]
+          return { config = format("ratelimit: engine = \"module\" but Redis %s has no "
+            .. "module: %s", where, said.message) }
+        end
+        engine = "library"
+      else
+        for i = 1, #gets do
+          local def = replies[i]
+          local period = false
+          if type(def) == "table" then
+            for k = 1, #def - 1, 2 do
+              if def[k] == "period_ms" then period = def[k + 1] end
+            end
+          end
+          self.policies[gets[i]] = { now, period }
+          if period == false then
+            local has_fallback = false
+            for j = 1, #keyed do
+              if keyed[j].policy == gets[i] and keyed[j].spec then has_fallback = true end
+            end
+            if has_fallback then
+              self:once("warn", format("ratelimit: Redis %s has no policy '%s': using its "
+                .. "fallback", where, gets[i]))
+            end
+          end
+        end
+        if M.is_error(reply) then
+          local missing = match(reply.message, "no such policy '([^']*)'")
+          local retry = false
+          for j = 1, #keyed do
+            if missing and keyed[j].policy == missing and keyed[j].spec
+              and not keyed[j].use_fallback then
+              self.policies[missing] = { now, false }
+              retry = true
+            end
+          end
+          if not retry then
+            return { config = format("ratelimit: Redis %s answered %s to %s", where,
+              reply.message, concat(check, " ")) }
+          end
+        else
+          self:use(o, "module")
+          return self:answer(keyed, reply, "module", where, check)
+        end
+      end
+    else
+      local ok, err = self:ensure_library(o, sock, deadline)
+      if ok == nil then return nil, err end
+      if ok == false then return { config = err } end
+      local command, why = library_command(o, keyed)
+      if not command then return { config = why } end
+      local replies, rerr = self:round_trip(sock, { command }, deadline)
+      if not replies then return nil, rerr end
+      local reply = replies[1]
+      if function_not_found(reply) then
+        self.library_ready[where] = nil -- flushed meanwhile: load it again, once
+      elseif M.is_error(reply) then
+        return { config = format("ratelimit: Redis %s answered %s to %s", where, reply.message,
+          concat(command, " ")) }
+      else
+        self:use(o, "library", o.engine == "library" and "engine = \"library\""
+          or "the server has no module")
+        return self:answer(keyed, reply, "library", where, command)
+      end
+    end
+  end
+  return { config = format("ratelimit: Redis %s: no engine answered", where) }
+end
+
+-- The HTTP answer to a CHECK or CHECKALL reply.
+function Limiter:answer(keyed, reply, source, where, command)
+  local decisions, overall = {}, nil
+  if #keyed == 1 then
+    decisions[1] = M.decision(reply)
+  elseif type(reply) == "table" then
+    overall = M.decision(reply[1])
+    for i = 1, #keyed do decisions[i] = M.decision(reply[i + 1]) end
+  end
+  local limits = {}
+  for i = 1, #keyed do
+    local l = keyed[i]
+    if not decisions[i] or (#keyed > 1 and not overall) then
+      return { config = format("ratelimit: Redis %s gave an unexpected reply to %s", where,
+        concat(command, " ")) }
+    end
+    local period = l.spec and l.spec.period_ms
+    if l.policy and not l.use_fallback and source == "module" then
+      local cached = self.policies[l.policy]
+      period = cached and cached[2] or nil
+    end
+    limits[i] = { l.name, period, decisions[i] }
+  end
+  local result = M.answer(limits, overall)
+  result.source = source
+  return result
+end
+
+return M
