@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fails on a comment that names a file of this repository that does not exist: a path
 # (`core/src/codec/limiter.rs`, `tests/integration/fixtures/`, `../fixtures/x.txt`) resolved from
-# the repository's root or from the commenting file's folder, or a bare file name (`txn.rs`,
-# `40-arguments.lua`) that no tracked file bears. A comment is a line's text after `//`, `#` or
+# the repository's root or from the commenting file's folder, a source file named from inside its
+# folder (`store/codec.rs`) that no tracked path ends with, or a bare Rust file name (`txn.rs`)
+# that no tracked file bears. A comment is a line's text after `//`, `#` or
 # `--` (by the file's language), or a line inside `/* ... */`. A path into another project (a URL,
 # `redis/redis src/module.c`) is told by what precedes it; a line with `lint-paths: ignore` is
 # skipped. Usage: tests/lint-paths.sh [FILE...] (default: every tracked file); exit 1 on a miss.
@@ -31,10 +32,11 @@ LINE = {
 BLOCK = {".rs", ".ts", ".mts", ".js", ".mjs", ".cjs", ".c", ".h", ".go"}
 EXT = r"(?:rs|lua|py|pyi|ts|mts|mjs|cjs|js|sh|toml|md|txt|json|yml|yaml|c|h|conf|cfg|ini)"
 PATH = re.compile(r"(?<![\w./:-])((?:\.\.?/)*(?:[\w.-]+/)+(?:[\w.-]+\." + EXT + r"\b|[\w.-]+/)?)")
-# Bare names are checked for source files only (`results.md`, `valkey.conf` may be outputs or
-# another program's).
+# A path from inside a folder is checked for source files only; a bare name for Rust files only,
+# the modules a comment names by file (`txn.rs`): a bare `results.md`, `valkey.conf` or
+# `functions.lua` may be an output, another program's, or a name a file is installed under.
 SOURCE = r"(?:rs|lua|py|pyi|ts|mts|mjs|cjs|js|sh|c|h)"
-BARE = re.compile(r"(?<![\w./:-])([\w-]+(?:\.[\w-]+)*\." + SOURCE + r")(?![\w/])")
+BARE = re.compile(r"(?<![\w./:-])([\w-]+\.rs)(?![\w/])")
 # Words before a path that say it is another project's.
 FOREIGN = re.compile(r"(https?://|\b[\w.-]+/[\w.-]+(?:'s)?\s+`?$|\bredis/redis\b|\bupstream\b)", re.I)
 
@@ -109,7 +111,8 @@ files = sys.argv[1:] or tracked
 for path in files:
     if not os.path.isfile(path) or marker(path) is None and os.path.splitext(path)[1] not in BLOCK:
         continue
-    if "/corpus/" in path or path.endswith((".lock", "package-lock.json")):
+    # This script's own comments name examples of what it finds.
+    if "/corpus/" in path or path.endswith((".lock", "package-lock.json", "lint-paths.sh")):
         continue
     try:
         text = open(path, encoding="utf-8").read()
