@@ -149,7 +149,7 @@ fn find(name: &[u8]) -> Option<usize> {
 
 /// A plain decimal integer, by the same rules as every numeric argument of the commands.
 fn parse_integer(text: &[u8]) -> Option<i64> {
-    crate::integer::parse_integer(text).and_then(|value| i64::try_from(value).ok())
+    redis_ratelimit_core::integer::parse_integer(text).and_then(|value| i64::try_from(value).ok())
 }
 
 /// The load argument that chooses the dialects.

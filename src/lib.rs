@@ -15,16 +15,13 @@ pub(crate) mod server;
 pub(crate) mod stats;
 pub(crate) mod store;
 
-// The pure core (no Redis): the algorithms, the error texts, integer parsing and the policies'
-// definitions, under the names the module's code has always used.
-pub(crate) use redis_ratelimit_core::{algorithms, error, integer, policy};
-
 use std::ffi::{c_int, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context, RedisString, Status};
+use redis_ratelimit_core::algorithms::Kind;
+use redis_ratelimit_core::policy;
 
-use crate::algorithms::Kind;
 use crate::store::LIMITER_TYPE;
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
@@ -72,7 +69,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    for command in commands::COUNTED {
+    for command in commands::COMMANDS.iter().filter(|command| command.counted) {
         commands::resetstat::counted(command.name);
     }
     if let Err(why) = commands::registry::register_container(ctx.ctx, &commands::policy::CONTAINER)

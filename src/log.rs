@@ -1,6 +1,8 @@
-//! Logging through Redis's log, from any code of the module (a leaf: it uses nothing of ours).
+//! Logging through Redis's log, from any code of the module, and the type callbacks' panic guard
+//! (a leaf: it uses nothing of ours).
 
 use std::ffi::CString;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use redis_module::raw;
@@ -22,4 +24,12 @@ pub fn log_warning(message: &str) {
             };
         }
     }
+}
+
+/// Runs a type callback, turning a panic into `fallback`, logged (never unwinding into Redis).
+pub(crate) fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        log_warning(&format!("ratelimit: {name} callback panicked"));
+        fallback
+    })
 }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use crate::algorithms::Kind;
+use redis_ratelimit_core::algorithms::Kind;
 
 const N: usize = Kind::EVERY.len();
 

@@ -12,10 +12,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use redis_ratelimit_core::algorithms::block::check_blocking_into;
+use redis_ratelimit_core::algorithms::block::check_blocking;
 use redis_ratelimit_core::algorithms::{
     ceil_div, largest_grant, last_unit_delay_ms, refund, to_u64, Algorithm, Limiter, Params,
-    Refunded, Request, State, Written, MAX_AMOUNT, MAX_PERIOD_MS,
+    Refunded, Request, State, Write, MAX_AMOUNT, MAX_PERIOD_MS,
 };
 
 /// The format's version: a change of the file's shape (not of its values) is a new version.
@@ -96,7 +96,7 @@ impl Keyspace {
                 let peek = |cost| {
                     let mut copy = self.keys.get(key).cloned();
                     let mut created = None;
-                    check_blocking_into(
+                    check_blocking(
                         copy.as_mut(),
                         &request(cost),
                         false,
@@ -137,9 +137,9 @@ impl Keyspace {
     ) -> [i64; 6] {
         let mut created = None;
         let (outcome, written, _) =
-            check_blocking_into(self.keys.get_mut(key), request, commit, block, &mut created)
+            check_blocking(self.keys.get_mut(key), request, commit, block, &mut created)
                 .expect("one algorithm per key");
-        if let (Written::Created, Some(limiter)) = (written, created) {
+        if let (Write::Created, Some(limiter)) = (written, created) {
             self.keys.insert(key.to_string(), limiter);
         }
         outcome.decision.to_array()
@@ -222,7 +222,7 @@ pub fn stored_json(limiter: &Limiter) -> String {
         cost: 0,
         now_ms: limiter.last_ms,
     };
-    let (outcome, _, _) = check_blocking_into(Some(&mut copy), &request, false, None, &mut None)
+    let (outcome, _, _) = check_blocking(Some(&mut copy), &request, false, None, &mut None)
         .expect("its own algorithm");
     let d = outcome.decision.to_array();
     let mut info = format!(

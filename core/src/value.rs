@@ -21,7 +21,7 @@
 //! beside an entry shared by the keys of the same parameters. This form is for the rest, and for
 //! the replication payload of every bucket and window.
 //!
-//! Stored formats: this layout is also payload kind `3` (`codec.rs`), which replication streams
+//! Stored formats: this layout is also payload kind `3` (`codec/change.rs`), which replication streams
 //! and AOF files hold: changing it needs a new `Change` kind (the old one still decoded) and so
 //! an encoding change; tests/integration/fixtures/ pins it byte for byte.
 
@@ -535,8 +535,9 @@ mod tests {
             cost: 1,
             now_ms: (1 << 53) - 1 - 2 * MAX_PERIOD_MS,
         };
-        match check(None, &request, true).unwrap().1 {
-            Write::Created(limiter) => limiter,
+        let mut created = None;
+        match check(None, &request, true, &mut created).unwrap().1 {
+            Write::Created => created.expect("a created limiter"),
             other => panic!("{other:?}"),
         }
     }

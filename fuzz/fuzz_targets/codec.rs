@@ -10,7 +10,7 @@
 //!   parameters, at its own time and later) without a panic, and every state they then store encodes
 //!   and decodes again, so a key that a crafted payload installed cannot later make RDB or a
 //!   replica refuse the keys derived from it;
-//! - what `rdb_load` stores: a limiter that fits a compact word (`store/compact.rs`) comes back
+//! - what `rdb_load` stores: a limiter that fits a compact word (`core/src/compact.rs`) comes back
 //!   from it whole.
 #![no_main]
 
@@ -69,7 +69,11 @@ fuzz_target!(|data: &[u8]| {
                     return;
                 }
                 // RATELIMIT.APPLY on a missing key.
-                let Write::Created(limiter) = sliding_log::append(None, &params, t_ms, cost) else {
+                let mut created = None;
+                let (Write::Created, Some(limiter)) = (
+                    sliding_log::append(None, &params, t_ms, cost, &mut created),
+                    created,
+                ) else {
                     panic!("an append to nothing creates the key");
                 };
                 assert_eq!(
@@ -91,13 +95,15 @@ fuzz_target!(|data: &[u8]| {
                     cost,
                     now_ms: t_ms,
                 };
-                let (acquired, write) = concurrency::acquire(None, &request, 100_000, true)
-                    .expect("a decoded acquire is valid");
+                let mut created = None;
+                let (acquired, write) =
+                    concurrency::acquire(None, &request, 100_000, true, &mut created)
+                        .expect("a decoded acquire is valid");
                 assert!(
                     acquired.decision.allowed,
                     "a decoded acquire fits its limit"
                 );
-                let Write::Created(limiter) = write else {
+                let (Write::Created, Some(limiter)) = (write, created) else {
                     panic!("an acquire on nothing creates the key");
                 };
                 assert_eq!(
@@ -158,9 +164,11 @@ fn exercise(limiter: Limiter) {
         let block_ms = Some(own.period_ms);
         let mut copy = stored.clone();
         let (peeked, _, _) =
-            block::check_blocking(copy.as_mut(), &request, false, block_ms).expect("one algorithm");
+            block::check_blocking(copy.as_mut(), &request, false, block_ms, &mut None)
+                .expect("one algorithm");
+        let mut created = None;
         let (outcome, write, blocking) =
-            block::check_blocking(stored.as_mut(), &request, true, block_ms)
+            block::check_blocking(stored.as_mut(), &request, true, block_ms, &mut created)
                 .expect("one algorithm");
         if blocking == Blocking::None {
             assert_eq!(peeked, outcome, "PEEK and CHECK disagree");
@@ -171,7 +179,7 @@ fn exercise(limiter: Limiter) {
         let decision = outcome.decision;
         assert!(decision.remaining <= decision.limit);
         assert_eq!(decision.allowed, decision.retry_after_ms == 0);
-        if let Write::Created(created) = write {
+        if let (Write::Created, Some(created)) = (write, created) {
             stored = Some(created);
         }
         if outcome.consumed || matches!(blocking, Blocking::Started(_)) {
@@ -224,8 +232,10 @@ fn exercise_leases(limiter: Limiter) {
             cost,
             now_ms,
         };
-        let peeked = concurrency::acquire(stored.clone().as_mut(), &request, 100_000, false);
-        let result = concurrency::acquire(stored.as_mut(), &request, 100_000, true);
+        let peeked =
+            concurrency::acquire(stored.clone().as_mut(), &request, 100_000, false, &mut None);
+        let mut created = None;
+        let result = concurrency::acquire(stored.as_mut(), &request, 100_000, true, &mut created);
         assert_eq!(
             peeked.map(|(acquired, _)| acquired),
             result
@@ -240,7 +250,7 @@ fn exercise_leases(limiter: Limiter) {
         let decision = acquired.decision;
         assert!(decision.remaining <= decision.limit);
         assert_eq!(decision.allowed, decision.retry_after_ms == 0);
-        if let Write::Created(created) = write {
+        if let (Write::Created, Some(created)) = (write, created) {
             stored = Some(created);
         }
         if let Some(limiter) = &stored {

@@ -141,14 +141,18 @@ fn check_canonical_round_trip(accepted: &CheckArgs) {
 /// One call as the command makes it: the PEEK first (it must answer what the CHECK then does).
 fn call(stored: &mut Option<Limiter>, request: &Request) -> Outcome {
     let mut copy = stored.clone();
-    let (peeked, write) = algorithms::check(copy.as_mut(), request, false).expect("one algorithm");
+    let (peeked, write) =
+        algorithms::check(copy.as_mut(), request, false, &mut None).expect("one algorithm");
     assert!(matches!(write, Write::Nothing));
     assert_eq!(&copy, stored, "PEEK changed the state");
+    let mut created = None;
     let (outcome, write) =
-        algorithms::check(stored.as_mut(), request, true).expect("one algorithm");
+        algorithms::check(stored.as_mut(), request, true, &mut created).expect("one algorithm");
     assert_eq!(peeked, outcome, "PEEK and CHECK disagree");
+    assert_eq!(write == Write::Created, created.is_some());
     match write {
-        Write::Created(limiter) => {
+        Write::Created => {
+            let limiter = created.expect("created");
             assert!(stored.is_none() || outcome.consumed);
             *stored = Some(limiter);
         }
@@ -238,7 +242,7 @@ fn run_cores(accepted: &CheckArgs) {
             };
             let mut later = stored.clone();
             let (after, _) =
-                algorithms::check(later.as_mut(), &probe, false).expect("one algorithm");
+                algorithms::check(later.as_mut(), &probe, false, &mut None).expect("one algorithm");
             assert_eq!(
                 after.decision.remaining, capacity,
                 "not fresh at reset_after_ms"

@@ -43,14 +43,17 @@ fuzz_target!(|data: &[u8]| {
         cost: parsed.cost,
         now_ms: parsed.at_ms.unwrap_or(CLOCK_MS),
     };
-    let (peeked, _) = concurrency::acquire(None, &request, 100_000, false).expect("valid");
-    let (acquired, write) = concurrency::acquire(None, &request, 100_000, true).expect("valid");
+    let (peeked, _) =
+        concurrency::acquire(None, &request, 100_000, false, &mut None).expect("valid");
+    let mut created = None;
+    let (acquired, write) =
+        concurrency::acquire(None, &request, 100_000, true, &mut created).expect("valid");
     assert_eq!(peeked, acquired);
     let decision = acquired.decision;
     assert_eq!(decision.allowed, parsed.cost <= params.limit);
     assert_eq!(decision.allowed, decision.retry_after_ms == 0);
     assert!(decision.remaining <= decision.limit);
-    let Write::Created(mut limiter) = write else {
+    let (Write::Created, Some(mut limiter)) = (write, created) else {
         assert!(!decision.allowed);
         return;
     };

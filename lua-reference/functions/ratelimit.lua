@@ -291,7 +291,7 @@ local function server_now()
 end
 
 -- ---- src/40-arguments.lua -------------------------------------------------------------------
--- Arguments: the module's grammar (src/commands/parse.rs). An error is a table: `msg` the
+-- Arguments: the module's grammar (core/src/parse/). An error is a table: `msg` the
 -- reply, `shared` when it concerns COST, AT or an unknown option (no limit spec's in CHECKALL),
 -- `arity` for a wrong number of arguments (its text names the function).
 
@@ -894,8 +894,8 @@ end
 
 -- ---- src/60-token-bucket.lua ----------------------------------------------------------------
 -- The fixed-size algorithms, one part each (docs/algorithms.md; the module's
--- src/algorithms/): (stored state or nil, spec, cost, now) -> reply, t, and the state to store
--- if the call consumes (a, and b for the sliding window). Each call is evaluated at
+-- core/src/algorithms/): (stored state or nil, spec, cost, now) -> reply, t, and the state to
+-- store if the call consumes (a, and b for the sliding window). Each call is evaluated at
 -- t = max(now, last). They read and write nothing: 75-one-limit stores what they decide.
 
 -- The token bucket: `tokens`, scaled (one request is P).
@@ -1271,10 +1271,10 @@ local function log_write(key, st, res, spec, cost, t, reset)
 end
 
 -- ---- src/70-blocks.lua ----------------------------------------------------------------------
--- Blocks (BLOCK duration, the module's src/algorithms/block.rs). A consuming call the algorithm
--- rejects (a cost it can ever admit) with BLOCK d, on a stored key, blocks the key until t + d;
--- until then every call is rejected and changes nothing. The block's end may pass 2^53 (t just
--- below it): it is kept in decimal too, and the time left computed exactly.
+-- Blocks (BLOCK duration, the module's core/src/algorithms/block.rs). A consuming call the
+-- algorithm rejects (a cost it can ever admit) with BLOCK d, on a stored key, blocks the key until
+-- t + d; until then every call is rejected and changes nothing. The block's end may pass 2^53
+-- (t just below it): it is kept in decimal too, and the time left computed exactly.
 
 -- The time left at t in the block of st (a state table), or nil when it is not blocked at t.
 local function block_left(st, t)
@@ -1554,8 +1554,8 @@ local function take(keys, args)
 end
 
 -- ---- src/80-leases.lua ----------------------------------------------------------------------
--- Concurrency limits (leases), as the module's src/algorithms/concurrency.rs: at most `limit`
--- cost held at once, each lease (id, cost, expiry) held until it is released or expires. At
+-- Concurrency limits (leases), as the module's core/src/algorithms/concurrency.rs: at most
+-- `limit` cost held at once, each lease (id, cost, expiry) held until it is released or expires. At
 -- t = max(call, last): the live leases are those with expiry > t, `held` their cost. An acquire
 -- of n under id is admitted if the other ids' live leases plus n fit the limit; it then stores
 -- (id, n, t + lease-duration) (a new lease, or the id's live one renewed: cost replaced, expiry

@@ -13,17 +13,18 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::concurrency::{self, Acquire, Released};
+use redis_ratelimit_core::algorithms::{sliding_log, Algorithm, Kind, Limiter, Refunded, Write};
+use redis_ratelimit_core::codec::Change;
+use redis_ratelimit_core::error::{self, ArgError};
+use redis_ratelimit_core::value::LimiterRef;
 
+use super::call::{handler, Call};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
+use super::txn::refused;
 use super::txn::Txn;
-use super::{handler, refused, Call};
-use crate::algorithms::concurrency::{self, Acquire, Released};
-use crate::algorithms::{sliding_log, Algorithm, Kind, Limiter, Refunded, Write};
 use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
-use crate::error::{self, ArgError};
-use crate::store::codec::Change;
-use crate::store::value::LimiterRef;
-use crate::store::{Slot, APPLY_COMMAND};
+use crate::store::{Slot, APPLY_COMMAND, APPLY_SHORT_NAME};
 
 const ARGS: [Arg; 2] = [
     Arg::new(c"key", ArgType::Key),
@@ -42,19 +43,18 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(1); sliding-log: O(appended entries)",
     args: &ARGS,
     acl: "write slow dangerous ratelimit",
+    counted: false,
     handler: handler!(run),
 };
-
-/// The name commands replicate their writes under.
-pub(crate) const SHORT_NAME: &std::ffi::CStr = c"rla";
 
 /// `RATELIMIT.APPLY` under its short name: the same arguments, flags, keys and ACL categories.
 /// Not in `@ratelimit`, the category applications are granted: only a master and AOF loading send
 /// it, and neither goes through ACL, so `+@ratelimit -ratelimit.apply` keeps both names away.
 pub(crate) const SHORT: Command = Command {
-    name: SHORT_NAME,
+    name: APPLY_SHORT_NAME,
     summary: c"RATELIMIT.APPLY's short name, used in the replication stream and the AOF",
     acl: "write slow dangerous",
+    counted: false,
     ..COMMAND
 };
 
@@ -112,10 +112,11 @@ fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
             if !fits {
                 return Err(state());
             }
-            match sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost) {
-                Write::Created(limiter) => {
+            let mut created = None;
+            match sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost, &mut created) {
+                Write::Created => {
                     drop(stored);
-                    txn.create(limiter).map_err(refused)?;
+                    txn.create(created.ok_or_else(state)?).map_err(refused)?;
                 }
                 _ => store(stored)?,
             }
@@ -180,13 +181,19 @@ fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
                 cost,
                 now_ms: t_ms,
             };
-            let (acquired, write) =
-                match concurrency::acquire(stored.as_deref_mut(), &request, bound, true) {
-                    Ok(result) if result.0.decision.allowed => result,
-                    _ => return Err(state()),
-                };
-            match write {
-                Write::Created(limiter) => {
+            let mut created = None;
+            let (acquired, write) = match concurrency::acquire(
+                stored.as_deref_mut(),
+                &request,
+                bound,
+                true,
+                &mut created,
+            ) {
+                Ok(result) if result.0.decision.allowed => result,
+                _ => return Err(state()),
+            };
+            match (write, created) {
+                (Write::Created, Some(limiter)) => {
                     drop(stored);
                     let expires_at_ms = limiter.expires_at_ms();
                     txn.create(limiter).map_err(refused)?;

@@ -6,15 +6,16 @@ use std::ffi::c_int;
 use std::mem::MaybeUninit;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::Request;
+use redis_ratelimit_core::error::ArgError;
+use redis_ratelimit_core::parse::{parse_call, CallArgs};
+use redis_ratelimit_core::policy::Mode;
 
-use super::parse::{parse_call as parse_args, CallArgs};
+use super::call::{handler, now_ms, Call};
+use super::decide::decide;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ, KEY_UPDATED, LIMIT};
-use super::{decide, handler, now_ms, Call};
-use crate::algorithms::Request;
 use crate::config::max_log_limit;
-use crate::error::ArgError;
-use crate::policy::Mode;
 
 /// The most arguments a CHECK can meaningfully have (name, key, spec, three options).
 const MAX_ARGS: usize = 11;
@@ -39,6 +40,7 @@ pub(crate) const CHECK: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(|call| run(call, true)),
 };
 
@@ -54,16 +56,13 @@ pub(crate) const PEEK: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "read fast ratelimit",
+    counted: false,
     handler: handler!(|call| run(call, false)),
 };
 
-/// Parses the arguments after the key of a CHECK-shaped call.
-pub fn parse_call<'a>(call: &'a Call, first: usize, name: &str) -> Result<CallArgs<'a>, String> {
-    parse_call_with(call, first, name, parse_args)
-}
-
-/// [`parse_call`] with another parser of the same arguments (REFUND's).
-pub fn parse_call_with<'a>(
+/// Parses the arguments of a CHECK-shaped call from position `first` on with `parse` (the core's
+/// parser of CHECK's arguments, or TAKE's or REFUND's), read in place; the error is the reply.
+pub fn parse_args<'a>(
     call: &'a Call,
     first: usize,
     name: &str,
@@ -93,7 +92,7 @@ fn run(call: &Call, commit: bool) -> c_int {
     } else {
         "ratelimit.peek"
     };
-    let args = match parse_call(call, 2, name) {
+    let args = match parse_args(call, 2, name, parse_call) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };

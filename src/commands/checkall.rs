@@ -22,19 +22,22 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::block::{blocked_answer, check_blocking, Blocking};
+use redis_ratelimit_core::algorithms::{Decision, Limiter, Outcome, Request};
+use redis_ratelimit_core::codec::Change;
+use redis_ratelimit_core::error;
+use redis_ratelimit_core::integer::parse_integer;
+use redis_ratelimit_core::parse::parse_checkall;
+use redis_ratelimit_core::policy::{self, Mode};
 
-use super::parse::{parse_checkall, parse_integer};
+use super::call::{handler, now_ms, Call, KeyGroups};
+use super::decide::evaluate;
 use super::policy::{resolve, Resolved};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
+use super::txn::refused;
 use super::txn::{Event, Txn};
-use super::{evaluate, handler, now_ms, refused, Call, KeyGroups};
-use crate::algorithms::block::{blocked_answer, check_blocking, Blocking};
-use crate::algorithms::{Decision, Limiter, Outcome, Request, Write};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
-use crate::error;
-use crate::policy::{self, Mode};
-use crate::store::codec::Change;
 use crate::store::Slot;
 
 /// The first key is argument 2, after `numkeys`.
@@ -61,6 +64,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(N) for N keys (sliding-log keys: O(log size) each)",
     args: &ARGS,
     acl: "write slow ratelimit",
+    counted: true,
     handler: handler!(run),
 };
 
@@ -252,11 +256,14 @@ fn decide(
                 Slot::Limiter(limiter) => Some(Limiter::clone(&limiter)),
             }),
         };
-        let (outcome, write, blocking) = check_blocking(copy.as_mut(), request, true, None)
-            .map_err(|mismatch| {
-                error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
-            })?;
-        if let Write::Created(limiter) = write {
+        let mut created = None;
+        let (outcome, _, blocking) =
+            check_blocking(copy.as_mut(), request, true, None, &mut created).map_err(
+                |mismatch| {
+                    error::algorithm_mismatch(mismatch.stored.name(), request.algorithm.name())
+                },
+            )?;
+        if let Some(limiter) = created {
             *copy = Some(limiter);
         }
         outcomes.push(outcome);

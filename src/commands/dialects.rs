@@ -17,12 +17,15 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{
+    Algorithm, Decision, Params, Request, MAX_AMOUNT, MAX_PERIOD_MS,
+};
+use redis_ratelimit_core::integer::parse_integer;
+use redis_ratelimit_core::policy::Mode;
 
-use super::parse::parse_integer;
+use super::call::{handler, now_ms, Call};
+use super::decide::decide;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
-use super::{decide, handler, now_ms, Call};
-use crate::algorithms::{Algorithm, Decision, Params, Request, MAX_AMOUNT, MAX_PERIOD_MS};
-use crate::policy::Mode;
 
 /// A dialect call, parsed: the limit and the cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,6 +171,7 @@ pub(crate) const THROTTLE: Command = Command {
     complexity: c"O(1)",
     args: &THROTTLE_ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(|call| run(call, parse_throttle)),
 };
 
@@ -191,6 +195,7 @@ pub(crate) const GCRA: Command = Command {
     complexity: c"O(1)",
     args: &GCRA_ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(|call| run(call, parse_gcra)),
 };
 

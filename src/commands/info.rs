@@ -8,12 +8,14 @@
 use std::ffi::{c_int, CStr, CString};
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::block::check_blocking;
+use redis_ratelimit_core::algorithms::{
+    ceil_div, concurrency, to_u64, Kind, Limiter, Request, State,
+};
+use redis_ratelimit_core::error::{self, ArgError};
 
+use super::call::{handler, now_ms, Call};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_READ};
-use super::{handler, now_ms, Call};
-use crate::algorithms::block::check_blocking;
-use crate::algorithms::{ceil_div, concurrency, to_u64, Kind, Limiter, Request, State};
-use crate::error::{self, ArgError};
 use crate::store::{Key, Slot};
 
 const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key)];
@@ -30,6 +32,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "read fast ratelimit",
+    counted: false,
     handler: handler!(run),
 };
 
@@ -119,7 +122,8 @@ fn run(call: &Call) -> c_int {
         now_ms: now,
     };
     // What a COST 0 PEEK answers now: a block too.
-    let (outcome, _, _) = match check_blocking(Some(&mut limiter), &request, false, None) {
+    let (outcome, _, _) = match check_blocking(Some(&mut limiter), &request, false, None, &mut None)
+    {
         Ok(decided) => decided,
         Err(_) => return call.error(error::INTERNAL),
     };

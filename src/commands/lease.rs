@@ -19,18 +19,19 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::concurrency::{self, Acquire, AcquireError, Released};
+use redis_ratelimit_core::algorithms::{Kind, Write};
+use redis_ratelimit_core::codec::{encode_lease_acquire, encode_lease_release};
+use redis_ratelimit_core::error::{self, ArgError};
+use redis_ratelimit_core::parse::{parse_acquire, parse_release, LEASE_ID_MAX};
+use redis_ratelimit_core::policy::Mode;
 
-use super::parse::{parse_acquire, parse_release, LEASE_ID_MAX};
+use super::call::{handler, now_ms, Call};
 use super::policy::resolve_lease;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED};
+use super::txn::refused;
 use super::txn::{Event, Txn};
-use super::{handler, now_ms, refused, Call};
-use crate::algorithms::concurrency::{self, Acquire, AcquireError, Released};
-use crate::algorithms::{Kind, Write};
 use crate::config::{max_leases, MAX_MAX_LEASES};
-use crate::error::{self, ArgError};
-use crate::policy::Mode;
-use crate::store::codec::{encode_lease_acquire, encode_lease_release};
 use crate::store::Slot;
 
 // The config's upper bound is what stored and replicated states are held to.
@@ -76,6 +77,7 @@ pub(crate) const ACQUIRE: Command = Command {
     complexity: c"O(log N) for N live leases",
     args: &ACQUIRE_ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(run_acquire),
 };
 
@@ -91,6 +93,7 @@ pub(crate) const RELEASE: Command = Command {
     complexity: c"O(log N) for N live leases",
     args: &RELEASE_ARGS,
     acl: "write fast ratelimit",
+    counted: false,
     handler: handler!(run_release),
 };
 
@@ -146,11 +149,17 @@ fn run_acquire(call: &Call) -> c_int {
             Slot::Empty => None,
             Slot::Limiter(handle) => Some(handle),
         };
-        let (acquired, write) =
-            match concurrency::acquire(stored.as_deref_mut(), &request, max_leases(), true) {
-                Ok(decided) => decided,
-                Err(error) => return call.error(&acquire_error(error)),
-            };
+        let mut created = None;
+        let (acquired, write) = match concurrency::acquire(
+            stored.as_deref_mut(),
+            &request,
+            max_leases(),
+            true,
+            &mut created,
+        ) {
+            Ok(decided) => decided,
+            Err(error) => return call.error(&acquire_error(error)),
+        };
         // A lease set is boxed: an update is in place already, and `store` keeps it there.
         let expires_at_ms = match write {
             Write::Nothing => None,
@@ -163,7 +172,10 @@ fn run_acquire(call: &Call) -> c_int {
                 }
                 None => None,
             },
-            Write::Created(limiter) => {
+            Write::Created => {
+                let Some(limiter) = created else {
+                    return call.error(error::INTERNAL);
+                };
                 // The key held nothing to keep a handle on; the new limiter goes in whole.
                 drop(stored);
                 let expires_at_ms = limiter.expires_at_ms();
@@ -186,7 +198,7 @@ fn run_acquire(call: &Call) -> c_int {
         );
     }
     let mode = through.as_ref().map_or(Mode::Enforce, |(mode, _)| *mode);
-    let (answer, shadowed) = crate::policy::answer(acquired.decision, mode);
+    let (answer, shadowed) = redis_ratelimit_core::policy::answer(acquired.decision, mode);
     txn.count(
         Kind::Leases,
         answer.allowed,

@@ -20,16 +20,16 @@ use std::ffi::{c_int, CString};
 use std::sync::Arc;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{Algorithm, Kind, Params};
+use redis_ratelimit_core::error::{self, ArgError};
+use redis_ratelimit_core::parse::{parse_policy_set, LeaseLimit, LimitArg};
+use redis_ratelimit_core::policy::{self, Counters, Mode, Policy, SetOutcome};
 
-use super::parse::{parse_policy_set, LeaseLimit, LimitArg};
+use super::call::{handler, replicate_verbatim, Call};
 use super::registry::{Arg, ArgType, Command, Container, Keys, LIMIT_SPEC};
-use super::{handler, replicate_verbatim, Call};
-use crate::algorithms::{Algorithm, Kind, Params};
 use crate::api::{has, rm};
 use crate::config::{max_log_limit, max_policies, MAX_MAX_LOG_LIMIT, MAX_MAX_POLICIES};
-use crate::error::{self, ArgError};
 use crate::log::log_warning;
-use crate::policy::{self, Counters, Mode, Policy, SetOutcome};
 
 const SET_ARGS: [Arg; 7] = [
     Arg::new(c"name", ArgType::String),
@@ -53,6 +53,7 @@ pub(crate) const SET: Command = Command {
     complexity: c"O(1)",
     args: &SET_ARGS,
     acl: "admin dangerous slow ratelimit",
+    counted: false,
     handler: handler!(run_set),
 };
 
@@ -65,6 +66,7 @@ pub(crate) const GET: Command = Command {
     complexity: c"O(1)",
     args: &NAME_ARG,
     acl: "read fast ratelimit",
+    counted: false,
     handler: handler!(run_get),
 };
 
@@ -77,6 +79,7 @@ pub(crate) const DEL: Command = Command {
     complexity: c"O(1)",
     args: &NAME_ARG,
     acl: "admin dangerous slow ratelimit",
+    counted: false,
     handler: handler!(run_del),
 };
 
@@ -89,6 +92,7 @@ pub(crate) const LIST: Command = Command {
     complexity: c"O(N log N) for N policies",
     args: &[],
     acl: "read slow ratelimit",
+    counted: false,
     handler: handler!(run_list),
 };
 

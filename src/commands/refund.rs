@@ -11,17 +11,18 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{self, Algorithm, Kind, Refunded, Request};
+use redis_ratelimit_core::codec::{encode_packed, encode_write, Change, Sink, StackBuf};
+use redis_ratelimit_core::error;
+use redis_ratelimit_core::parse::parse_refund;
+use redis_ratelimit_core::policy::Mode;
 
-use super::check::parse_call_with;
-use super::parse::parse_refund;
+use super::call::{handler, now_ms, Call};
+use super::check::parse_args;
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
+use super::txn::refused;
 use super::txn::Txn;
-use super::{handler, now_ms, refused, Call};
-use crate::algorithms::{self, Algorithm, Kind, Refunded, Request};
-use crate::error;
-use crate::policy::Mode;
-use crate::store::codec::{encode_packed, encode_write, Change, Sink, StackBuf};
 use crate::store::Slot;
 
 const ARGS: [Arg; 4] = [
@@ -43,11 +44,12 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(1); sliding-log: O(log size)",
     args: &ARGS,
     acl: "write fast ratelimit",
+    counted: false,
     handler: handler!(run),
 };
 
 fn run(call: &Call) -> c_int {
-    let args = match parse_call_with(call, 2, "ratelimit.refund", parse_refund) {
+    let args = match parse_args(call, 2, "ratelimit.refund", parse_refund) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };
@@ -118,7 +120,7 @@ fn run(call: &Call) -> c_int {
         .through
         .as_ref()
         .map_or(Mode::Enforce, |(mode, _)| *mode);
-    let (answer, _) = crate::policy::answer(outcome.decision, mode);
+    let (answer, _) = redis_ratelimit_core::policy::answer(outcome.decision, mode);
     call.reply_decision(&answer, call.resp3(), 0);
     raw::REDISMODULE_OK as c_int
 }

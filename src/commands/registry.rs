@@ -30,14 +30,9 @@ pub(crate) struct Handlers {
     pub counting: Handler,
 }
 
-/// The entry point Redis calls for `command`: the counting one for the commands of
-/// [`COUNTED`](super::COUNTED) and the dialects, whose calls `CONFIG RESETSTAT` is told by.
+/// The entry point Redis calls for `command`: the counting one for a [`Command::counted`].
 fn entry(command: &Command) -> Handler {
-    let counted = super::COUNTED
-        .iter()
-        .chain(super::dialects::COMMANDS.iter())
-        .any(|counted| counted.name == command.name);
-    if counted {
+    if command.counted {
         command.handler.counting
     } else {
         command.handler.plain
@@ -224,6 +219,11 @@ pub(crate) struct Command {
     /// (7.2+, Valkey); `ratelimit`, the module's own category, only where modules may add one
     /// (7.4+, Valkey 8), and left out on servers that cannot.
     pub acl: &'static str,
+    /// Every call is counted (`stats::count_call`, first thing in its handler: registration
+    /// gives it its counting handler), as Redis counts it in `INFO commandstats`: how a
+    /// `CONFIG RESETSTAT` that ran is told from one that was refused (`resetstat.rs`). CHECK,
+    /// CHECKALL, ACQUIRE, TAKE and the dialects.
+    pub counted: bool,
     pub handler: Handlers,
 }
 

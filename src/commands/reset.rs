@@ -3,11 +3,11 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::error::{self, ArgError};
 
+use super::call::{handler, Call, KeyGroups};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_REMOVED};
 use super::txn::Txn;
-use super::{handler, Call, KeyGroups};
-use crate::error::{self, ArgError};
 use crate::store::Slot;
 
 const ARGS: [Arg; 1] = [Arg::new(c"key", ArgType::Key).multiple()];
@@ -24,6 +24,7 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(N) for N keys",
     args: &ARGS,
     acl: "keyspace write slow ratelimit",
+    counted: false,
     handler: handler!(run),
 };
 

@@ -19,9 +19,9 @@ use std::ffi::{c_void, CStr, CString};
 use std::sync::Mutex;
 
 use redis_module::raw;
+use redis_ratelimit_core::policy::{self, Figures};
 
 use crate::api::{has, rm};
-use crate::policy::{self, Figures};
 use crate::stats;
 
 /// What the counters were when a `CONFIG RESETSTAT` went by.
@@ -34,7 +34,7 @@ struct Snapshot {
 static PENDING: Mutex<Vec<Snapshot>> = Mutex::new(Vec::new());
 
 /// The commands whose calls `stats::count_call` counts, as Redis names their commandstats lines
-/// (`cmdstat_<name>`): those of `commands::COUNTED`, and the dialects the module registered.
+/// (`cmdstat_<name>`): the `counted` ones the module registered.
 static COUNTED: Mutex<Vec<CString>> = Mutex::new(Vec::new());
 
 /// Declares a registered command whose calls `stats::count_call` counts (from OnLoad), by the
@@ -193,7 +193,7 @@ fn redis_calls() -> Option<u64> {
 fn calls_field(text: &[u8]) -> Option<u64> {
     let rest = text.strip_prefix(b"calls=")?;
     let end = rest.iter().position(|b| *b == b',').unwrap_or(rest.len());
-    crate::commands::parse::parse_integer(&rest[..end])
+    redis_ratelimit_core::integer::parse_integer(&rest[..end])
 }
 
 #[cfg(test)]

@@ -9,15 +9,16 @@
 use std::ffi::c_int;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{largest_grant, last_unit_delay_ms, Decision, Request};
+use redis_ratelimit_core::parse::parse_take;
+use redis_ratelimit_core::policy::Mode;
 
-use super::check::parse_call_with;
-use super::parse::parse_take;
+use super::call::{handler, now_ms, Call};
+use super::check::parse_args;
+use super::decide::{decide, evaluate};
 use super::policy::resolve;
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::txn::Txn;
-use super::{decide, evaluate, handler, now_ms, Call};
-use crate::algorithms::{largest_grant, last_unit_delay_ms, Decision, Request};
-use crate::policy::Mode;
 
 const NAME: &str = "ratelimit.take";
 
@@ -40,11 +41,12 @@ pub(crate) const COMMAND: Command = Command {
     complexity: c"O(log MAX); sliding-log: O(log MAX * log size)",
     args: &ARGS,
     acl: "write fast ratelimit",
+    counted: true,
     handler: handler!(run),
 };
 
 fn run(call: &Call) -> c_int {
-    let args = match parse_call_with(call, 2, NAME, parse_take) {
+    let args = match parse_args(call, 2, NAME, parse_take) {
         Ok(args) => args,
         Err(message) => return call.error(&message),
     };

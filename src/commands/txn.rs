@@ -4,7 +4,7 @@
 //!
 //! 1. **open** the key ([`Txn::open`]), for reading or for writing;
 //! 2. **decide**: the command asks a core, on the limiter the key holds ([`Txn::slot`]);
-//! 3. **store**: a changed limiter is written by [`LimiterRef::store`](crate::store::value::LimiterRef::store),
+//! 3. **store**: a changed limiter is written by [`LimiterRef::store`](redis_ratelimit_core::value::LimiterRef::store),
 //!    a new one by [`Txn::create`]; nothing is ever written when a handle or a `Txn` drops, so a
 //!    call that decided not to write simply does not store (PEEK, a rejection, `COST 0`);
 //! 4. then [`Txn::commit`], in this order:
@@ -26,22 +26,23 @@
 //! stored, so there is nothing to expire, replicate, count or notify, and the key closes.
 //!
 //! Counting the *calls* of the counted commands (`stats::count_call`, for `CONFIG RESETSTAT`) is
-//! not per key: the handler of every command of [`COUNTED`](super::COUNTED) does it, first thing,
-//! from its declaration (see [`handler!`](super::handler) and `registry::register`).
+//! not per key: the handler of every [`counted`](super::registry::Command::counted) command does it, first thing,
+//! from its declaration (see [`handler!`](super::call::handler) and `registry::register`).
 
 use std::ffi::{c_int, CStr};
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::Kind;
+use redis_ratelimit_core::codec::StackBuf;
+use redis_ratelimit_core::error;
+use redis_ratelimit_core::policy::Counters;
+use redis_ratelimit_core::value::Refused;
 
-use super::Call;
-use crate::algorithms::Kind;
+use super::call::Call;
 use crate::api::rm;
 use crate::log::log_warning;
-use crate::policy::Counters;
 use crate::stats;
-use crate::store::codec::StackBuf;
-use crate::store::value::Refused;
-use crate::store::{Key, Slot};
+use crate::store::{Key, Slot, APPLY_SHORT_NAME};
 
 /// What happens to the key's lifetime at commit.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -138,7 +139,10 @@ impl<'c> Txn<'c> {
     }
 
     /// Stores a new limiter in the key (it held none, or one to replace whole).
-    pub fn create(&mut self, limiter: crate::algorithms::Limiter) -> Result<(), Refused> {
+    pub fn create(
+        &mut self,
+        limiter: redis_ratelimit_core::algorithms::Limiter,
+    ) -> Result<(), Refused> {
         if self.key.set(limiter) {
             Ok(())
         } else {
@@ -158,7 +162,7 @@ impl<'c> Txn<'c> {
     }
 
     /// A buffer to write one replication payload into (`ratelimit.apply`'s, a
-    /// [`Change`](crate::store::codec::Change)); it is replicated at commit, after the ones
+    /// [`Change`](redis_ratelimit_core::codec::Change)); it is replicated at commit, after the ones
     /// staged before it.
     #[inline(always)]
     pub fn replicate(&mut self) -> &mut StackBuf {
@@ -262,7 +266,7 @@ impl<'c> Txn<'c> {
             replicate_del_key(self.call, self.name);
         }
         if self.verbatim {
-            super::replicate_verbatim(self.call);
+            super::call::replicate_verbatim(self.call);
         }
         self.key.close();
     }
@@ -322,7 +326,7 @@ fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]
     let status = unsafe {
         rm!(RedisModule_Replicate)(
             call.ctx,
-            super::apply::SHORT_NAME.as_ptr(),
+            APPLY_SHORT_NAME.as_ptr(),
             c"sb".as_ptr(),
             key,
             payload.as_ptr().cast::<std::ffi::c_char>(),
@@ -342,4 +346,11 @@ fn replicate_del_key(call: &Call, key: *mut raw::RedisModuleString) {
     if status != raw::REDISMODULE_OK as c_int {
         log_warning("ratelimit: could not replicate a limiter's removal");
     }
+}
+
+/// The reply for a value the key refused (never seen: Redis refuses only a key not opened for
+/// writing, and the commands that store open theirs for writing).
+pub(crate) fn refused(_: Refused) -> String {
+    log_warning("ratelimit: a key refused its changed limiter; nothing was changed");
+    error::INTERNAL.to_string()
 }

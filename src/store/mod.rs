@@ -5,26 +5,25 @@
 pub mod policies;
 
 // A stored limiter's forms and its binary encoding live in the core crate (no Redis).
-pub use redis_ratelimit_core::{codec, compact, value};
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
 use std::os::raw::c_char;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{Kind, Limiter};
+use redis_ratelimit_core::{codec, compact, value};
 
-use crate::algorithms::{Kind, Limiter};
 use crate::api::rm;
-use crate::log::log_warning;
+use crate::log::{guarded, log_warning};
 use crate::stats;
 use value::{Holder, LimiterRef, Value};
 
 /// Bumped when the RDB layout changes; `rdb_load` handles every version up to this one.
 ///
-/// Stored formats: the RDB encoding (`codec.rs`) is what users' RDB files hold, and the AOF
+/// Stored formats: the RDB encoding (`core/src/codec/`) is what users' RDB files hold, and the AOF
 /// rewrite's `APPLY_COMMAND` payload what their AOF files hold; changing either needs a new
 /// encoding version (or `Change` kind), with every older one still read.
 /// tests/integration/fixtures/ pins version 1 byte for byte.
@@ -34,6 +33,10 @@ pub const ENCODING_VERSION: c_int = 1;
 /// [`codec::Change`] replacing the whole limiter. The store owns what it writes; the apply command
 /// registers under this name to read it back.
 pub const APPLY_COMMAND: &CStr = c"ratelimit.apply";
+
+/// [`APPLY_COMMAND`]'s short name, the one commands replicate their writes under
+/// (`rla key payload`): three bytes in every replicated write.
+pub const APPLY_SHORT_NAME: &CStr = c"rla";
 
 /// The data type, exactly 9 characters as Redis requires.
 pub static LIMITER_TYPE: RedisType = RedisType::new(
@@ -65,14 +68,6 @@ pub static LIMITER_TYPE: RedisType = RedisType::new(
 
 fn raw_type() -> *mut raw::RedisModuleType {
     *LIMITER_TYPE.raw_type.borrow()
-}
-
-/// Runs a type callback, turning a panic into `fallback` (never unwinding into Redis).
-pub(crate) fn guarded<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        log_warning(&format!("ratelimit: {name} callback panicked"));
-        fallback
-    })
 }
 
 /// Hands a new limiter to Redis as a module value pointer: a compact word when it fits one (the

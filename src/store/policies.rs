@@ -7,7 +7,7 @@
 //! u32 count (LE)
 //! per policy, sorted by name:
 //!   u8 name length, the name (1 to 64 bytes of A-Z a-z 0-9 _ - .)
-//!   u8 algorithm (as in codec.rs), u64 limit, u64 period_ms, u64 capacity (LE), u8 mode (0 enforce, 1 shadow)
+//!   u8 algorithm (as in core/src/codec/), u64 limit, u64 period_ms, u64 capacity (LE), u8 mode (0 enforce, 1 shadow)
 //!   version 2: u64 block_ms (LE; 0: no BLOCK)
 //! ```
 //! Decoding refuses anything `RATELIMIT.POLICY SET` could not have defined.
@@ -22,12 +22,12 @@ use std::ffi::c_int;
 use std::sync::Mutex;
 
 use redis_module::raw;
+use redis_ratelimit_core::algorithms::{Algorithm, Kind, Params, MAX_PERIOD_MS};
+use redis_ratelimit_core::policy::{self, Definitions, Mode, Policy, Table};
 
-use crate::algorithms::{Algorithm, Kind, Params, MAX_PERIOD_MS};
 use crate::api::rm;
 use crate::config::MAX_MAX_LOG_LIMIT;
-use crate::policy::{self, Definitions, Mode, Policy, Table};
-use crate::store::{guarded, log_warning};
+use crate::log::{guarded, log_warning};
 
 const VERSION: u8 = 2;
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use redis_ratelimit_core::algorithms::{
-    self, Algorithm, Decision, Limiter, Outcome, Params, Request, Write,
+    self, Algorithm, Decision, Limiter, Outcome, Params, Request,
 };
 
 /// One limit as given on the command line, the period in ms.
@@ -67,9 +67,10 @@ impl Model {
     /// A CHECK of `key`: the core's outcome; what it creates is stored.
     pub fn outcome(&mut self, key: &str, request: &Request) -> Outcome {
         let stored = self.keys.entry(key.to_string()).or_default();
-        let (outcome, write) =
-            algorithms::check(stored.as_mut(), request, true).expect("same algorithm");
-        if let Write::Created(limiter) = write {
+        let mut created = None;
+        let (outcome, _) = algorithms::check(stored.as_mut(), request, true, &mut created)
+            .expect("same algorithm");
+        if let Some(limiter) = created {
             *stored = Some(limiter);
         }
         outcome

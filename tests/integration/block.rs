@@ -13,9 +13,7 @@ use common::{
     master_and_replica, pexpiretime, run_ok, send, six, Limit, Server,
 };
 use redis::Value;
-use redis_ratelimit_core::algorithms::{
-    self, Algorithm, Decision, Limiter, Params, Request, Write,
-};
+use redis_ratelimit_core::algorithms::{self, Algorithm, Decision, Limiter, Params, Request};
 
 #[test]
 fn the_worked_examples_of_the_algorithms_page_hold() {
@@ -97,11 +95,13 @@ impl Model {
         };
         if t < *until {
             let mut copy = stored.clone();
-            let (own, _) = algorithms::check(copy.as_mut(), request, false).unwrap();
+            let (own, _) = algorithms::check(copy.as_mut(), request, false, &mut None).unwrap();
             return blocked(&own.decision, *until);
         }
-        let (outcome, write) = algorithms::check(stored.as_mut(), request, commit).unwrap();
-        if let Write::Created(limiter) = write {
+        let mut created = None;
+        let (outcome, _) =
+            algorithms::check(stored.as_mut(), request, commit, &mut created).unwrap();
+        if let Some(limiter) = created {
             *stored = Some(limiter);
         }
         let own = outcome.decision;

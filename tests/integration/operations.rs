@@ -1,6 +1,6 @@
 //! Operations (docs/operations.md): `INFO ratelimit`, the `ratelimit.rejected` keyspace event and
 //! ACL key patterns, against real redis-servers. The module's configuration is in
-//! tests/module_configs.rs.
+//! tests/integration/module_configs.rs.
 
 use crate::common;
 

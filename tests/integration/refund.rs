@@ -216,7 +216,7 @@ fn model_refund(stored: &mut Option<Limiter>, request: &Request) -> [i64; 6] {
 fn peek(stored: &Option<Limiter>, request: &Request) -> [i64; 6] {
     let mut copy = stored.clone();
     let (outcome, write) =
-        algorithms::check(copy.as_mut(), request, false).expect("same algorithm");
+        algorithms::check(copy.as_mut(), request, false, &mut None).expect("same algorithm");
     assert!(matches!(write, Write::Nothing));
     outcome.decision.to_array()
 }
@@ -257,9 +257,10 @@ fn random_limit(rng: &mut Rng, algorithm: Algorithm) -> Lim {
 
 /// A CHECK through the cores, storing what it creates.
 fn model_check(stored: &mut Option<Limiter>, request: &Request) -> [i64; 6] {
-    let (outcome, write) =
-        algorithms::check(stored.as_mut(), request, true).expect("same algorithm");
-    if let Write::Created(limiter) = write {
+    let mut created = None;
+    let (outcome, _) =
+        algorithms::check(stored.as_mut(), request, true, &mut created).expect("same algorithm");
+    if let Some(limiter) = created {
         *stored = Some(limiter);
     }
     outcome.decision.to_array()

@@ -12,9 +12,7 @@
 //!   so when the block ends the key answers as its algorithm would then.
 //! - The first consuming call after the block clears it.
 
-use super::{
-    check, check_into, AlgorithmMismatch, Decision, Limiter, Outcome, Request, Write, Written,
-};
+use super::{check, AlgorithmMismatch, Decision, Limiter, Outcome, Request, Write};
 
 /// What a block did to a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,43 +46,31 @@ pub fn blocked_answer(own: &Decision, until_ms: u64, t_ms: u64) -> Decision {
 
 /// [`check`] with the key's block and the call's `BLOCK` (`block_ms`: its duration, `None`
 /// without one). A block started by a committing call is stored in `stored` (then
-/// [`Write::Updated`]).
+/// [`Write::Updated`]); a limiter the call created is in `created`, as [`check`] leaves it.
+/// Inlined: every CHECK's path, where the caller's match on the result then needs no copy of it
+/// (`make profile`).
+#[inline(always)]
 pub fn check_blocking(
     stored: Option<&mut Limiter>,
     request: &Request,
     commit: bool,
     block_ms: Option<u64>,
-) -> Result<(Outcome, Write, Blocking), AlgorithmMismatch> {
-    let mut created = None;
-    let (outcome, written, blocking) =
-        check_blocking_into(stored, request, commit, block_ms, &mut created)?;
-    Ok((outcome, written.with(created), blocking))
-}
-
-/// [`check_blocking`], with a created limiter written into `created` (see
-/// [`check_into`]). Inlined: every CHECK's path, where the caller's match on
-/// the result then needs no copy of it (`make profile`).
-#[inline(always)]
-pub fn check_blocking_into(
-    stored: Option<&mut Limiter>,
-    request: &Request,
-    commit: bool,
-    block_ms: Option<u64>,
     created: &mut Option<Limiter>,
-) -> Result<(Outcome, Written, Blocking), AlgorithmMismatch> {
+) -> Result<(Outcome, Write, Blocking), AlgorithmMismatch> {
     if let Some(limiter) = stored.as_deref() {
         let t_ms = request.now_ms.max(limiter.last_ms);
         if limiter.blocked_at(t_ms) {
             let until_ms = limiter.blocked_until_ms;
             let mut copy = limiter.clone();
-            let (own, _) = check(Some(&mut copy), request, false)?;
+            // A PEEK on a copy: it writes nothing, `created` included.
+            let (own, _) = check(Some(&mut copy), request, false, created)?;
             let decision = blocked_answer(&own.decision, until_ms, t_ms);
             let outcome = Outcome::new(decision, t_ms, request.cost);
-            return Ok((outcome, Written::Nothing, Blocking::Blocked));
+            return Ok((outcome, Write::Nothing, Blocking::Blocked));
         }
     }
     let mut stored = stored;
-    let (outcome, written) = check_into(stored.as_deref_mut(), request, commit, created)?;
+    let (outcome, written) = check(stored.as_deref_mut(), request, commit, created)?;
     let starts = commit
         && request.cost > 0
         && !outcome.decision.allowed
@@ -98,7 +84,7 @@ pub fn check_blocking_into(
                 decision,
                 ..outcome
             };
-            Ok((outcome, Written::Updated, Blocking::Started(until_ms)))
+            Ok((outcome, Write::Updated, Blocking::Started(until_ms)))
         }
         _ => Ok((outcome, written, Blocking::None)),
     }
@@ -125,9 +111,16 @@ mod tests {
         at: u64,
         block: Option<u64>,
     ) -> (Decision, Blocking) {
-        let (outcome, write, blocking) =
-            check_blocking(stored.as_mut(), &request(cost, at), true, block).unwrap();
-        if let Write::Created(limiter) = write {
+        let mut created = None;
+        let (outcome, _, blocking) = check_blocking(
+            stored.as_mut(),
+            &request(cost, at),
+            true,
+            block,
+            &mut created,
+        )
+        .unwrap();
+        if let Some(limiter) = created {
             *stored = Some(limiter);
         }
         (outcome.decision, blocking)
@@ -178,10 +171,17 @@ mod tests {
         call(&mut stored, 2, 100, None);
         assert_eq!(call(&mut stored, 3, 200, Some(5_000)).1, Blocking::None);
         assert_eq!(call(&mut stored, 1, 200, None).1, Blocking::None);
-        let (outcome, write, blocking) =
-            check_blocking(stored.as_mut(), &request(1, 200), false, Some(5_000)).unwrap();
+        let mut created = None;
+        let (outcome, write, blocking) = check_blocking(
+            stored.as_mut(),
+            &request(1, 200),
+            false,
+            Some(5_000),
+            &mut created,
+        )
+        .unwrap();
         assert!(!outcome.decision.allowed);
-        assert!(matches!(write, Write::Nothing));
+        assert_eq!((write, created), (Write::Nothing, None));
         assert_eq!(blocking, Blocking::None);
         assert_eq!(stored.unwrap().blocked_until_ms, 0);
     }

@@ -105,7 +105,8 @@ fn leases_of(limiter: &Limiter) -> Result<&Leases, AcquireError> {
 }
 
 /// Decides `request` on the stored limiter (`None` when the key is absent), and with `commit`
-/// stores an admitted lease: in place when a limiter was stored, else as [`Write::Created`]. A
+/// stores an admitted lease: in place when a limiter was stored, else into `created`
+/// ([`Write::Created`]). A
 /// rejected call writes nothing, commit or not. `max_leases`: the most live leases a key may
 /// hold (`ratelimit.max-leases`); a new lease past it is an error, not a rejection.
 pub fn acquire(
@@ -113,6 +114,7 @@ pub fn acquire(
     request: &Acquire,
     max_leases: u64,
     commit: bool,
+    created: &mut Option<Limiter>,
 ) -> Result<(Acquired, Write), AcquireError> {
     if !(1..=MAX_ID_LEN).contains(&request.id.len()) || !(1..=MAX_AMOUNT).contains(&request.cost) {
         return Err(AcquireError::Invalid);
@@ -200,15 +202,13 @@ pub fn acquire(
             leases
                 .insert(request.id, lease)
                 .expect("one lease fits an empty set");
-            Ok((
-                acquired,
-                Write::Created(Limiter {
-                    params: request.params,
-                    last_ms: t_ms,
-                    state: State::Concurrency(Box::new(leases)),
-                    blocked_until_ms: 0,
-                }),
-            ))
+            *created = Some(Limiter {
+                params: request.params,
+                last_ms: t_ms,
+                state: State::Concurrency(Box::new(leases)),
+                blocked_until_ms: 0,
+            });
+            Ok((acquired, Write::Created))
         }
     }
 }
@@ -386,9 +386,10 @@ mod tests {
                 cost: n,
                 now_ms: now,
             };
-            match acquire(self.0.as_mut(), &request, max, true) {
+            let mut created = None;
+            match acquire(self.0.as_mut(), &request, max, true, &mut created) {
                 Ok((acquired, write)) => {
-                    if let Write::Created(limiter) = write {
+                    if let (Write::Created, Some(limiter)) = (write, created.take()) {
                         self.0 = Some(limiter);
                     }
                     Answer::Acquired(acquired.decision)
@@ -534,7 +535,7 @@ mod tests {
             now_ms: 5,
         };
         assert_eq!(
-            acquire(Some(&mut window), &request, 10, true).err(),
+            acquire(Some(&mut window), &request, 10, true, &mut None).err(),
             Some(AcquireError::Mismatch(Kind::Rate(Algorithm::FixedWindow)))
         );
         assert_eq!(
@@ -554,7 +555,7 @@ mod tests {
             },
         ] {
             assert_eq!(
-                acquire(None, &bad, 10, true).err(),
+                acquire(None, &bad, 10, true, &mut None).err(),
                 Some(AcquireError::Invalid)
             );
         }

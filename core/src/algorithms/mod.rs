@@ -428,20 +428,11 @@ pub struct AlgorithmMismatch {
     pub stored: Kind,
 }
 
-/// What [`check`] did to the stored value.
-#[derive(Debug)]
-pub enum Write {
-    /// Nothing changed.
-    Nothing,
-    /// `stored` was updated in place.
-    Updated,
-    /// The key was absent (or equivalent to fresh): this limiter is to be stored.
-    Created(Limiter),
-}
-
-/// What [`check_into`] did to the stored value; a limiter it created is in the caller's slot.
+/// What a call did to the stored value. A limiter it created is written into the caller's
+/// `created` slot rather than returned with this: on every CHECK's path a limiter moved through
+/// the results would be copied at each step (`make profile`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Written {
+pub enum Write {
     /// Nothing changed.
     Nothing,
     /// `stored` was updated in place.
@@ -450,41 +441,18 @@ pub enum Written {
     Created,
 }
 
-impl Written {
-    /// The [`Write`] this stands for, given the `created` slot it was written with.
-    pub fn with(self, created: Option<Limiter>) -> Write {
-        match (self, created) {
-            (Written::Updated, _) => Write::Updated,
-            (Written::Created, Some(limiter)) => Write::Created(limiter),
-            _ => Write::Nothing,
-        }
-    }
-}
-
 /// Evaluates `request` against the stored limiter (`None` when the key is absent).
 ///
 /// With `commit` and an admitted request of positive cost the state is written: in place when a
-/// limiter was stored, else returned as [`Write::Created`]. Without `commit` nothing is written and
-/// the decision is exactly the one a committing call would answer (PEEK equals the CHECK that follows).
+/// limiter was stored, else into `created` ([`Write::Created`]; `created` is left as it is
+/// otherwise). Without `commit` nothing is written and the decision is exactly the one a
+/// committing call would answer (PEEK equals the CHECK that follows).
 pub fn check(
     stored: Option<&mut Limiter>,
     request: &Request,
     commit: bool,
-) -> Result<(Outcome, Write), AlgorithmMismatch> {
-    let mut created = None;
-    let (outcome, written) = check_into(stored, request, commit, &mut created)?;
-    Ok((outcome, written.with(created)))
-}
-
-/// [`check`], with a created limiter written into `created` (left as it is otherwise) rather
-/// than returned: every CHECK's path, where a limiter moved through the results would be copied
-/// at each step (`make profile`).
-pub fn check_into(
-    stored: Option<&mut Limiter>,
-    request: &Request,
-    commit: bool,
     created: &mut Option<Limiter>,
-) -> Result<(Outcome, Written), AlgorithmMismatch> {
+) -> Result<(Outcome, Write), AlgorithmMismatch> {
     if let Some(limiter) = &stored {
         let kind = limiter.kind();
         if kind != Kind::Rate(request.algorithm) {
@@ -504,14 +472,7 @@ pub fn check_into(
         Algorithm::SlidingWindow => {
             drive::<sliding_window::SlidingWindow>(stored, request, commit, created)
         }
-        Algorithm::SlidingLog => match sliding_log::check(stored, request, commit) {
-            (outcome, Write::Nothing) => (outcome, Written::Nothing),
-            (outcome, Write::Updated) => (outcome, Written::Updated),
-            (outcome, Write::Created(limiter)) => {
-                *created = Some(limiter);
-                (outcome, Written::Created)
-            }
-        },
+        Algorithm::SlidingLog => sliding_log::check(stored, request, commit, created),
         Algorithm::Gcra => drive::<gcra::Gcra>(stored, request, commit, created),
     };
     Ok(result)
@@ -560,52 +521,7 @@ pub fn last_unit_delay_ms<E>(
 }
 
 #[cfg(test)]
-mod largest_grant_tests {
-    use super::largest_grant;
-
-    /// Every threshold from 0 to 70 under every `max` up to 70, and the largest values.
-    #[test]
-    fn finds_the_threshold_and_asks_max_first() {
-        for threshold in 0..=70u64 {
-            for max in 0..=70u64 {
-                let mut asked = Vec::new();
-                let granted = largest_grant(max, |cost| -> Result<bool, ()> {
-                    asked.push(cost);
-                    Ok(cost <= threshold)
-                });
-                assert_eq!(
-                    granted,
-                    Ok(threshold.min(max)),
-                    "threshold {threshold}, max {max}"
-                );
-                assert!(asked.first().is_none_or(|first| *first == max));
-                assert!(asked.iter().all(|cost| (1..=max).contains(cost)));
-            }
-        }
-        let max = 1_000_000_000_000;
-        for threshold in [0, 1, max / 3, max - 1, max] {
-            let mut questions = 0;
-            let granted = largest_grant(max, |cost| -> Result<bool, ()> {
-                questions += 1;
-                Ok(cost <= threshold)
-            });
-            assert_eq!(granted, Ok(threshold));
-            assert!(questions <= 41, "{questions} questions");
-        }
-    }
-
-    #[test]
-    fn passes_the_predicates_error_on() {
-        assert_eq!(
-            largest_grant(10, |_| Err::<bool, _>("wrong type")),
-            Err("wrong type")
-        );
-        assert_eq!(
-            largest_grant(10, |cost| if cost < 5 { Err("late") } else { Ok(false) }),
-            Err("late")
-        );
-    }
-}
+mod largest_grant_tests;
 
 /// A fixed-size algorithm: its state is `Copy` and the whole call is computed on copies.
 pub(crate) trait FixedSize {
@@ -659,7 +575,8 @@ pub fn refund(
             cost: 0,
             ..*request
         };
-        return Ok((check(None, &peek, false)?.0, Refunded::Nothing));
+        // A PEEK (`commit` false) creates nothing.
+        return Ok((check(None, &peek, false, &mut None)?.0, Refunded::Nothing));
     };
     let kind = limiter.kind();
     if kind != Kind::Rate(request.algorithm) {
@@ -691,7 +608,7 @@ pub fn refund(
         Refunded::Emptied => None,
         _ => Some(limiter),
     };
-    let (outcome, _, _) = block::check_blocking(after, &peek, false, None)?;
+    let (outcome, _, _) = block::check_blocking(after, &peek, false, None, &mut None)?;
     Ok((outcome, refunded))
 }
 
@@ -723,7 +640,7 @@ fn drive<A: FixedSize>(
     request: &Request,
     commit: bool,
     created: &mut Option<Limiter>,
-) -> (Outcome, Written) {
+) -> (Outcome, Write) {
     let new_params = &request.params;
     let (t_ms, carried) = match stored.as_deref() {
         Some(limiter) => {
@@ -744,7 +661,7 @@ fn drive<A: FixedSize>(
     let (decision, after) = A::decide(carried, new_params, request.cost, t_ms);
     let outcome = Outcome::new(decision, t_ms, request.cost);
     if !(commit && outcome.consumed) {
-        return (outcome, Written::Nothing);
+        return (outcome, Write::Nothing);
     }
     let limiter = Limiter {
         params: *new_params,
@@ -756,11 +673,11 @@ fn drive<A: FixedSize>(
     match stored {
         Some(slot) => {
             *slot = limiter;
-            (outcome, Written::Updated)
+            (outcome, Write::Updated)
         }
         None => {
             *created = Some(limiter);
-            (outcome, Written::Created)
+            (outcome, Write::Created)
         }
     }
 }
@@ -795,115 +712,4 @@ fn saturating_i64(value: u64) -> i64 {
 }
 
 #[cfg(test)]
-pub(crate) mod testing {
-    use super::*;
-
-    /// One step of a timeline: a call `AT at` with `COST cost`, and the reply it must get
-    /// (`retry`/`reset`: `retry_after_ms`/`reset_after_ms`; its `limit` is the table's: the
-    /// capacity for buckets, the limit otherwise).
-    #[derive(Clone, Copy, Debug)]
-    pub struct Step {
-        pub at: u64,
-        pub cost: u64,
-        pub allowed: bool,
-        pub remaining: u64,
-        pub retry_after: i64,
-        pub reset_after: u64,
-        pub delay: u64,
-    }
-
-    /// A [`Step`] that reads as a timeline row:
-    /// `step!(at 400, cost 2 => rejected, remaining 1, retry 267, reset 600)`,
-    /// with `, delay N` where it is not 0.
-    macro_rules! step {
-        (at $at:expr, cost $cost:expr => $verdict:ident, remaining $remaining:expr,
-         retry $retry:expr, reset $reset:expr $(, delay $delay:expr)?) => {
-            $crate::algorithms::testing::Step {
-                at: $at,
-                cost: $cost,
-                allowed: step!(@$verdict),
-                remaining: $remaining,
-                retry_after: $retry,
-                reset_after: $reset,
-                delay: 0 $(+ $delay)?,
-            }
-        };
-        (@allowed) => { true };
-        (@rejected) => { false };
-    }
-    pub(crate) use step;
-
-    /// Runs a timeline on one fresh key and checks every reply.
-    pub fn run_table(
-        algorithm: Algorithm,
-        limit: u64,
-        period_ms: u64,
-        burst: Option<u64>,
-        steps: &[Step],
-    ) {
-        let params = Params::new(limit, period_ms, burst).expect("valid params");
-        let mut stored: Option<Limiter> = None;
-        for (i, step) in steps.iter().enumerate() {
-            let request = Request {
-                algorithm,
-                params,
-                cost: step.cost,
-                now_ms: step.at,
-            };
-            let reply = apply(&mut stored, &request);
-            let expected = Decision {
-                allowed: step.allowed,
-                limit: params.capacity,
-                remaining: step.remaining,
-                retry_after_ms: step.retry_after,
-                reset_after_ms: step.reset_after,
-                delay_ms: step.delay,
-            };
-            assert_eq!(reply, expected, "{} step {i}: {step:?}", algorithm.name());
-        }
-    }
-
-    /// One committing call on an `Option<Limiter>` slot, storing what is created.
-    pub fn apply(stored: &mut Option<Limiter>, request: &Request) -> Decision {
-        let (outcome, write) = check(stored.as_mut(), request, true).expect("same algorithm");
-        if let Write::Created(limiter) = write {
-            *stored = Some(limiter);
-        }
-        outcome.decision
-    }
-
-    /// The states one key goes through: a committing call per `(gap, cost)`, the time moving on
-    /// by `gap` from `start_ms` and the cost capped at the limit; the stored limiter after each
-    /// call that left one.
-    pub fn states(
-        algorithm: Algorithm,
-        params: Params,
-        start_ms: u64,
-        calls: &[(u64, u64)],
-    ) -> Vec<Limiter> {
-        let mut stored: Option<Limiter> = None;
-        let mut now_ms = start_ms;
-        let mut states = Vec::new();
-        for &(gap, cost) in calls {
-            now_ms += gap;
-            let request = Request {
-                algorithm,
-                params,
-                cost: cost.min(params.limit),
-                now_ms,
-            };
-            apply(&mut stored, &request);
-            states.extend(stored.clone());
-        }
-        states
-    }
-
-    /// A non-committing call (PEEK).
-    pub fn peek(stored: &Option<Limiter>, request: &Request) -> Decision {
-        let mut copy = stored.clone();
-        let (outcome, write) = check(copy.as_mut(), request, false).expect("same algorithm");
-        assert!(matches!(write, Write::Nothing));
-        assert_eq!(&copy, stored, "peek must not change the state");
-        outcome.decision
-    }
-}
+pub(crate) mod testing;

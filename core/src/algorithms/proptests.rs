@@ -233,8 +233,10 @@ struct Call<'a> {
 
 /// A CHECK: commits, storing what the core creates.
 fn commit(stored: &mut Option<Limiter>, request: &Request) -> Outcome {
-    let (outcome, write) = check(stored.as_mut(), request, true).expect("same algorithm");
-    if let Write::Created(limiter) = write {
+    let mut created = None;
+    let (outcome, write) =
+        check(stored.as_mut(), request, true, &mut created).expect("same algorithm");
+    if let (Write::Created, Some(limiter)) = (write, created.take()) {
         *stored = Some(limiter);
     }
     outcome
@@ -285,7 +287,7 @@ fn admissions(scenario: &Scenario) -> Result<Vec<(u64, u64)>, TestCaseError> {
 /// What one key stores over a random call sequence of any algorithm (parameters changing among
 /// up to three sets, tiny limiters and the largest inputs), with a refund after every third call
 /// or so: the limiter after each call that left one. The store's codec must accept every one of
-/// them (store/codec.rs).
+/// them (core/src/codec/).
 pub(crate) fn stored_limiters() -> impl Strategy<Value = Vec<Limiter>> {
     changing(ALL).prop_map(|scenario| {
         let mut stored = None;
@@ -377,7 +379,8 @@ fn unchanged_unless_consumed(call: &Call) -> Result<(), TestCaseError> {
 /// PEEK (no commit) answers what the CHECK answered, and writes nothing.
 fn peek_matches_check(call: &Call) -> Result<(), TestCaseError> {
     let mut copy = call.before.clone();
-    let (peeked, write) = check(copy.as_mut(), call.request, false).expect("same algorithm");
+    let (peeked, write) =
+        check(copy.as_mut(), call.request, false, &mut None).expect("same algorithm");
     prop_assert!(matches!(write, Write::Nothing), "PEEK wrote {:?}", write);
     prop_assert_eq!(&copy, call.before, "PEEK changed the state");
     prop_assert_eq!(
@@ -403,7 +406,9 @@ fn other_algorithm_refused(call: &Call) -> Result<(), TestCaseError> {
             algorithm,
             ..*call.request
         };
-        let refused = check(copy.as_mut(), &request, true).err();
+        let mut created = None;
+        let refused = check(copy.as_mut(), &request, true, &mut created).err();
+        prop_assert_eq!(created, None);
         prop_assert_eq!(refused, Some(AlgorithmMismatch { stored: held }));
         prop_assert_eq!(&copy, call.after);
     }
@@ -533,7 +538,7 @@ proptest! {
             let admits = |cost: u64| -> Result<bool, AlgorithmMismatch> {
                 let mut state = call.before.clone();
                 let request = Request { cost, ..*call.request };
-                check(state.as_mut(), &request, false).map(|(outcome, _)| outcome.decision.allowed)
+                check(state.as_mut(), &request, false, &mut None).map(|(outcome, _)| outcome.decision.allowed)
             };
             let limit = call.outcome.decision.limit;
             let mut admitted = true;
@@ -545,7 +550,7 @@ proptest! {
             // What a COST 0 PEEK calls `remaining`: the grant, wherever MAX does not cap it.
             let mut state = call.before.clone();
             let asked = Request { cost: 0, ..*call.request };
-            let (peeked, _) = check(state.as_mut(), &asked, false).expect("same algorithm");
+            let (peeked, _) = check(state.as_mut(), &asked, false, &mut None).expect("same algorithm");
             for max in [1, 2, 3, call.request.cost.max(1), limit, limit + 1, MAX_AMOUNT] {
                 let granted = largest_grant(max, admits).expect("same algorithm");
                 prop_assert_eq!(granted, max.min(peeked.decision.remaining), "max {}", max);
@@ -570,7 +575,7 @@ proptest! {
             let peek = |cost: u64| -> Result<super::Decision, AlgorithmMismatch> {
                 let mut state = call.before.clone();
                 let request = Request { cost, ..*call.request };
-                check(state.as_mut(), &request, false).map(|(outcome, _)| outcome.decision)
+                check(state.as_mut(), &request, false, &mut None).map(|(outcome, _)| outcome.decision)
             };
             let limit = call.outcome.decision.limit;
             for max in [1, 2, 3, limit.min(40), limit.saturating_add(1).min(41)] {
@@ -588,12 +593,13 @@ proptest! {
                 let mut last = 0;
                 for _ in 0..granted {
                     let request = Request { cost: 1, ..*call.request };
-                    let (outcome, write) = check(state.as_mut(), &request, true)
+                    let mut created = None;
+    let (outcome, write) = check(state.as_mut(), &request, true, &mut created)
                         .expect("same algorithm");
                     prop_assert!(outcome.decision.allowed, "a granted unit refused alone");
                     prop_assert!(outcome.decision.delay_ms <= delay);
                     last = outcome.decision.delay_ms;
-                    if let Write::Created(limiter) = write {
+                    if let (Write::Created, Some(limiter)) = (write, created.take()) {
                         state = Some(limiter);
                     }
                 }

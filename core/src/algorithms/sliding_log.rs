@@ -321,6 +321,7 @@ pub(crate) fn check(
     stored: Option<&mut Limiter>,
     request: &Request,
     commit: bool,
+    created: &mut Option<Limiter>,
 ) -> (Outcome, Write) {
     let params = &request.params;
     let t_ms = stored.as_ref().map_or(request.now_ms, |limiter| {
@@ -375,7 +376,7 @@ pub(crate) fn check(
     if !(commit && outcome.consumed) {
         return (outcome, Write::Nothing);
     }
-    (outcome, record(live, expired, params, t_ms, cost))
+    (outcome, record(live, expired, params, t_ms, cost, created))
 }
 
 /// [`super::refund`] of a sliding log at `t_ms`: the `cost` newest entries still in the window
@@ -441,12 +442,19 @@ pub fn append_fits(stored: Option<&Limiter>, params: &Params, t_ms: u64, cost: u
 
 /// Records `cost` entries at `t_ms` under `params` and stores the new parameters: the write of an
 /// admitted call, also what replicas and AOF replay apply. `stored` must hold a sliding log last
-/// written at or before `t_ms`; one that has entirely slid out of its window is replaced.
-pub fn append(stored: Option<&mut Limiter>, params: &Params, t_ms: u64, cost: u64) -> Write {
+/// written at or before `t_ms`; one that has entirely slid out of its window is replaced (a new
+/// log is written into `created`: [`Write::Created`]).
+pub fn append(
+    stored: Option<&mut Limiter>,
+    params: &Params,
+    t_ms: u64,
+    cost: u64,
+    created: &mut Option<Limiter>,
+) -> Write {
     let expired = stored
         .as_deref()
         .and_then(|limiter| slid_out(limiter, params, t_ms));
-    record(stored, expired, params, t_ms, cost)
+    record(stored, expired, params, t_ms, cost, created)
 }
 
 /// [`append`] with what has slid out already known (`None`: the stored log, if any, is stale).
@@ -456,6 +464,7 @@ fn record(
     params: &Params,
     t_ms: u64,
     cost: u64,
+    created: &mut Option<Limiter>,
 ) -> Write {
     match (stored, expired) {
         (Some(limiter), Some(mark)) => {
@@ -472,12 +481,13 @@ fn record(
         _ => {
             let mut log = SlidingLog::default();
             log.push(t_ms, cost);
-            Write::Created(Limiter {
+            *created = Some(Limiter {
                 params: *params,
                 last_ms: t_ms,
                 state: State::SlidingLog(log),
                 blocked_until_ms: 0,
-            })
+            });
+            Write::Created
         }
     }
 }

@@ -1,4 +1,4 @@
--- Arguments: the module's grammar (src/commands/parse.rs). An error is a table: `msg` the
+-- Arguments: the module's grammar (core/src/parse/). An error is a table: `msg` the
 -- reply, `shared` when it concerns COST, AT or an unknown option (no limit spec's in CHECKALL),
 -- `arity` for a wrong number of arguments (its text names the function).
 

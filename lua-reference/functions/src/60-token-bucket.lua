@@ -1,6 +1,6 @@
 -- The fixed-size algorithms, one part each (docs/algorithms.md; the module's
--- src/algorithms/): (stored state or nil, spec, cost, now) -> reply, t, and the state to store
--- if the call consumes (a, and b for the sliding window). Each call is evaluated at
+-- core/src/algorithms/): (stored state or nil, spec, cost, now) -> reply, t, and the state to
+-- store if the call consumes (a, and b for the sliding window). Each call is evaluated at
 -- t = max(now, last). They read and write nothing: 75-one-limit stores what they decide.
 
 -- The token bucket: `tokens`, scaled (one request is P).

@@ -1,7 +1,7 @@
--- Blocks (BLOCK duration, the module's src/algorithms/block.rs). A consuming call the algorithm
--- rejects (a cost it can ever admit) with BLOCK d, on a stored key, blocks the key until t + d;
--- until then every call is rejected and changes nothing. The block's end may pass 2^53 (t just
--- below it): it is kept in decimal too, and the time left computed exactly.
+-- Blocks (BLOCK duration, the module's core/src/algorithms/block.rs). A consuming call the
+-- algorithm rejects (a cost it can ever admit) with BLOCK d, on a stored key, blocks the key until
+-- t + d; until then every call is rejected and changes nothing. The block's end may pass 2^53
+-- (t just below it): it is kept in decimal too, and the time left computed exactly.
 
 -- The time left at t in the block of st (a state table), or nil when it is not blocked at t.
 local function block_left(st, t)

@@ -1,5 +1,5 @@
--- Concurrency limits (leases), as the module's src/algorithms/concurrency.rs: at most `limit`
--- cost held at once, each lease (id, cost, expiry) held until it is released or expires. At
+-- Concurrency limits (leases), as the module's core/src/algorithms/concurrency.rs: at most
+-- `limit` cost held at once, each lease (id, cost, expiry) held until it is released or expires. At
 -- t = max(call, last): the live leases are those with expiry > t, `held` their cost. An acquire
 -- of n under id is admitted if the other ids' live leases plus n fit the limit; it then stores
 -- (id, n, t + lease-duration) (a new lease, or the id's live one renewed: cost replaced, expiry

@@ -9,7 +9,7 @@ use common::{
 };
 use redis::{Connection, Value};
 
-/// A lease set's encoding (store/codec.rs): the head, then `u64 count` and per lease
+/// A lease set's encoding (core/src/codec/limiter.rs): the head, then `u64 count` and per lease
 /// `u64 expiry, u64 cost, u8 id length, id`.
 fn lease_set(limit: u64, lease_ms: u64, last: u64, leases: &[(u64, u64, &[u8])]) -> Vec<u8> {
     let mut bytes = vec![6];
