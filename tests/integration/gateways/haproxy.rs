@@ -25,8 +25,10 @@ fn edits_in<'a>(text: &str, edit: &[(&'a str, &str)]) -> Vec<(&'a str, String)> 
 /// The README's haproxy.cfg and rules.lua for a server on `redis_port`, with `edit`, in a fresh
 /// directory: (directory, its haproxy.cfg, the frontend's port).
 fn prepare(redis_port: u16, edit: &[(&str, &str)]) -> (PathBuf, PathBuf, u16) {
-    assert_readme_shows(README, CFG);
-    assert_readme_shows(README, RULES);
+    for page in [README, super::GATEWAYS_PAGE] {
+        assert_readme_shows(page, CFG);
+        assert_readme_shows(page, RULES);
+    }
     let dir = install_dir("haproxy");
     let port = common::free_port();
     let app = common::free_port();

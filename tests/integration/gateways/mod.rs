@@ -52,6 +52,9 @@ fn replace_all(mut text: String, pairs: &[(&str, String)], file: &str) -> String
     text
 }
 
+/// The docs' page of the gateways, which shows the same configurations as the READMEs.
+const GATEWAYS_PAGE: &str = "docs/gateways.md";
+
 /// The README shows `file` (a path in the repository) word for word in a code block.
 fn assert_readme_shows(readme: &str, file: &str) {
     let text = read(&repo_file(file));

@@ -24,6 +24,7 @@ fn prepare(
     edit: &[(&str, &str)],
 ) -> (std::path::PathBuf, std::path::PathBuf, u16) {
     assert_readme_shows(README, CONF);
+    assert_readme_shows(super::GATEWAYS_PAGE, CONF);
     let dir = install_dir("nginx");
     let port = common::free_port();
     let app = common::free_port();
