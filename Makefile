@@ -91,17 +91,19 @@ bench-gateways: build ## NGINX and HAProxy serving a static page: without a limi
 	bash gateways/bench.sh
 
 bench-clients: export RATELIMIT_MODULE := $(MODULE)
-bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs; both packages' cost per call beside the raw clients (~5 min; BENCH_QUICK=1: ~1.5 min); see target/bench/clients/
+bench-clients: build ## The Node package's batches on one hot key and denial cache under a flood, each beside per-request CHECKs; the Node, Python and Rust clients' cost per call beside the raw clients (~7 min; BENCH_QUICK=1: ~2 min); see target/bench/clients/
 	bash clients/node/scripts/prepare.sh
 	node benches/clients/decisions.mjs
 	node benches/clients/overhead.mjs
 	@test -x target/python/venv/bin/python || PYTEST_ARGS="-q -k wheel" bash clients/python/test.sh
 	target/python/venv/bin/python benches/clients/overhead.py
+	cargo run --quiet --release -p redis-ratelimit-client --example overhead
 
 profile: export RATELIMIT_MODULE := $(MODULE)
-profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word; a policy (~15 min); see target/bench/profile/
+profile: build ## Instructions per call (callgrind) vs SET PXAT, INCR, redis-cell; a replica; RESP3; keys in a word; a policy; then Redis's instructions per Envoy request vs envoyproxy/ratelimit's INCRBY+EXPIRE (~25 min); see target/bench/profile/ and target/bench/rls-profile/
 	@command -v valgrind >/dev/null 2>&1 || { $(APT_GET) update && $(APT_GET) install -y valgrind; }
 	bash benches/profile.sh
+	bash gateways/envoy/bench/profile.sh
 
 memcheck: export RATELIMIT_MODULE := $(MODULE)
 memcheck: build ## Every command under valgrind memcheck (~1 min); fails on memory errors in the module; see target/memcheck/
@@ -162,6 +164,8 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	luacheck --no-color lua-reference/
 	# The gateways' Lua (NGINX, HAProxy and their shared core), under their own globals.
 	luacheck --no-color --config gateways/.luacheckrc gateways/
+	# Comments name only paths that exist in the repository.
+	bash tests/lint-paths.sh
 
 fmt: ## Format the code (the workspace and fuzz/)
 	cargo fmt --all

@@ -88,6 +88,16 @@ def comments(path, text):
         yield number, rest if end < 0 else rest[:end]
         inside = end < 0
 
+def package_root(here):
+    """The nearest folder at or above `here` with a package manifest: a crate's, a Node or
+    Python package's paths (`tests/twins.rs`) are named from there."""
+    folder = here
+    while folder:
+        if any(os.path.exists(os.path.join(folder, m)) for m in ("Cargo.toml", "package.json", "pyproject.toml")):
+            return folder
+        folder = os.path.dirname(folder)
+    return ""
+
 def exists(path, here):
     clean = path.rstrip("/")
     # A compiled module named as its importer names it (`./core.js`: core.ts).
@@ -95,7 +105,7 @@ def exists(path, here):
     spellings = [clean] + [stem + ts for js, ts in ((".js", ".ts"), (".mjs", ".mts"),
                                                    (".cjs", ".cts")) if ext == js]
     for spelling in spellings:
-        for base in ("", here):
+        for base in ("", here, package_root(here)):
             candidate = os.path.normpath(os.path.join(base, spelling))
             if candidate in folders or os.path.exists(candidate):
                 return True
@@ -110,6 +120,9 @@ misses = []
 files = sys.argv[1:] or tracked
 for path in files:
     if not os.path.isfile(path) or marker(path) is None and os.path.splitext(path)[1] not in BLOCK:
+        continue
+    # A link shows another file, whose comments are named from that file's folder.
+    if os.path.islink(path):
         continue
     # This script's own comments name examples of what it finds.
     if "/corpus/" in path or path.endswith((".lock", "package-lock.json", "lint-paths.sh")):

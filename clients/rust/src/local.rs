@@ -126,18 +126,20 @@ impl LocalLimiter {
         commit: bool,
     ) -> Result<Fields, Error> {
         let mut stored = self.stored(key, now_ms);
+        let mut created = None;
         let (outcome, write, _) = block::check_blocking(
             stored.as_mut(),
             &request(limit, cost, now_ms),
             commit,
             limit.block_ms(),
+            &mut created,
         )
         .map_err(|m| mismatch(m.stored, limit))?;
         if commit {
             match write {
                 Write::Nothing => {}
                 Write::Updated => self.store(key, stored),
-                Write::Created(created) => self.store(key, Some(created)),
+                Write::Created => self.store(key, created),
             }
         }
         Ok(outcome.decision)
@@ -202,6 +204,7 @@ impl LocalLimiter {
                 &request(limit, cost, now_ms),
                 false,
                 limit.block_ms(),
+                &mut None,
             )
             .map(|(outcome, _, _)| outcome.decision.allowed)
         })
@@ -215,6 +218,7 @@ impl LocalLimiter {
                 &request(limit, cost, now_ms),
                 false,
                 limit.block_ms(),
+                &mut None,
             )
             .map(|(outcome, _, _)| outcome.decision)
         })
