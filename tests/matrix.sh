@@ -102,6 +102,9 @@ else
     cargo_args=(--tests --no-fail-fast -- --skip gateways::)
 fi
 
+# The suites mostly wait on their servers: four tests at a time, as `make test` runs them.
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
+
 # Compile the test binaries once, outside the per-server runs.
 cargo test --profile tests --tests --no-run --quiet || exit 1
 
