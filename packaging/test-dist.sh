@@ -187,7 +187,7 @@ bash packaging/check-library.sh "$lib" 2.17 | sed -n 's/^check-library: ok    / 
 # The pages' numbers for the shipped library are this run's. docs/operations.md's sample is what
 # check-library prints on it, run as the page runs it (in the library's folder), line for line,
 # its size to the 0.1 MB the pages round it to; README.md's "stripped (0.8 MB)" and
-# operations.md's "(0.8 MB instead of 15.6 MB)" are the sizes dist.sh reported, stripped and as
+# operations.md's "(0.8 MB instead of 4.7 MB)" are the sizes dist.sh reported, stripped and as
 # built (MB: 10^6 bytes).
 mb() { awk -v bytes="$1" 'BEGIN { printf "%.1f", bytes / 1000000 }'; }
 # "(819096 bytes)" -> "(0.8 MB)"
