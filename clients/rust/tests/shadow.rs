@@ -150,3 +150,39 @@ async fn the_library_decides_a_policy_with_its_fallback_never_a_shadow() {
     library.close().await;
     module.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_fallback_admits_a_shadow_policys_refusal_and_says_so() {
+    let Some(server) = module_server() else {
+        return;
+    };
+    let options = Options {
+        on_error: OnError::Local,
+        timeout: Duration::from_secs(1),
+        ..options(EngineChoice::Module)
+    };
+    let limiter = RateLimiter::new(manager(&server, false).await, options).unwrap();
+    let two = Limit::new(Algorithm::FixedWindow, 2, "1m").unwrap();
+    limiter
+        .policies()
+        .set("shadowed", &two, true)
+        .await
+        .unwrap();
+    let shadowed = Policy::new("shadowed").unwrap();
+    // The definition is read (and kept) by a call the server answers.
+    let primed = limiter.check("prime", &shadowed, 1).await.unwrap();
+    assert_eq!(primed.source, Source::Module);
+    server.pause();
+    let at = base_ms();
+    for n in 1..=3u64 {
+        let call = Call::cost(1).at(at + n);
+        let d = limiter.check("loc:c", &shadowed, call).await.unwrap();
+        assert_eq!(d.source, Source::Fallback, "{d:?}");
+        assert!(d.allowed, "local check {n}: {d:?}");
+        assert_eq!(d.shadow_rejected, n > 2, "local check {n}: {d:?}");
+        let t = limiter.take("loc:t", &shadowed, call).await.unwrap();
+        assert!(t.allowed && t.granted == 1, "local take {n}: {t:?}");
+        assert_eq!(t.shadow_rejected, n > 2, "local take {n}: {t:?}");
+    }
+    server.resume();
+}
