@@ -4,7 +4,7 @@
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 /// A redis-rs async connection a [`RateLimiter`](crate::RateLimiter) can use: cheap to clone
 /// (each clone shares one multiplexed socket), `Send + Sync`.
@@ -13,6 +13,14 @@ use redis::{Cmd, RedisFuture, Value};
 /// whose first argument is a count, not a key); the other connections ignore it.
 pub trait Connection: Clone + Send + Sync + 'static {
     fn send<'a>(&'a mut self, cmd: &'a Cmd, key: Option<&'a str>) -> RedisFuture<'a, Value>;
+
+    /// `pipe` (made with `atomic()`) as one `MULTI` ... `EXEC` to the node of `key`: `EXEC`'s
+    /// reply, one value per command (an error reply among them as a `Value::ServerError`).
+    fn send_transaction<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        key: Option<&'a str>,
+    ) -> RedisFuture<'a, Value>;
 
     /// Whether this is a cluster connection (the library is loaded on every primary).
     fn is_cluster(&self) -> bool {
@@ -30,6 +38,18 @@ macro_rules! single_node {
             ) -> RedisFuture<'a, Value> {
                 self.req_packed_command(cmd)
             }
+
+            fn send_transaction<'a>(
+                &'a mut self,
+                pipe: &'a Pipeline,
+                _key: Option<&'a str>,
+            ) -> RedisFuture<'a, Value> {
+                Box::pin(async move {
+                    // MULTI's OK and each QUEUED are skipped: EXEC's reply is the last.
+                    let mut replies = self.req_packed_commands(pipe, pipe.len() + 1, 1).await?;
+                    Ok(replies.pop().unwrap_or(Value::Nil))
+                })
+            }
         }
     };
 }
@@ -37,11 +57,12 @@ macro_rules! single_node {
 single_node!(MultiplexedConnection);
 single_node!(ConnectionManager);
 
+fn node(key: &str) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::SpecificNode(Route::new(slot(key.as_bytes()), SlotAddr::Master))
+}
+
 fn route(key: &str) -> RoutingInfo {
-    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-        slot(key.as_bytes()),
-        SlotAddr::Master,
-    )))
+    RoutingInfo::SingleNode(node(key))
 }
 
 impl Connection for ClusterConnection {
@@ -50,6 +71,21 @@ impl Connection for ClusterConnection {
             Some(key) => Box::pin(self.route_command(cmd, route(key))),
             None => self.req_packed_command(cmd),
         }
+    }
+
+    fn send_transaction<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        key: Option<&'a str>,
+    ) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let offset = pipe.len() + 1;
+            let mut replies = match key {
+                Some(key) => self.route_pipeline(pipe, offset, 1, node(key)).await?,
+                None => self.req_packed_commands(pipe, offset, 1).await?,
+            };
+            Ok(replies.pop().unwrap_or(Value::Nil))
+        })
     }
 
     fn is_cluster(&self) -> bool {

@@ -205,6 +205,15 @@ impl Definition {
         self.number("block_ms").unwrap_or(0)
     }
 
+    /// A shadow policy's limit as inline words (to PEEK what enforcement would answer);
+    /// `None` for an enforced policy or one without a limit (concurrency).
+    pub fn inline(&self) -> Option<Vec<String>> {
+        self.shadow
+            .then(|| self.limit())
+            .flatten()
+            .map(|limit| limit.args().to_vec())
+    }
+
     /// The same limit as a [`Limit`] (`None` for a concurrency policy).
     pub fn limit(&self) -> Option<Limit> {
         let algorithm = Algorithm::parse(self.fields.get("algorithm")?.as_bytes())?;
@@ -382,6 +391,8 @@ pub struct Resolved<'a> {
     pub library: Option<Cow<'a, [String]>>,
     pub period_ms: u64,
     pub block: bool,
+    /// A shadow policy's definition as inline words: what a PEEK of enforcement sends.
+    pub shadow: Option<Vec<String>>,
 }
 
 /// Resolves `spec` with the policy definition known (`definition`: `Some(None)` the server has
@@ -397,6 +408,7 @@ pub fn resolve<'a>(
             library: Some(Cow::Borrowed(limit.args())),
             period_ms: limit.period_ms(),
             block: limit.block_ms().is_some(),
+            shadow: None,
         },
         SpecRef::Policy(policy) => {
             let fallback = policy.fallback_limit();
@@ -409,6 +421,7 @@ pub fn resolve<'a>(
                     library: fallback_words,
                     period_ms: fallback_period,
                     block: fallback_block,
+                    shadow: None,
                 },
                 Some(None) => match fallback {
                     None => Resolved {
@@ -417,6 +430,7 @@ pub fn resolve<'a>(
                         library: None,
                         period_ms: 0,
                         block: false,
+                        shadow: None,
                     },
                     Some(_) => {
                         engine.warn_fallback(policy);
@@ -425,6 +439,7 @@ pub fn resolve<'a>(
                             library: fallback_words,
                             period_ms: fallback_period,
                             block: fallback_block,
+                            shadow: None,
                         }
                     }
                 },
@@ -433,6 +448,7 @@ pub fn resolve<'a>(
                     library: fallback_words,
                     period_ms: definition.period_ms,
                     block: definition.block_ms() > 0,
+                    shadow: definition.inline(),
                 },
             }
         }

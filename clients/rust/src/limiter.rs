@@ -375,6 +375,44 @@ impl<C: Connection> Inner<C> {
         }
     }
 
+    /// `cmds` in one `MULTI` ... `EXEC` (one round trip, applied together) to the node of
+    /// `key`, bounded by the timeout: each command's reply, in order.
+    async fn transaction(
+        &self,
+        cmds: Vec<Cmd>,
+        key: &str,
+        patience: Option<Duration>,
+    ) -> Result<Vec<Value>, Fail> {
+        self.count("commands", 1);
+        let n = cmds.len();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for cmd in cmds {
+            pipe.add_command(cmd);
+        }
+        let mut conn = self.conn.clone();
+        let bound = patience.unwrap_or(self.options.timeout);
+        let reply = match tokio::time::timeout(bound, conn.send_transaction(&pipe, Some(key))).await
+        {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(error)) => return Err(from_redis(error)),
+            Err(_) => return Err(Fail::Unavailable(format!("no reply within {bound:?}"))),
+        };
+        match reply {
+            Value::Array(items) if items.len() == n => {
+                for item in &items {
+                    if let Value::ServerError(error) = item {
+                        return Err(from_redis(RedisError::from(error.clone())));
+                    }
+                }
+                Ok(items)
+            }
+            other => Err(Fail::Error(Error::Protocol(format!(
+                "EXEC replied {other:?}, not {n} replies"
+            )))),
+        }
+    }
+
     /// Runs `plan` under the breaker.
     async fn guarded<T>(&self, plan: impl Future<Output = Result<T, Fail>>) -> Result<T, Fail> {
         if !self.breaker.allow() {
@@ -619,6 +657,48 @@ impl<C: Connection> Inner<C> {
                 .library
                 .as_ref()
                 .map(|args| Args { head: args, tail });
+            if let (Some(shadow), Some(cmd), true) =
+                (&resolved.shadow, &module, verb == "CHECK" || take)
+            {
+                // What enforcement answers, in the same round trip (one MULTI).
+                let mut peek = redis::cmd("RATELIMIT.PEEK");
+                peek.arg(key)
+                    .arg(&shadow[..])
+                    .arg("COST")
+                    .arg(&cost_text)
+                    .arg(&tail[2..]);
+                match self
+                    .transaction(vec![peek, cmd.clone()], key, patience)
+                    .await
+                {
+                    Ok(replies) => {
+                        let enforced = wire::decision(&replies[0], Source::Module, 0, cost, false)?;
+                        let mut decision = wire::decision(
+                            &replies[1],
+                            Source::Module,
+                            resolved.period_ms,
+                            cost,
+                            take,
+                        )?;
+                        decision.shadow_rejected = decision.allowed && !enforced.allowed;
+                        if decision.shadow_rejected {
+                            log::info!(
+                                "redis_ratelimit: shadow policy '{}' would have rejected {key} \
+                                 (retry in {} ms); admitted",
+                                match spec {
+                                    SpecRef::Policy(policy) => policy.name(),
+                                    SpecRef::Limit(_) => "",
+                                },
+                                enforced.retry_after_ms
+                            );
+                        }
+                        self.engine.use_module();
+                        return Ok(decision);
+                    }
+                    Err(error) if attempt == 0 && self.forget_policy(&error, &[spec]) => continue,
+                    Err(error) => return Err(error),
+                }
+            }
             let result = self
                 .call_either(
                     module.as_ref(),
@@ -671,21 +751,29 @@ impl<C: Connection> Inner<C> {
                 .check(key, &limit, cost, now)
                 .map(|f| (if f.allowed { cost } else { 0 }, f)),
         };
-        Some(answer.map(|(granted, f)| Decision {
-            allowed: if verb == "TAKE" {
+        // A shadow policy's refusal is admitted, and said (as the server's shadow mode does).
+        let shadow = (verb == "CHECK" || verb == "TAKE")
+            && matches!(spec, SpecRef::Policy(policy)
+                if self.engine.known(policy.name()).is_some_and(|d| d.shadow));
+        Some(answer.map(|(granted, f)| {
+            let allowed = if verb == "TAKE" {
                 granted > 0
             } else {
                 f.allowed
-            },
-            limit: f.limit,
-            remaining: f.remaining,
-            retry_after_ms: f.retry_after_ms,
-            reset_after_ms: f.reset_after_ms,
-            delay_ms: f.delay_ms,
-            source: Source::Fallback,
-            shadow_rejected: false,
-            period_ms: limit.period_ms(),
-            granted,
+            };
+            let rejected = shadow && !allowed;
+            Decision {
+                allowed: allowed || rejected,
+                limit: f.limit,
+                remaining: f.remaining,
+                retry_after_ms: if rejected { 0 } else { f.retry_after_ms },
+                reset_after_ms: f.reset_after_ms,
+                delay_ms: f.delay_ms,
+                source: Source::Fallback,
+                shadow_rejected: rejected,
+                period_ms: limit.period_ms(),
+                granted: if rejected { cost } else { granted },
+            }
         }))
     }
 
@@ -1097,6 +1185,51 @@ impl<C: Connection> Inner<C> {
                     words
                 });
                 let module = module.map(|words| wire::command(&words));
+                if let (Some(cmd), true) = (&module, resolved.iter().any(|r| r.shadow.is_some())) {
+                    // What enforcement answers for each shadow policy, in the same round trip.
+                    let mut cmds = Vec::new();
+                    for (key, r) in keys.iter().zip(&resolved) {
+                        if let Some(shadow) = &r.shadow {
+                            let mut peek = redis::cmd("RATELIMIT.PEEK");
+                            peek.arg(*key).arg(&shadow[..]).arg(&tail[..]);
+                            cmds.push(peek);
+                        }
+                    }
+                    cmds.push(cmd.clone());
+                    match self.transaction(cmds, keys[0], None).await {
+                        Ok(replies) => {
+                            let mut peeks = replies[..replies.len() - 1].iter();
+                            let mut multi = wire::multi(
+                                &replies[replies.len() - 1],
+                                Source::Module,
+                                &periods,
+                                call.cost,
+                            )?;
+                            for (limit, r) in multi.limits.iter_mut().zip(&resolved) {
+                                if r.shadow.is_some() {
+                                    if let Some(peek) = peeks.next() {
+                                        let enforced = wire::decision(
+                                            peek,
+                                            Source::Module,
+                                            0,
+                                            call.cost,
+                                            false,
+                                        )?;
+                                        limit.shadow_rejected = limit.allowed && !enforced.allowed;
+                                    }
+                                }
+                            }
+                            multi.overall.shadow_rejected = multi.overall.allowed
+                                && multi.limits.iter().any(|d| d.shadow_rejected);
+                            self.engine.use_module();
+                            return Ok(multi);
+                        }
+                        Err(error) if attempt == 0 && self.forget_policy(&error, &specs) => {
+                            continue
+                        }
+                        Err(error) => return Err(error),
+                    }
+                }
                 let result = self
                     .call_either(
                         module.as_ref(),

@@ -287,3 +287,190 @@ async fn a_batched_delay_is_never_less_than_a_per_request_checks() {
     );
     limiter.close().await;
 }
+
+// -- the bound of docs/guarantees.md ("Client-side decisions") --------------------------------
+
+/// A day boundary two days ahead: aligned to every period used here.
+fn t0() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    (now / 86_400 + 2) * 86_400_000
+}
+
+/// The most per-request CHECKs can admit in [s, s + w): unit costs from a fresh key, each
+/// admitted as early as it can be (a PEEK first, so a BLOCK never starts).
+struct Envelope {
+    limit: Limit,
+    t0: u64,
+    aligned: bool,
+    memo: std::collections::HashMap<(u64, u64), u64>,
+}
+
+impl Envelope {
+    fn new(limit: &Limit, t0: u64) -> Envelope {
+        let aligned = matches!(
+            limit.algorithm(),
+            Algorithm::FixedWindow | Algorithm::SlidingWindow
+        );
+        Envelope {
+            limit: limit.clone(),
+            t0,
+            aligned,
+            memo: Default::default(),
+        }
+    }
+
+    fn most(&mut self, s: u64, w: u64) -> u64 {
+        let period = self.limit.period_ms();
+        let phase = if self.aligned {
+            (s - self.t0) % period
+        } else {
+            0
+        };
+        if let Some(n) = self.memo.get(&(phase, w)) {
+            return *n;
+        }
+        let mut local = redis_ratelimit_client::local::LocalLimiter::default();
+        let start = self.t0 + 10 * period + phase;
+        let mut admitted = 0;
+        for t in start..start + w {
+            while local.peek("k", &self.limit, 1, t).unwrap().allowed {
+                assert!(local.check("k", &self.limit, 1, t).unwrap().allowed);
+                admitted += 1;
+            }
+        }
+        self.memo.insert((phase, w), admitted);
+        admitted
+    }
+}
+
+/// Requests from three limiters (each its own connection) on one key at random `AT` times with
+/// bursts and pauses: the admissions `(t, cost)`, the units all hold after each call `(t,
+/// held)`, the limiters. Every unit a client took is admitted, refunded or still held.
+async fn run_clients(
+    server: &Server,
+    limit: &Limit,
+    seed: u64,
+    t0: u64,
+) -> (
+    Vec<(u64, u64)>,
+    Vec<(u64, u64)>,
+    Vec<RateLimiter<redis::aio::ConnectionManager>>,
+) {
+    let mut rng = Rng::new(seed);
+    let options = Options {
+        // A loaded machine must not turn a slow reply into the fail-open answer.
+        timeout: Duration::from_secs(5),
+        on_error: redis_ratelimit_client::OnError::Closed,
+        ..Options::default()
+    };
+    let mut limiters = Vec::new();
+    for _ in 0..3 {
+        limiters.push(RateLimiter::new(manager(server, false).await, options.clone()).unwrap());
+    }
+    let key = format!("bound:{}:{seed}", limit.algorithm().name());
+    let (mut admissions, mut held) = (Vec::new(), Vec::new());
+    let mut admitted = [0u64; 3];
+    let mut now = t0 + 3_600_000;
+    let pick = |rng: &mut Rng, of: &[u64]| of[rng.below(of.len() as u64) as usize];
+    for _ in 0..900 {
+        now += if rng.below(50) != 0 {
+            pick(&mut rng, &[0, 0, 0, 1, 1, 2, 5])
+        } else {
+            pick(&mut rng, &[60, 200, 900])
+        };
+        let which = rng.below(3) as usize;
+        let cost = pick(&mut rng, &[1, 1, 1, 1, 2, 3]);
+        let d = limiters[which]
+            .check(&key, limit, Call::cost(cost).at(now))
+            .await
+            .unwrap();
+        if d.allowed {
+            assert!(
+                d.granted == cost && matches!(d.source, Source::Local | Source::Module),
+                "{d:?}"
+            );
+            admissions.push((now, cost));
+            admitted[which] += cost;
+        }
+        held.push((now, limiters.iter().map(|l| l.held()).sum()));
+    }
+    // Every request is at most batch_max: all go through the batch.
+    for (limiter, units) in limiters.iter().zip(admitted) {
+        let stats = limiter.stats();
+        let n = |name: &str| stats.get(name).copied().unwrap_or(0);
+        assert_eq!(
+            n("taken"),
+            units + n("refunded") + limiter.held(),
+            "{stats:?}, {units} admitted"
+        );
+    }
+    (admissions, held, limiters)
+}
+
+/// The largest `admitted(s, w) - envelope(s, w) - held(s)` over window starts `s` (every 10
+/// ms) and widths of 100 ms and 1 s (the bound: at most 0), with its window.
+fn worst_excess(
+    admissions: &[(u64, u64)],
+    held: &[(u64, u64)],
+    envelope: &mut Envelope,
+) -> (i64, u64, u64, u64, u64) {
+    let times: Vec<u64> = admissions.iter().map(|a| a.0).collect();
+    let mut sums = vec![0u64];
+    for (_, cost) in admissions {
+        sums.push(sums.last().unwrap() + cost);
+    }
+    let held_times: Vec<u64> = held.iter().map(|h| h.0).collect();
+    let before = |of: &[u64], t: u64| of.partition_point(|&x| x < t);
+    let (first, last) = (times[0], *times.last().unwrap());
+    let mut worst = (i64::MIN, 0, 0, 0, 0);
+    for w in [100, 1000] {
+        for s in (first - first % 10..=last).step_by(10) {
+            let admitted = sums[before(&times, s + w)] - sums[before(&times, s)];
+            let calls = before(&held_times, s);
+            let units = if calls > 0 { held[calls - 1].1 } else { 0 };
+            let excess = admitted as i64 - envelope.most(s, w) as i64 - units as i64;
+            if excess > worst.0 {
+                worst = (excess, s, w, admitted, units);
+            }
+        }
+    }
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_stay_within_the_bound() {
+    let Some(server) = module_server() else {
+        return;
+    };
+    let t0 = t0();
+    for algorithm in Algorithm::ALL {
+        let mut limit = Limit::new(algorithm, 40, "1s").unwrap();
+        if algorithm.is_bucket() {
+            limit = limit.burst(30).unwrap();
+        }
+        let limit = limit.batch("50ms").unwrap().batch_max(12).unwrap();
+        let mut envelope = Envelope::new(&limit, t0);
+        for seed in 0..2 {
+            let (admissions, held, limiters) = run_clients(&server, &limit, seed, t0).await;
+            let worst = worst_excess(&admissions, &held, &mut envelope);
+            assert!(worst.0 <= 0, "{algorithm:?} seed {seed}: window {worst:?}");
+            let local: u64 = limiters
+                .iter()
+                .map(|l| l.stats().get("local").copied().unwrap_or(0))
+                .sum();
+            assert!(local > 0, "{algorithm:?} seed {seed}: no local admission");
+            for limiter in &limiters {
+                limiter.close().await; // refunds what it holds
+                let stats = limiter.stats();
+                let n = |name: &str| stats.get(name).copied().unwrap_or(0);
+                assert!(
+                    limiter.held() == 0 && n("taken") >= n("refunded"),
+                    "{stats:?}"
+                );
+            }
+        }
+    }
+}
