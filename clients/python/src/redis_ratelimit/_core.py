@@ -769,21 +769,25 @@ class Core:
     def request(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
         """check, peek, refund or take (`cost`: its max), with the denial cache, the batches
         and the local fallback."""
-        if (
+        if self.direct_ok(verb, spec):
+            return self._direct(verb, key, spec, cost, at)
+        return self._request(verb, key, spec, cost, at)
+
+    def direct_ok(self, verb: str, spec: LimitSpec) -> bool:
+        """Whether `request` is `_direct`'s one module command: an inline limit, the module known
+        to serve, no denial cache, no batch, no hold ending."""
+        return (
             type(spec) is Limit
             and self.engine == "module"
             and self.mode != "library"
             and self.cache is None
             and (spec.batch is None or verb != "CHECK")
             and not self.batches.pending()
-        ):
-            return self._direct(verb, key, spec, cost, at)
-        return self._request(verb, key, spec, cost, at)
+        )
 
-    def _direct(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Plan:
-        """`request` where nothing but the module's one command can answer (an inline limit, the
-        module known to serve, no denial cache, no batch, no hold ending): that command under the
-        breaker, its words built once per Limit. The same answers and errors as `_request`."""
+    def direct_args(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Tuple[Any, ...]:
+        """The checked arguments and the module's command of `_direct` (a runner's fast path
+        sends them itself, then gives the outcome to `direct_reply` or `direct_error`)."""
         if type(key) is not str or not key:
             _key(key)
         take = verb == "TAKE"
@@ -794,35 +798,56 @@ class Core:
         args = (_COMMANDS[verb], key, *limit._words, "MAX" if take else "COST", str(cost))  # type: ignore[attr-defined]
         if at is not None:
             args += ("AT", str(at))
-        breaker = self.breaker
-        if not breaker.allow():
-            decision = self._fail(None, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+        return args
+
+    def direct_refused(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Decision:
+        """`_direct`'s answer when the breaker lets no call through."""
+        decision = self._fail(None, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+        self._count(decision.source)
+        return decision
+
+    def direct_reply(self, verb: str, limit: Limit, cost: int, reply: Any) -> Decision:
+        """`_direct`'s answer from the module's reply."""
+        self.breaker.success()
+        stats = self.stats
+        stats["module"] = stats.get("module", 0) + 1
+        return parse_decision(reply, "module", limit._period_ms, False, cost, verb == "TAKE")  # type: ignore[attr-defined]
+
+    def direct_error(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int], error: Exception) -> Optional[Decision]:
+        """`_direct`'s outcome of a failed command: Redis unavailable gives `on_error`'s decision
+        (or raises `RateLimitUnavailable`); None: the module is gone, ask `_request` (engine
+        "auto"); any other error reply is the caller's and is raised."""
+        if unavailable(error):
+            self.breaker.failure()
+            decision = self._fail(error, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
             self._count(decision.source)
             return decision
+        self.breaker.success()  # Redis answered
+        if self.mode == "auto" and _unknown_command(error):
+            return None  # the module is gone (unloaded, another server): find the engine again
+        raise error
+
+    def _direct(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Plan:
+        """`request` where nothing but the module's one command can answer (an inline limit, the
+        module known to serve, no denial cache, no batch, no hold ending): that command under the
+        breaker, its words built once per Limit. The same answers and errors as `_request`."""
+        args = self.direct_args(verb, key, limit, cost, at)
+        if not self.breaker.allow():
+            return self.direct_refused(verb, key, limit, cost, at)
         done = False
         try:
             reply = yield Call(args)
             done = True
         except Exception as error:
             done = True
-            if unavailable(error):
-                breaker.failure()
-                decision = self._fail(
-                    error, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
-                self._count(decision.source)
-                return decision
-            breaker.success()  # Redis answered
-            if self.mode == "auto" and _unknown_command(error):
-                # The module is gone (unloaded, another server): find the engine again.
+            decision = self.direct_error(verb, key, limit, cost, at, error)
+            if decision is None:
                 return (yield from self._request(verb, key, limit, cost, at))
-            raise
+            return decision
         finally:
             if not done:
-                breaker.abandon()
-        breaker.success()
-        stats = self.stats
-        stats["module"] = stats.get("module", 0) + 1
-        return parse_decision(reply, "module", limit._period_ms, False, cost, take)  # type: ignore[attr-defined]
+                self.breaker.abandon()
+        return self.direct_reply(verb, limit, cost, reply)
 
     def _request(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
         _key(key)

@@ -80,20 +80,23 @@ class _Common:
     def check(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Any:
         """Decides one request of `cost` on `key` and consumes it if admitted: a `Decision`.
         at: the call's time in ms since the Unix epoch (the module's `AT`), else the server's."""
-        return self._run(self._core.request("CHECK", key, limit, cost, at))
+        return self._request("CHECK", key, limit, cost, at)
 
     def peek(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Any:
         """What `check` would answer now, changing nothing (always asks Redis)."""
-        return self._run(self._core.request("PEEK", key, limit, cost, at))
+        return self._request("PEEK", key, limit, cost, at)
 
     def refund(self, key: str, limit: LimitSpec, cost: int, *, at: Optional[int] = None) -> Any:
         """Gives back up to `cost` that earlier checks consumed; the decision right after."""
-        return self._run(self._core.request("REFUND", key, limit, cost, at))
+        return self._request("REFUND", key, limit, cost, at)
 
     def take(self, key: str, limit: LimitSpec, max: int, *, at: Optional[int] = None) -> Any:
         """Grants and consumes the largest cost up to `max` that `check` would admit
         (`RATELIMIT.TAKE`): a `Decision` whose `granted` says how much (0: refused)."""
-        return self._run(self._core.request("TAKE", key, limit, max, at))
+        return self._request("TAKE", key, limit, max, at)
+
+    def _request(self, verb: str, key: str, limit: LimitSpec, cost: int, at: Optional[int]) -> Any:
+        return self._run(self._core.request(verb, key, limit, cost, at))
 
     def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1, *, at: Optional[int] = None) -> Any:
         """One request against several limits, all or nothing (`RATELIMIT.CHECKALL`; in a
@@ -349,6 +352,40 @@ class RateLimiter(_Common):
         self._late.add(reader)
         reader.start()
 
+    def _request(self, verb: str, key: str, limit: LimitSpec, cost: int, at: Optional[int]) -> Any:
+        core = self._core
+        direct = self._direct
+        if direct is None or not core.direct_ok(verb, limit):
+            return self._run(core.request(verb, key, limit, cost, at))
+        # `Core._direct` as `_execute` runs it with `_perform`'s `Call`, without a plan: the
+        # same breaker, `on_error`, statistics and errors.
+        args = core.direct_args(verb, key, limit, cost, at)  # type: ignore[arg-type]
+        breaker = core.breaker
+        if not breaker.allow():
+            return core.direct_refused(verb, key, limit, cost, at)  # type: ignore[arg-type]
+        stats = core.stats
+        stats["commands"] = stats.get("commands", 0) + 1
+        pool, get = direct
+        done = False
+        try:
+            conn = get()
+            try:
+                conn.send_command(*args)
+                reply = conn.read_response()
+            finally:
+                pool.release(conn)
+            done = True
+        except Exception as error:
+            done = True
+            decision = core.direct_error(verb, key, limit, cost, at, error)  # type: ignore[arg-type]
+            if decision is None:
+                return self._run(core._request(verb, key, limit, cost, at))
+            return decision
+        finally:
+            if not done:
+                breaker.abandon()
+        return core.direct_reply(verb, limit, cost, reply)  # type: ignore[arg-type]
+
     def _run(self, plan: Plan) -> Any:
         try:
             return self._execute(plan)
@@ -506,6 +543,51 @@ class AsyncRateLimiter(_Common):
     def _run(self, plan: Plan) -> Any:
         """The awaitable of `plan` (no coroutine of its own around `_execute`'s)."""
         return self._execute(plan, True)
+
+    def _request(self, verb: str, key: str, limit: LimitSpec, cost: int, at: Optional[int]) -> Any:
+        core = self._core
+        # The common case (the module's one command on the client's own connection, whose
+        # timeouts bound it) in one coroutine, without a plan: what `_execute` would run.
+        if core.direct_ok(verb, limit) and (self._bounds or (self.timeout is None and self._direct)):
+            return self._direct_request(verb, key, limit, cost, at)  # type: ignore[arg-type]
+        return self._execute(core.request(verb, key, limit, cost, at), True)
+
+    async def _direct_request(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Any:
+        """`Core._direct` run as `_execute` runs it on the direct path (`_perform`'s `Call`),
+        with the same breaker, `on_error`, statistics and errors."""
+        core = self._core
+        args = core.direct_args(verb, key, limit, cost, at)
+        breaker = core.breaker
+        if not breaker.allow():
+            return core.direct_refused(verb, key, limit, cost, at)
+        stats = core.stats
+        stats["commands"] = stats.get("commands", 0) + 1
+        pool, get = self._direct
+        done = False
+        try:
+            conn = await get()
+            try:
+                # As `_perform`: a failed or cancelled read disconnects the connection
+                # (redis-py), so none goes back with a reply due.
+                await conn.send_command(*args)
+                reply = await conn.read_response()
+            finally:
+                await pool.release(conn)
+            done = True
+        except Exception as error:
+            done = True
+            if isinstance(error, asyncio.TimeoutError):
+                timeout = redis.TimeoutError(f"no reply within {self.timeout} s")
+                timeout.__cause__ = error
+                error = timeout
+            decision = core.direct_error(verb, key, limit, cost, at, error)
+            if decision is None:
+                return await self._execute(core._request(verb, key, limit, cost, at), True)
+            return decision
+        finally:
+            if not done:
+                breaker.abandon()
+        return core.direct_reply(verb, limit, cost, reply)
 
     def _schedule(self) -> None:
         """A hold ends on the limiter's clock: a timer refunds it then."""
