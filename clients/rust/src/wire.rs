@@ -98,6 +98,16 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
+/// Whether `value` is the text `name` (a map's key), without copying it.
+fn is_text(value: &Value, name: &str) -> bool {
+    match value {
+        Value::BulkString(bytes) => bytes.as_slice() == name.as_bytes(),
+        Value::SimpleString(s) => s == name,
+        Value::VerbatimString { text, .. } => text == name,
+        _ => false,
+    }
+}
+
 fn integer(value: &Value) -> Option<i64> {
     match value {
         Value::Int(n) => Some(*n),
@@ -142,11 +152,11 @@ pub fn pairs(value: &Value) -> Option<Vec<(String, &Value)>> {
 fn six(reply: &Value, take: bool) -> Option<[i64; 6]> {
     let mut out = [0i64; 6];
     match reply {
-        Value::Map(_) => {
-            let named = pairs(reply)?;
+        Value::Map(items) => {
+            // Names compared in place: no string made per field on every call.
             for (i, field) in FIELDS.iter().enumerate() {
                 let name = if take && i == 0 { "granted" } else { field };
-                let value = named.iter().find(|(k, _)| k == name)?.1;
+                let (_, value) = items.iter().find(|(k, _)| is_text(k, name))?;
                 out[i] = integer(value)?;
             }
         }
