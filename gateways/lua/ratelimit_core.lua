@@ -754,4 +754,33 @@ function Limiter:answer(keyed, reply, source, where, command)
   return result
 end
 
+--- What configure{...} takes, checked: the options under every call's (each as a limit's
+--- options are checked) and `library`, the path of the Functions library's file, read with
+--- `read(path)` (text, or nil and the reason: the proxy's own I/O). Returns the defaults and the
+--- library's code (nil without `library`), or nil and the message to raise.
+function M.configuration(opts, read)
+  if type(opts) ~= "table" then return nil, "ratelimit.configure takes a table of options" end
+  local defaults, probe = {}, {}
+  for k, v in pairs(opts) do
+    if k ~= "library" then defaults[k], probe[k] = v, v end
+  end
+  probe.limit = probe.limit or "fixed-window 1 1s"
+  local ok, err = M.options(probe, {})
+  if not ok then return nil, "ratelimit.configure: " .. err end
+  local library = opts.library
+  if library == nil then return defaults, nil end
+  if type(library) ~= "string" then
+    return nil, "ratelimit.configure: library must be the path of the Functions library's file"
+  end
+  local code, rerr = read(library)
+  if not code then
+    return nil, "ratelimit.configure: library = '" .. library .. "': " .. tostring(rerr)
+  end
+  if not code:find("^#!lua name=ratelimit") then
+    return nil, "ratelimit.configure: library = '" .. library .. "' is not the Functions "
+      .. "library (its first line is not #!lua name=ratelimit)"
+  end
+  return defaults, code
+end
+
 return M

@@ -226,30 +226,9 @@ end
 --- and library = the path of the Functions library's file (lua-reference/functions/ratelimit.lua),
 --- loaded into servers that have neither the module nor the library.
 function M.configure(opts)
-  if type(opts) ~= "table" then error("ratelimit.configure takes a table of options", 2) end
-  local defaults = {}
-  for k, v in pairs(opts) do
-    if k ~= "library" then defaults[k] = v end
-  end
-  local probe = {}
-  for k, v in pairs(defaults) do probe[k] = v end
-  probe.limit = probe.limit or "fixed-window 1 1s"
-  local ok, err = core.options(probe, {})
-  if not ok then error("ratelimit.configure: " .. err, 2) end
-  if opts.library ~= nil then
-    if type(opts.library) ~= "string" then
-      error("ratelimit.configure: library must be the path of the Functions library's file", 2)
-    end
-    local code, rerr = read_file(opts.library)
-    if not code then
-      error("ratelimit.configure: library = '" .. opts.library .. "': " .. rerr, 2)
-    end
-    if not code:find("^#!lua name=ratelimit") then
-      error("ratelimit.configure: library = '" .. opts.library .. "' is not the Functions "
-        .. "library (its first line is not #!lua name=ratelimit)", 2)
-    end
-    env.library_code = code
-  end
+  local defaults, code = core.configuration(opts, read_file)
+  if not defaults then error(code, 2) end
+  if code then env.library_code = code end
   env.defaults = defaults
   if limiter then limiter.defaults = defaults end
 end
