@@ -197,21 +197,8 @@ impl LocalLimiter {
         now_ms: u64,
     ) -> Result<(u64, Fields), Error> {
         let stored = self.stored(key, now_ms);
-        let granted = largest_grant(most, |cost| {
-            let mut copy = stored.clone();
-            block::check_blocking(
-                copy.as_mut(),
-                &request(limit, cost, now_ms),
-                false,
-                limit.block_ms(),
-                &mut None,
-            )
-            .map(|(outcome, _, _)| outcome.decision.allowed)
-        })
-        .map_err(|m| mismatch(m.stored, limit))?;
-        // The wait of the last granted unit (a leaky bucket's), asked before the grant is
-        // consumed, as the module asks it.
-        let last = last_unit_delay_ms(limit.algorithm(), granted, |cost| {
+        // A PEEK of `cost` on the stored state (a copy: nothing is written).
+        let peek = |cost| {
             let mut copy = stored.clone();
             block::check_blocking(
                 copy.as_mut(),
@@ -221,8 +208,13 @@ impl LocalLimiter {
                 &mut None,
             )
             .map(|(outcome, _, _)| outcome.decision)
-        })
-        .map_err(|m| mismatch(m.stored, limit))?;
+        };
+        let granted = largest_grant(most, |cost| peek(cost).map(|decision| decision.allowed))
+            .map_err(|m| mismatch(m.stored, limit))?;
+        // The wait of the last granted unit (a leaky bucket's), asked before the grant is
+        // consumed, as the module asks it.
+        let last = last_unit_delay_ms(limit.algorithm(), granted, peek)
+            .map_err(|m| mismatch(m.stored, limit))?;
         let mut fields = self.check(key, limit, granted.max(1), now_ms)?;
         if let Some(delay_ms) = last {
             fields.delay_ms = delay_ms;
