@@ -2,7 +2,7 @@
 // RateLimitStore({ limiter }) })`. Counting is the module's (or the library's): atomic, on the
 // server's clock, with the window express-rate-limit was configured with.
 
-import { limit as makeLimit, type Algorithm, type Limit } from './core.js';
+import { limit as makeLimit, type Algorithm, type Limit } from './types.js';
 import type { RateLimiter } from './limiter.js';
 
 /** What express-rate-limit expects back (its `ClientRateLimitInfo`). */

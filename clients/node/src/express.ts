@@ -1,5 +1,5 @@
 // Express middleware: `app.use(rateLimit({ limiter, limit, key }))`, or on one route.
-import type { Decision } from './core.js';
+import type { Decision } from './types.js';
 import { checkOptions, decideRequest, type RateLimitOptions } from './http.js';
 
 export type { RateLimitOptions } from './http.js';

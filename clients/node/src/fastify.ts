@@ -3,7 +3,7 @@
 // do); registered inside a plugin, to that plugin's routes.
 import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 
-import type { Decision } from './core.js';
+import type { Decision } from './types.js';
 import { checkOptions, decideRequest, type RateLimitOptions } from './http.js';
 
 export type { RateLimitOptions } from './http.js';

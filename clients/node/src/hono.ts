@@ -3,7 +3,7 @@
 // own servers through an adapter).
 import type {} from 'hono';
 
-import type { Decision } from './core.js';
+import type { Decision } from './types.js';
 import { checkOptions, decideRequest, type RateLimitOptions } from './http.js';
 
 export type { RateLimitOptions } from './http.js';

@@ -1,8 +1,7 @@
 // What the middleware of every framework shares: the options, the decision for a request, and
 // the answer (status, draft-ietf-httpapi-ratelimit-headers-10 fields, body). No framework here.
 
-import { ceilSeconds, checkSpec, isPolicy, type Decision, type LimitSpec } from './core.js';
-import { RateLimitError, RateLimitUnavailable } from './errors.js';
+import { checkSpec, isPolicy, RateLimitError, RateLimitUnavailable, type Decision, type LimitSpec } from './types.js';
 import type { RateLimiter } from './limiter.js';
 
 /** The options of every middleware; `Req` is the framework's own request object. */
@@ -133,6 +132,11 @@ function ipv6Text(groups: number[]): string {
   const hex = groups.map((g) => g.toString(16));
   if (best < 0) return hex.join(':');
   return `${hex.slice(0, best).join(':')}::${hex.slice(best + bestLength).join(':')}`;
+}
+
+/** ⌈ms / 1000⌉: seconds for the headers. */
+function ceilSeconds(ms: number): number {
+  return Math.ceil(ms / 1000);
 }
 
 /** The RateLimit-Policy, RateLimit and (on a refusal) Retry-After fields of a decision, as the

@@ -13,8 +13,13 @@ export {
   type Policy,
   type PolicyDefinition,
   type Source,
-} from './core.js';
-export { RateLimited, RateLimitError, RateLimitUnavailable } from './errors.js';
-export { LIBRARY_NAME, Policies, RateLimiter, type CallOptions, type Logger, type RateLimiterOptions, type Stats } from './limiter.js';
+  type CallOptions,
+  type Stats,
+  RateLimited,
+  RateLimitError,
+  RateLimitUnavailable,
+} from './types.js';
+export { LIBRARY_NAME, type Logger, type RateLimiterOptions } from './engine.js';
+export { Policies, RateLimiter } from './limiter.js';
 export { addressKey, rateLimitHeaders, type RateLimitOptions } from './http.js';
 export { LIBRARY } from './generated/library.js';

@@ -1,184 +1,40 @@
-// RateLimiter: the engines (the module, else the Functions library it loads), the bound on every
-// call (timeoutMs), the breaker, and onError (the in-process limiter of local.ts for 'local'); the
-// decisions without a round trip: the denial cache (cache.ts) and batches. It sends what the core
-// builds and returns what the core reads.
+// RateLimiter: the I/O runner of the engine (engine.ts). It sends what the engine plans, bounds
+// every call by timeoutMs (one timer for all: Deadlines), tells the engine what came back, runs
+// the batches' TAKEs and the REFUNDs that give back what a call took (none lost to a timeout:
+// close() waits for them), and arms the batches' timers (their state: clientside.ts).
 
 import { randomUUID } from 'node:crypto';
 
+import { Batches, DenialCache, type Batch } from './clientside.js';
+import { counting, transport, type Transport } from './connection.js';
+import { Engine, LIBRARY_NAME, libraryAction, functionNotFound, settings, Timeout, type RateLimiterOptions } from './engine.js';
+import { LIBRARY } from './generated/library.js';
 import {
-  atArgs,
   checkCost,
   checkKey,
   checkSpec,
-  decision,
-  errorDecision,
-  integerReply,
+  describe,
   isLimit,
   isPolicy,
-  limit,
-  limitArgs,
-  multiDecision,
-  pairs,
   periodMs,
-  policyDefinition,
-  strings,
+  RateLimited,
+  RateLimitUnavailable,
+  type CallOptions,
   type Decision,
   type Limit,
   type LimitSpec,
   type MultiDecision,
   type Period,
-  type Policy,
   type PolicyDefinition,
   type Source,
-} from './core.js';
-import { isReplyError, isUnavailable, replyMessage, transport, type Transport } from './client.js';
-import { RateLimited, RateLimitError, RateLimitUnavailable } from './errors.js';
-import { LIBRARY } from './generated/library.js';
-import { LocalLimiter, localDecision, type Reply } from './local.js';
-import { DenialCache } from './cache.js';
+  type Stats,
+} from './types.js';
+import { atArgs, decision, integerReply, limitArgs, policyDefinition, strings, type Command } from './wire.js';
 
-/** The default bound on every call: a limiter in front of a request must not add more. */
-export const DEFAULT_TIMEOUT_MS = 100;
+export { LIBRARY_NAME };
+
 /** The most close() waits for the answers of calls that timed out, by default. */
 const CLOSE_WAIT_MS = 5000;
-
-/** The most keys the in-process limiter of `onError: 'local'` holds. */
-const LOCAL_KEYS = 10000;
-
-/** ⌊x · share⌋, at least 1, exactly: the share read as the decimal it prints as. */
-function share(x: number, fraction: number): number {
-  const [digits, exponent = '0'] = fraction.toExponential().split('e');
-  const [whole, decimals = ''] = digits.split('.');
-  const numerator = BigInt(whole + decimals);
-  const power = Number(exponent) - decimals.length;
-  const scaled = power >= 0 ? BigInt(x) * numerator * 10n ** BigInt(power) : (BigInt(x) * numerator) / 10n ** BigInt(-power);
-  return Math.max(1, Number(scaled));
-}
-
-/** The transport with every command counted (`rl.stats.commands`). */
-function counting(inner: Transport, count: () => void): Transport {
-  return {
-    kind: inner.kind,
-    cluster: inner.cluster,
-    send: (args, key, readonly) => {
-      count();
-      return inner.send(args, key, readonly);
-    },
-    primaries: async () =>
-      (await inner.primaries()).map((send) => (args: string[]) => {
-        count();
-        return send(args);
-      }),
-  };
-}
-
-function describeValue(value: unknown): string {
-  return typeof value === 'string' ? `'${value}'` : String(value);
-}
-
-/** The Functions library's name, as `#!lua name=ratelimit` declares it. */
-export const LIBRARY_NAME = 'ratelimit';
-/** The functions the shipped library registers. */
-const LIBRARY_FUNCTIONS = [...LIBRARY.matchAll(/function_name\s*=\s*'([a-z_]+)'/g)].map((m) => m[1]);
-
-export interface Logger {
-  info(message: string): void;
-  warn(message: string): void;
-}
-
-export interface RateLimiterOptions {
-  /** Redis down, refusing, not answering within `timeoutMs`, or the breaker open: `'open'`
-   * (default) answers admitted decisions with `source: 'error'`; `'closed'` rejects with
-   * RateLimitUnavailable; `'local'` decides with an exact in-process limiter of the same
-   * algorithm and parameters (`source: 'fallback'`), scaled by `localShare`. */
-  onError?: 'open' | 'closed' | 'local';
-  /** With `onError: 'local'`: the share of each limit this process may admit on its own while
-   * Redis is unavailable, more than 0 and at most 1 (default 1): the local limit and burst are
-   * ⌊x · localShare⌋, at least 1. */
-  localShare?: number;
-  /** The most any call may take, whatever the client's own settings (default 100 ms). */
-  timeoutMs?: number;
-  /** `'auto'` (default): the module's commands, else the Functions library; or only one. */
-  engine?: 'auto' | 'module' | 'library';
-  /** The prefix of the library's keys (default `'fn:'`): the engines never share a key. */
-  libraryPrefix?: string;
-  /** Load the library when it is missing or older than the package's (default true). */
-  loadLibrary?: boolean;
-  /** After `failures` consecutive calls that found Redis unavailable (default 3), apply onError
-   * at once for `cooldownMs` (default 1000), letting one probe through per cool-down. */
-  breaker?: { failures?: number; cooldownMs?: number };
-  /** How long a policy's definition (its mode, its period) is used before it is read again
-   * (default 10000 ms). */
-  policyRefreshMs?: number;
-  /** Where the limiter says which engine serves and what it did (default: console). */
-  logger?: Logger;
-  /** A bounded LRU of this many refusals, each answered again locally (`source: 'cache'`) until
-   * its `retryAfterMs` has passed, for a request of the same key and limit asking at least as
-   * much; 0 (default): off. */
-  denialCache?: number;
-  /** The limiter's monotonic clock in ms (default `performance.now`): the breaker, the policy
-   * cache, the denial cache and batches' hold times; tests give their own. */
-  now?: () => number;
-}
-
-/** What a limiter has done, for scripts and benchmarks: `rl.stats`. */
-export interface Stats {
-  /** Commands sent to Redis (each one of a pipeline counts). */
-  commands: number;
-  /** Decisions answered, by `source`. */
-  decisions: Record<Source, number>;
-  /** Units batches took from Redis (TAKE), admitted locally, and gave back (REFUND). */
-  batchTaken: number;
-  batchUsed: number;
-  batchRefunded: number;
-  /** Units this limiter's batches hold now: taken, not yet admitted or given back. */
-  held: number;
-  /** Replies that arrived after their call's timeout fired (what they took was given back). */
-  lateReplies: number;
-}
-
-/** The options of a call: its cost (default 1), and `at`, a time in ms since the Unix epoch to
- * evaluate it at instead of the server's clock (replays and tests; applications leave it out). */
-export interface CallOptions {
-  cost?: number;
-  at?: number;
-}
-
-class Breaker {
-  private failures = 0;
-  private openUntil = 0;
-  private probing = false;
-  constructor(
-    private readonly threshold: number,
-    private readonly cooldownMs: number,
-    private readonly now: () => number,
-  ) {}
-
-  /** Whether a call may go to Redis now: always while closed; one probe per cool-down while open. */
-  allow(): boolean {
-    if (this.failures < this.threshold) return true;
-    if (this.probing || this.now() < this.openUntil) return false;
-    this.probing = true;
-    return true;
-  }
-
-  success(): void {
-    this.failures = 0;
-    this.probing = false;
-  }
-
-  failure(): void {
-    this.failures += 1;
-    this.probing = false;
-    if (this.failures >= this.threshold) this.openUntil = this.now() + this.cooldownMs;
-  }
-
-  get open(): boolean {
-    return this.failures >= this.threshold;
-  }
-}
-
-class Timeout extends Error {}
 
 /** A call in flight, bounded by its deadline. */
 interface Bounded {
@@ -259,58 +115,6 @@ class Deadlines {
   };
 }
 
-/** The calls on one limit, and the module's command for each. */
-type Command = 'check' | 'peek' | 'refund' | 'take';
-const COMMANDS: Record<Command, string> = { check: 'RATELIMIT.CHECK', peek: 'RATELIMIT.PEEK', refund: 'RATELIMIT.REFUND', take: 'RATELIMIT.TAKE' };
-
-const unknownCommand = (error: unknown) => isReplyError(error) && /^ERR unknown command/i.test(error.message);
-const functionNotFound = (error: unknown) => isReplyError(error) && /Function not found/i.test(error.message);
-const noSuchPolicy = (error: unknown) => isReplyError(error) && /^ERR no such policy/.test(error.message);
-
-interface CachedPolicy {
-  definition: PolicyDefinition | null;
-  fetchedAt: number;
-  refreshing?: Promise<unknown>;
-}
-
-/** One key's batch of a limit: the units this process took (TAKE) and has not admitted yet. */
-interface Batch {
-  id: string;
-  key: string;
-  lim: Limit;
-  /** Units held, not admitted yet. */
-  units: number;
-  /** When the hold ends (the limiter's clock): the units left are then given back. */
-  holdEnd: number;
-  /** The limiter's clock and the call's `at` at the last TAKE (the refund's `at` follows). */
-  now0: number;
-  at0?: number;
-  /** The last TAKE's decision: what local answers report. */
-  taken: Decision | null;
-  /** When (the limiter's clock) the TAKEs' delay_ms and reset_after_ms end: local answers count
-   * them down. */
-  delayUntil: number;
-  resetUntil: number;
-  /** The TAKE in flight: null when it granted, the refusal when it did not. */
-  inFlight: Promise<Decision | null> | null;
-  /** Units asked by callers waiting for it. */
-  waiting: number;
-  /** Units asked in the current and the previous interval of one hold time. */
-  demandSince: number;
-  demandNow: number;
-  demandBefore: number;
-  lastAsked: number;
-  timer?: ReturnType<typeof setTimeout>;
-}
-
-/** A spec resolved for the engine in use: the arguments to send and what goes with them. */
-interface Resolved {
-  args: string[];
-  periodMs: number;
-  /** A shadow policy's definition inline, to learn what enforcement would answer. */
-  shadowAs?: Limit;
-}
-
 /** Server-side policies (the module only): `RATELIMIT.POLICY SET/GET/DEL/LIST`. In a cluster,
  * set and delete apply to every primary, get and list ask one. */
 export class Policies {
@@ -345,7 +149,7 @@ export class Policies {
 }
 
 function policyName(name: unknown): string {
-  if (typeof name !== 'string' || name === '') throw new TypeError(`name must be a non-empty string (a policy's name), not ${describeValue(name)}`);
+  if (typeof name !== 'string' || name === '') throw new TypeError(`name must be a non-empty string (a policy's name), not ${describe(name)}`);
   return name;
 }
 
@@ -363,18 +167,11 @@ export class RateLimiter {
   readonly timeoutMs: number;
   readonly libraryPrefix: string;
   private readonly transport: Transport;
-  private readonly engineOption: 'auto' | 'module' | 'library';
-  private readonly loadLibraryOption: boolean;
-  private readonly breaker: Breaker;
-  private readonly policyRefreshMs: number;
-  private readonly logger: Logger;
+  private readonly core: Engine;
   private readonly now: () => number;
-  private engineInUse: 'module' | 'library' | null = null;
   private libraryReady: Promise<void> | null = null;
-  private readonly cache = new Map<string, CachedPolicy>();
-  private readonly local = new LocalLimiter({ maxKeys: LOCAL_KEYS });
   private readonly denials: DenialCache | null;
-  private readonly batches = new Map<string, Batch>();
+  private readonly batches: Batches;
   private readonly refunds = new Set<Promise<void>>();
   /** Calls whose timeout fired, until they are answered: close() waits for them. */
   private readonly late = new Set<Promise<void>>();
@@ -388,68 +185,37 @@ export class RateLimiter {
     held: 0,
     lateReplies: 0,
   };
-  private readonly scaledLimits = new WeakMap<Limit, Limit>();
-  private readonly limitArgsCache = new WeakMap<Limit, string[]>();
-  private readonly warned = new Set<string>();
-  private down = false;
-  private libraryAnnounced = false;
 
   constructor(client: unknown, options: RateLimiterOptions = {}) {
     this.transport = counting(transport(client), () => (this.counters.commands += 1));
-    const { onError = 'open', timeoutMs = DEFAULT_TIMEOUT_MS, engine = 'auto', libraryPrefix = 'fn:', loadLibrary = true } = options;
-    if (!['open', 'closed', 'local'].includes(onError)) throw new TypeError(`onError must be 'open', 'closed' or 'local', not ${describeValue(onError)}`);
-    const localShare = options.localShare ?? 1;
-    if (typeof localShare !== 'number' || Number.isNaN(localShare)) throw new TypeError(`localShare must be a number, not ${describeValue(localShare)}`);
-    if (!(localShare > 0 && localShare <= 1)) throw new RangeError(`localShare must be more than 0 and at most 1, not ${localShare}`);
-    this.localShare = localShare;
-    if (!['auto', 'module', 'library'].includes(engine)) throw new TypeError(`engine must be 'auto', 'module' or 'library', not ${describeValue(engine)}`);
-    if (!(typeof timeoutMs === 'number' && Number.isFinite(timeoutMs) && timeoutMs > 0)) throw new TypeError(`timeoutMs must be a positive number of ms, not ${describeValue(timeoutMs)}`);
-    if (typeof libraryPrefix !== 'string') throw new TypeError(`libraryPrefix must be a string, not ${describeValue(libraryPrefix)}`);
-    if (typeof loadLibrary !== 'boolean') throw new TypeError(`loadLibrary must be true or false, not ${describeValue(loadLibrary)}`);
-    const failures = options.breaker?.failures ?? 3;
-    const cooldownMs = options.breaker?.cooldownMs ?? 1000;
-    if (!(Number.isInteger(failures) && failures >= 1)) throw new TypeError(`breaker.failures must be an integer of at least 1, not ${describeValue(failures)}`);
-    if (!(typeof cooldownMs === 'number' && Number.isFinite(cooldownMs) && cooldownMs >= 0)) throw new TypeError(`breaker.cooldownMs must be a number of ms, not ${describeValue(cooldownMs)}`);
-    this.onError = onError;
-    this.timeoutMs = timeoutMs;
-    this.deadlines = new Deadlines(timeoutMs);
-    this.engineOption = engine;
-    this.libraryPrefix = libraryPrefix;
-    this.loadLibraryOption = loadLibrary;
-    if (options.now !== undefined && typeof options.now !== 'function') throw new TypeError(`now must be a function answering ms (a monotonic clock), not ${describeValue(options.now)}`);
-    this.now = options.now ?? (() => performance.now());
-    const denials = options.denialCache ?? 0;
-    if (typeof denials !== 'number' || !Number.isInteger(denials)) throw new TypeError(`denialCache must be an integer (a number of refusals), not ${describeValue(denials)}`);
-    if (denials < 0) throw new RangeError(`denialCache must be 0 (off) or more, not ${denials}`);
-    this.denials = denials > 0 ? new DenialCache(denials, this.now) : null;
-    this.breaker = new Breaker(failures, cooldownMs, this.now);
-    const policyRefreshMs = options.policyRefreshMs ?? 10000;
-    if (!(typeof policyRefreshMs === 'number' && Number.isFinite(policyRefreshMs) && policyRefreshMs >= 0)) {
-      throw new TypeError(`policyRefreshMs must be a number of ms, not ${describeValue(policyRefreshMs)}`);
-    }
-    this.policyRefreshMs = policyRefreshMs;
-    const logger = options.logger ?? console;
-    if (typeof logger?.info !== 'function' || typeof logger?.warn !== 'function') throw new TypeError('logger must have info(message) and warn(message)');
-    this.logger = logger;
+    const s = settings(options);
+    this.onError = s.onError;
+    this.localShare = s.localShare;
+    this.timeoutMs = s.timeoutMs;
+    this.libraryPrefix = s.libraryPrefix;
+    this.now = s.now;
+    this.deadlines = new Deadlines(s.timeoutMs);
+    this.denials = s.denialCache > 0 ? new DenialCache(s.denialCache, s.now) : null;
+    this.batches = new Batches(s.now, this.counters);
+    this.core = new Engine(s);
     this.policies = new Policies(this);
-    if (engine !== 'auto') this.engineInUse = engine;
   }
 
   /** The engine that served the last call: `'module'`, `'library'`, or null before the first. */
   get engine(): 'module' | 'library' | null {
-    return this.engineInUse;
+    return this.core.inUse;
   }
 
   /** Whether the breaker is open (calls answer onError at once but for one probe per cool-down). */
   get breakerOpen(): boolean {
-    return this.breaker.open;
+    return this.core.breaker.open;
   }
 
   /** Decides one request of `cost` (default 1) on `key`; consumes it if admitted. */
   check(key: string, spec: LimitSpec, options: CallOptions = {}): Promise<Decision> {
     // The common case, an inline limit without batches or a denial cache on the module, in one
     // step; the rest below. Both answer the same.
-    if (this.denials === null && this.engineInUse === 'module' && isLimit(spec) && spec.batchMs === undefined) {
+    if (this.denials === null && this.core.inUse === 'module' && isLimit(spec) && spec.batchMs === undefined) {
       let cost: number;
       try {
         cost = checkCost(options.cost ?? 1);
@@ -467,18 +233,18 @@ export class RateLimiter {
    * and decide() do, with one promise and no intermediate steps (the package's own work is then
    * a few µs of a call). */
   private fastCheck(key: string, lim: Limit, cost: number, at: number | undefined): Promise<Decision> {
-    const args = [COMMANDS.check, key, ...this.argsOf(lim), 'COST', String(cost)];
-    if (at !== undefined) args.push('AT', String(at));
+    const core = this.core;
+    const args = core.inlineArgs('check', key, lim, cost, at);
     return new Promise<Decision>((resolve, reject) => {
       // Redis unavailable (onError), or the caller's mistake (rejects).
       const fallBack = (error: unknown) => {
         try {
-          resolve(this.counted(this.unavailable(this.failed(error), lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at))));
+          resolve(this.counted(core.unavailable(core.failed(error), lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at))));
         } catch (failure) {
           reject(failure);
         }
       };
-      if (!this.breaker.allow()) {
+      if (!core.breaker.allow()) {
         fallBack(new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)'));
         return;
       }
@@ -524,15 +290,14 @@ export class RateLimiter {
             reject(error);
             return;
           }
-          this.answered();
+          core.answered();
           resolve(this.counted(d));
         },
         (error) => {
           if (call.settled) return;
           call.settled = true;
           this.deadlines.settled();
-          if (this.engineOption === 'auto' && unknownCommand(error)) {
-            this.engineInUse = 'library'; // the module is gone: the library from now on
+          if (core.moduleFailed(error)) {
             this.checkAny(key, lim, { cost, at }).then(resolve, reject);
             return;
           }
@@ -593,7 +358,7 @@ export class RateLimiter {
    * it does. The client stays open (close it yourself); later calls start new batches. */
   async close(options: { waitMs?: number } = {}): Promise<void> {
     const waitMs = options?.waitMs ?? CLOSE_WAIT_MS;
-    if (!(Number.isFinite(waitMs) && waitMs >= 0)) throw new TypeError(`waitMs must be a number of ms, not ${describeValue(waitMs)}`);
+    if (!(Number.isFinite(waitMs) && waitMs >= 0)) throw new TypeError(`waitMs must be a number of ms, not ${describe(waitMs)}`);
     const end = performance.now() + waitMs;
     const within = async (promises: Array<Promise<unknown>>) => {
       let timer: ReturnType<typeof setTimeout> | undefined;
@@ -619,11 +384,12 @@ export class RateLimiter {
    * a TAKE (one in flight per key and limit, shared by the callers waiting for it). */
   private async batchCheck(key: string, lim: Limit, cost: number, at: number | undefined): Promise<Decision> {
     atArgs(at);
-    const b = this.batchFor(key, lim);
-    this.noteDemand(b, cost);
+    const batches = this.batches;
+    const b = batches.of(key, lim);
+    batches.noteDemand(b, cost);
     for (let round = 0; round < 4; round += 1) {
-      if (b.units > 0 && this.now() >= b.holdEnd) this.endHold(b);
-      if (b.units >= cost) return this.fromBatch(b, cost);
+      if (batches.expired(b)) this.endHold(b);
+      if (b.units >= cost) return batches.admit(b, cost);
       let refusal: Decision | null;
       const own = !b.inFlight;
       if (b.inFlight) {
@@ -631,20 +397,19 @@ export class RateLimiter {
         try {
           refusal = await b.inFlight;
         } catch (error) {
-          return this.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
+          return this.core.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
         } finally {
           b.waiting -= cost;
         }
       } else {
         // Fewer units than this request: given back, and a batch of at least its cost taken.
         if (b.units > 0) this.endHold(b);
-        const wanted = Math.max(cost, Math.min(lim.batchMax ?? lim.limit, Math.max(this.demand(b), cost + b.waiting)));
-        const taking = this.takeBatch(b, wanted, at);
+        const taking = this.takeBatch(b, batches.wanted(b, cost), at);
         b.inFlight = taking;
         try {
           refusal = await taking;
         } catch (error) {
-          return this.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
+          return this.core.unavailable(error, lim.periodMs, cost, () => this.decideLocally('check', key, lim, cost, at));
         } finally {
           if (b.inFlight === taking) b.inFlight = null;
         }
@@ -658,40 +423,6 @@ export class RateLimiter {
     return this.single('check', key, lim, cost, at);
   }
 
-  /** The batch of a key and limit, made at its first request. */
-  private batchFor(key: string, lim: Limit): Batch {
-    const id = `${key}\n${limitArgs(lim).join(' ')}`;
-    let b = this.batches.get(id);
-    if (!b) {
-      const now = this.now();
-      b = { id, key, lim, units: 0, holdEnd: 0, now0: now, taken: null, delayUntil: 0, resetUntil: 0, inFlight: null, waiting: 0, demandSince: now, demandNow: 0, demandBefore: 0, lastAsked: now };
-      this.batches.set(id, b);
-    }
-    return b;
-  }
-
-  /** Counts `cost` asked in the current hold-long interval of the batch's demand. */
-  private noteDemand(b: Batch, cost: number): void {
-    const now = this.now();
-    const hold = b.lim.batchMs!;
-    const passed = now - b.demandSince;
-    if (passed >= hold) {
-      b.demandBefore = passed < 2 * hold ? b.demandNow : 0;
-      b.demandNow = 0;
-      b.demandSince = now - (passed % hold);
-    }
-    b.demandNow += cost;
-    b.lastAsked = now;
-  }
-
-  /** Units asked over the last hold time: the current interval's, and the previous one's
-   * weighted by how much of it is still within the last hold time. */
-  private demand(b: Batch): number {
-    const hold = b.lim.batchMs!;
-    const into = Math.min(hold, Math.max(0, this.now() - b.demandSince));
-    return Math.ceil(b.demandNow + (b.demandBefore * (hold - into)) / hold);
-  }
-
   /** One TAKE for the batch: null when it granted units (held now), the refusal when none. A
    * grant that arrives after the TAKE timed out is held all the same (given back when its hold
    * ends, or at once when the batch is gone: close()). */
@@ -699,7 +430,7 @@ export class RateLimiter {
     const d = await this.guard(() => this.request('take', b.key, b.lim, wanted, at), (late) => {
       if (late.granted === 0) return;
       this.hold(b, late, at);
-      if (this.batches.get(b.id) !== b) this.endHold(b);
+      if (!this.batches.current(b)) this.endHold(b);
     });
     if (d.granted === 0) return d;
     this.hold(b, d, at);
@@ -708,55 +439,18 @@ export class RateLimiter {
 
   /** Holds a TAKE's grant in the batch, for one hold time from now. */
   private hold(b: Batch, d: Decision, at: number | undefined): void {
-    const now = this.now();
-    b.units += d.granted;
-    b.taken = d;
-    // Counted down from now: the most of what the batch's TAKEs said (a late grant joining units
-    // held).
-    b.delayUntil = Math.max(b.units > d.granted ? b.delayUntil : 0, now + d.delayMs);
-    b.resetUntil = Math.max(b.units > d.granted ? b.resetUntil : 0, now + d.resetAfterMs);
-    b.holdEnd = now + b.lim.batchMs!;
-    b.now0 = now;
-    b.at0 = at;
-    this.counters.held += d.granted;
-    this.counters.batchTaken += d.granted;
+    this.batches.hold(b, d, at);
     this.arm(b, b.lim.batchMs!);
-  }
-
-  /** Admits `cost` from the units held. The numbers: the TAKE's, with `remaining` the units
-   * still held, and the times counted down since. */
-  private fromBatch(b: Batch, cost: number): Decision {
-    b.units -= cost;
-    this.counters.held -= cost;
-    this.counters.batchUsed += cost;
-    const taken = b.taken!;
-    const now = this.now();
-    return {
-      allowed: true,
-      granted: cost,
-      limit: taken.limit,
-      remaining: b.units,
-      retryAfterMs: 0,
-      resetAfterMs: Math.max(0, Math.ceil(b.resetUntil - now)),
-      delayMs: Math.max(0, Math.ceil(b.delayUntil - now)),
-      source: 'local',
-      shadowRejected: false,
-      periodMs: taken.periodMs,
-    };
   }
 
   /** The hold ends: the units left are given back (REFUND, at the batch's own time when it was
    * taken `at` one), a failure logged. */
   private endHold(b: Batch): void {
-    const units = b.units;
-    b.units = 0;
-    b.holdEnd = 0;
-    if (units === 0) return;
-    this.counters.held -= units;
+    const left = this.batches.release(b);
+    if (left === null) return;
     this.denials?.dropKey(b.key);
-    const at = b.at0 === undefined ? undefined : b.at0 + Math.floor(this.now() - b.now0);
-    this.giveBack(`${units} unused units of a batch on ${b.key}`, () => this.request('refund', b.key, b.lim, units, at), () => {
-      this.counters.batchRefunded += units;
+    this.giveBack(`${left.units} unused units of a batch on ${b.key}`, () => this.request('refund', b.key, b.lim, left.units, left.at), () => {
+      this.counters.batchRefunded += left.units;
     });
   }
 
@@ -766,13 +460,9 @@ export class RateLimiter {
     clearTimeout(b.timer);
     b.timer = setTimeout(() => {
       const now = this.now();
-      const hold = b.lim.batchMs!;
-      if (b.units > 0 && now >= b.holdEnd) this.endHold(b);
-      if (b.units === 0 && b.inFlight === null && now - b.lastAsked >= 2 * hold) {
-        if (this.batches.get(b.id) === b) this.batches.delete(b.id);
-        return;
-      }
-      this.arm(b, b.units > 0 ? Math.max(1, Math.ceil(b.holdEnd - now)) : hold);
+      if (this.batches.expired(b, now)) this.endHold(b);
+      const next = this.batches.next(b, now);
+      if (next !== null) this.arm(b, next);
     }, ms);
     b.timer.unref?.();
   }
@@ -782,24 +472,13 @@ export class RateLimiter {
     checkKey(key);
     checkSpec(spec);
     atArgs(at);
-    if (!this.denials || !this.cacheable(spec)) return null;
+    if (!this.denials || !this.core.cacheable(spec)) return null;
     return `${kind}\n${key}\n${isPolicy(spec) ? `POLICY ${spec.name}` : limitArgs(spec).join(' ')}`;
-  }
-
-  /** Whether refusals of a limit may be answered again here: not with a BLOCK (a refusal after
-   * a block ends starts another, which an answer from here would skip). A policy's block is
-   * known from its definition once read (else its fallback's applies: the library, or the
-   * server without it). */
-  private cacheable(spec: LimitSpec): boolean {
-    if (!isPolicy(spec)) return spec.block === undefined;
-    const definition = this.cache.get(spec.name)?.definition;
-    if (definition) return definition.blockMs === 0;
-    return spec.fallback === undefined || spec.fallback.block === undefined;
   }
 
   /** Keeps a refusal Redis answered (not one of onError's). */
   private remember(id: string, key: string, spec: LimitSpec, cost: number, d: Decision): void {
-    if ((d.source === 'module' || d.source === 'library') && this.cacheable(spec)) this.denials!.put(id, key, cost, d);
+    if ((d.source === 'module' || d.source === 'library') && this.core.cacheable(spec)) this.denials!.put(id, key, cost, d);
   }
 
   private counted<D extends Decision>(d: D): D {
@@ -818,33 +497,24 @@ export class RateLimiter {
     const cost = checkCost(options.cost ?? 1);
     const at = atArgs(options.at);
     const keys = pairs.map(([key]) => key);
+    const core = this.core;
     return this.counted(await this.decide(0, async () => {
       const { reply, source, periods, peeked } = await this.run(
         async () => {
           const resolved = await Promise.all(pairs.map(([key, spec]) => this.resolveForModule(key, spec)));
-          const args = ['RATELIMIT.CHECKALL', String(keys.length), ...keys, ...resolved.flatMap((r) => r.args), 'COST', String(cost), ...at];
+          const plan = core.moduleCheckAll(keys, resolved, cost, at);
           // What enforcement would answer for each shadow policy, in the same round trip.
-          const enforced = resolved.map((r, i) => r.shadowAs
-            ? this.transport.send(['RATELIMIT.PEEK', keys[i], ...limitArgs(r.shadowAs), 'COST', String(cost), ...at], keys[i], true)
-            : null);
-          const [reply, ...peeked] = await Promise.all([this.transport.send(args, keys[0]), ...enforced]);
+          const enforced = plan.peeks.map((peek, i) => (peek ? this.transport.send(peek, keys[i], true) : null));
+          const [reply, ...peeked] = await Promise.all([this.transport.send(plan.args, keys[0]), ...enforced]);
           return { reply, periods: resolved.map((r) => r.periodMs), peeked };
         },
         async () => {
-          const inline = pairs.map(([, spec]) => this.fallback(spec));
-          const prefixed = keys.map((key) => this.libraryPrefix + key);
-          const args = ['FCALL', 'ratelimit_checkall', String(keys.length), ...prefixed, ...inline.flatMap((l) => limitArgs(l)), 'COST', String(cost), ...at];
-          return { reply: await this.transport.send(args, prefixed[0]), periods: inline.map((l) => l.periodMs), peeked: [] as unknown[] };
+          const plan = core.libraryCheckAll(keys, pairs.map(([, spec]) => spec), cost, at);
+          return { reply: await this.transport.send(plan.args, plan.key), periods: plan.periods, peeked: [] as unknown[] };
         },
       );
-      const d = multiDecision(reply, source, periods, cost);
-      d.limits.forEach((limitDecision, i) => {
-        const peek = peeked[i];
-        if (peek !== null && peek !== undefined) limitDecision.shadowRejected = limitDecision.allowed && !decision(peek, source, 0).allowed;
-      });
-      d.shadowRejected = d.allowed && d.limits.some((l) => l.shadowRejected);
-      return d;
-    }, cost, () => this.checkAllLocally(pairs, cost, options.at), true, (late) => {
+      return core.readCheckAll(reply, source, periods, cost, peeked);
+    }, cost, () => core.checkAllLocally(pairs, cost, options.at ?? Date.now()), true, (late) => {
       // Admitted after the call timed out: its cost goes back on every limit.
       if (!late.allowed || cost === 0) return;
       for (const [key, spec] of pairs) {
@@ -860,11 +530,8 @@ export class RateLimiter {
     keys.forEach((key) => this.denials?.dropKey(key));
     return this.strict(async () => {
       const { reply } = await this.run(
-        async () => ({ reply: await this.transport.send(['RATELIMIT.RESET', ...keys], keys[0]) }),
-        async () => {
-          const prefixed = keys.map((key) => this.libraryPrefix + key);
-          return { reply: await this.transport.send(['FCALL', 'ratelimit_reset', String(keys.length), ...prefixed], prefixed[0]) };
-        },
+        () => this.sendPlan(this.core.reset(keys, false)),
+        () => this.sendPlan(this.core.reset(keys, true)),
       );
       return integerReply(reply);
     });
@@ -877,27 +544,23 @@ export class RateLimiter {
     const limitN = checkCost(n, 1, 'n');
     const leaseMs = periodMs(lease, 'lease');
     const id = options?.id;
-    if (typeof id !== 'string' || id === '') throw new TypeError(`id must be a non-empty string, the id the lease is held under (release it with the same), not ${describeValue(id)}`);
+    if (typeof id !== 'string' || id === '') throw new TypeError(`id must be a non-empty string, the id the lease is held under (release it with the same), not ${describe(id)}`);
     const cost = checkCost(options.cost ?? 1, 1);
     const rest = [String(limitN), String(lease), 'ID', id, 'COST', String(cost), ...atArgs(options.at)];
+    const core = this.core;
     return this.counted(await this.decide(leaseMs, async () => {
       const { reply, source } = await this.run(
-        async () => ({ reply: await this.transport.send(['RATELIMIT.ACQUIRE', key, ...rest], key) }),
-        async () => {
-          const k = this.libraryPrefix + key;
-          return { reply: await this.transport.send(['FCALL', 'ratelimit_acquire', '1', k, ...rest], k) };
-        },
+        () => this.sendPlan(core.acquire(key, rest, false)),
+        () => this.sendPlan(core.acquire(key, rest, true)),
       );
       return decision(reply, source, leaseMs, cost);
     }, cost, null, false, (late) => {
       // A lease granted after the call timed out: nobody holds it, it is released.
       if (!late.allowed) return;
+      const at = atArgs(options.at);
       this.giveBack(`the lease ${id} on ${key}, granted after the call timed out`, () => this.run(
-        async () => ({ reply: await this.transport.send(['RATELIMIT.RELEASE', key, 'ID', id, ...atArgs(options.at)], key) }),
-        async () => {
-          const k = this.libraryPrefix + key;
-          return { reply: await this.transport.send(['FCALL', 'ratelimit_release', '1', k, 'ID', id, ...atArgs(options.at)], k) };
-        },
+        () => this.sendPlan(core.release(key, id, at, false)),
+        () => this.sendPlan(core.release(key, id, at, true)),
       ));
     }));
   }
@@ -905,15 +568,12 @@ export class RateLimiter {
   /** Gives the lease `id` back: 1 if it held a live lease, else 0. */
   async release(key: string, id: string, options: { at?: number } = {}): Promise<number> {
     checkKey(key);
-    if (typeof id !== 'string' || id === '') throw new TypeError(`id must be a non-empty string, the one the lease was acquired with, not ${describeValue(id)}`);
+    if (typeof id !== 'string' || id === '') throw new TypeError(`id must be a non-empty string, the one the lease was acquired with, not ${describe(id)}`);
     const at = atArgs(options.at);
     return this.strict(async () => {
       const { reply } = await this.run(
-        async () => ({ reply: await this.transport.send(['RATELIMIT.RELEASE', key, 'ID', id, ...at], key) }),
-        async () => {
-          const k = this.libraryPrefix + key;
-          return { reply: await this.transport.send(['FCALL', 'ratelimit_release', '1', k, 'ID', id, ...at], k) };
-        },
+        () => this.sendPlan(this.core.release(key, id, at, false)),
+        () => this.sendPlan(this.core.release(key, id, at, true)),
       );
       return integerReply(reply);
     });
@@ -929,7 +589,7 @@ export class RateLimiter {
     work: (decision: Decision) => Promise<T> | T,
     options: { cost?: number; id?: string } = {},
   ): Promise<T> {
-    if (typeof work !== 'function') throw new TypeError(`work must be a function to run holding the lease, not ${describeValue(work)}`);
+    if (typeof work !== 'function') throw new TypeError(`work must be a function to run holding the lease, not ${describe(work)}`);
     const id = options.id ?? randomUUID();
     const acquired = await this.acquire(key, n, lease, { id, cost: options.cost ?? 1 });
     if (!acquired.allowed) throw new RateLimited(acquired, `no lease on ${key}: ${n} in flight; retry in ${acquired.retryAfterMs} ms`);
@@ -941,7 +601,7 @@ export class RateLimiter {
           await this.release(key, id);
         } catch (error) {
           if (!(error instanceof RateLimitUnavailable)) throw error;
-          this.warnOnce(`release:${error.message}`, `ratelimit: the lease ${id} on ${key} was not released (${error.message}); it expires by itself`);
+          this.core.warnOnce(`release:${error.message}`, `ratelimit: the lease ${id} on ${key} was not released (${error.message}); it expires by itself`);
         }
       }
     }
@@ -956,8 +616,13 @@ export class RateLimiter {
     // What a CHECK or TAKE answered after its timeout consumed goes back: its caller has had
     // onError's answer.
     const late = command === 'check' || command === 'take' ? (d: Decision) => this.lateGrant(key, spec, d, atMs) : undefined;
-    return this.decide(this.knownPeriodMs(spec), () => this.request(command, key, spec, cost, atMs),
+    return this.decide(this.core.knownPeriodMs(spec), () => this.request(command, key, spec, cost, atMs),
       command === 'refund' ? 0 : cost, () => this.decideLocally(command, key, spec, cost, atMs), false, late);
+  }
+
+  /** onError 'local' for a call on one limit, at `at` or the machine's clock. */
+  private decideLocally(command: Command, key: string, spec: LimitSpec, cost: number, at: number | undefined): Decision | null {
+    return this.core.decideLocally(command, key, spec, cost, at ?? Date.now());
   }
 
   /** A decision whose caller went away (its call timed out): what it consumed is given back. */
@@ -969,17 +634,14 @@ export class RateLimiter {
   /** One call on one limit, sent to the engine in use (no onError: RateLimitUnavailable as the
    * guard raises it). */
   private request(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
-    if (this.engineInUse === 'module' && !isPolicy(spec)) {
+    if (this.core.inUse === 'module' && !isPolicy(spec)) {
       // The module serves and the limit is inline: the command straight away, its arguments from
       // the limit's cached ones (the general path below resolves, in more steps, to the same).
-      const args = [COMMANDS[command], key, ...this.argsOf(spec), command === 'take' ? 'MAX' : 'COST', String(cost)];
-      if (atMs !== undefined) args.push('AT', String(atMs));
-      const replyCost = command === 'take' ? null : command === 'refund' ? 0 : cost;
+      const args = this.core.inlineArgs(command, key, spec, cost, atMs);
       return this.transport.send(args, key, command === 'peek').then(
-        (reply) => decision(reply, 'module', spec.periodMs, replyCost),
+        (reply) => this.core.read(command, reply, 'module', spec.periodMs, cost),
         (error) => {
-          if (!(this.engineOption === 'auto' && unknownCommand(error))) throw error;
-          this.engineInUse = 'library'; // the module is gone: the library from now on
+          if (!this.core.moduleFailed(error)) throw error;
           return this.requestResolved(command, key, spec, cost, atMs);
         },
       );
@@ -987,198 +649,78 @@ export class RateLimiter {
     return this.requestResolved(command, key, spec, cost, atMs);
   }
 
-  /** An inline limit's module arguments (`algorithm limit period [BURST c] [BLOCK d]`), made once. */
-  private argsOf(lim: Limit): string[] {
-    let args = this.limitArgsCache.get(lim);
-    if (args === undefined) {
-      args = limitArgs(lim);
-      this.limitArgsCache.set(lim, args);
-    }
-    return args;
-  }
-
   private async requestResolved(command: Command, key: string, spec: LimitSpec, cost: number, atMs: number | undefined): Promise<Decision> {
     const at = atArgs(atMs);
-    const readonly = command === 'peek';
-    const moduleName = COMMANDS[command];
-    // TAKE's number is MAX, the others' COST; TAKE's reply carries the grant.
-    const amount = [command === 'take' ? 'MAX' : 'COST', String(cost)];
-    const replyCost = command === 'take' ? null : command === 'refund' ? 0 : cost;
-    {
-      const { reply, source, periodMs: period, shadowRejected } = await this.run(
-        async () => {
-          const resolved = await this.resolveForModule(key, spec);
-          const args = [moduleName, key, ...resolved.args, ...amount, ...at];
-          if (resolved.shadowAs && command !== 'refund') {
-            // What enforcement would answer, sent in the same round trip (pipelined): for TAKE,
-            // whether it would have granted all of MAX.
-            const enforced = this.transport.send(['RATELIMIT.PEEK', key, ...limitArgs(resolved.shadowAs), 'COST', String(cost), ...at], key, true);
-            const [peeked, reply] = await Promise.all([enforced, this.transport.send(args, key, readonly)]);
-            const answered = decision(reply, 'module', resolved.periodMs, replyCost);
-            return { reply, periodMs: resolved.periodMs, shadowRejected: answered.allowed && !decision(peeked, 'module', 0).allowed };
-          }
-          return { reply: await this.transport.send(args, key, readonly), periodMs: resolved.periodMs, shadowRejected: false };
-        },
-        async () => {
-          const inline = this.fallback(spec);
-          const k = this.libraryPrefix + key;
-          const fcall = readonly ? 'FCALL_RO' : 'FCALL';
-          const args = [fcall, `ratelimit_${command}`, '1', k, ...limitArgs(inline), ...amount, ...at];
-          return { reply: await this.transport.send(args, k, readonly), periodMs: inline.periodMs, shadowRejected: false };
-        },
-      );
-      return { ...decision(reply, source, period, replyCost), shadowRejected };
-    }
+    const core = this.core;
+    const { reply, source, periodMs: period, peeked } = await this.run(
+      async () => {
+        const plan = core.moduleCall(command, key, await this.resolveForModule(key, spec), cost, at);
+        if (plan.peek) {
+          // What enforcement would answer, sent in the same round trip (pipelined).
+          const enforced = this.transport.send(plan.peek, key, true);
+          const [peeked, reply] = await Promise.all([enforced, this.transport.send(plan.args, key, plan.readonly)]);
+          return { reply, periodMs: plan.periodMs, peeked };
+        }
+        return { reply: await this.transport.send(plan.args, key, plan.readonly), periodMs: plan.periodMs, peeked: undefined as unknown };
+      },
+      async () => {
+        const plan = core.libraryCall(command, key, spec, cost, at);
+        return { reply: await this.transport.send(plan.args, plan.key, plan.readonly), periodMs: plan.periodMs, peeked: undefined as unknown };
+      },
+    );
+    return core.read(command, reply, source, period, cost, peeked);
   }
 
-  /** onError 'local': the call on the in-process limiter, at `at` or the machine's clock; null
-   * where the limit is not known here (a policy without a cached definition or a fallback, or a
-   * shadow policy), which fails open. */
-  private decideLocally(command: Command, key: string, spec: LimitSpec, cost: number, at: number | undefined): Decision | null {
-    const lim = this.localLimit(spec);
-    if (lim === null) return null;
-    const now = at ?? Date.now();
-    let reply: Reply;
-    let granted = 0;
-    if (command === 'take') {
-      reply = this.local.take(key, lim, cost, now);
-      granted = (reply as Reply & { granted: number }).granted;
-    } else if (command === 'refund') {
-      reply = this.local.refund(key, lim, cost, now);
-    } else {
-      reply = this.local.check(key, lim, cost, now, command === 'check');
-      granted = reply.allowed ? cost : 0;
-    }
-    return localDecision({ ...reply }, 'fallback', lim.periodMs, granted);
+  /** A spec's module arguments: the engine resolves it, with a policy's definition read first
+   * (at its first use, then again in the background every policyRefreshMs). */
+  private async resolveForModule(key: string, spec: LimitSpec): Promise<ReturnType<Engine['resolve']>> {
+    if (!isPolicy(spec)) return this.core.resolve(spec, null);
+    return this.core.resolve(spec, await this.definition(spec.name, key));
   }
 
-  /** onError 'local' for checkAll: all or nothing in process; null (fail open) when a limit is
-   * not known here. */
-  private checkAllLocally(pairs: Array<[string, LimitSpec]>, cost: number, at: number | undefined): MultiDecision | null {
-    const limits = pairs.map(([, spec]) => this.localLimit(spec));
-    if (limits.some((l) => l === null)) return null;
-    const { overall, each } = this.local.checkAll(pairs.map(([key], i) => [key, limits[i]!]), cost, at ?? Date.now());
-    const decisions = each.map((reply, i) => localDecision({ ...reply }, 'fallback', limits[i]!.periodMs, reply.allowed ? cost : 0));
-    const shown = decisions.find((d) => d.remaining === overall.remaining && d.limit === overall.limit);
-    return { ...localDecision({ ...overall }, 'fallback', shown?.periodMs ?? limits[0]!.periodMs, overall.allowed ? cost : 0), limits: decisions };
-  }
-
-  /** The limit the in-process limiter applies for a spec, scaled by localShare. */
-  private localLimit(spec: LimitSpec): Limit | null {
-    let lim: Limit | undefined;
-    if (isPolicy(spec)) {
-      const cached = this.cache.get(spec.name);
-      if (cached?.definition) {
-        if (cached.definition.mode === 'shadow') return null;
-        lim = cached.definition.limitSpec;
-      } else {
-        lim = spec.fallback;
-      }
-    } else {
-      lim = spec;
-    }
-    if (!lim) return null;
-    if (this.localShare === 1) return lim;
-    let scaled = this.scaledLimits.get(lim);
-    if (!scaled) {
-      scaled = limit(lim.algorithm, share(lim.limit, this.localShare), lim.periodMs, {
-        ...(lim.burst !== undefined ? { burst: share(lim.burst, this.localShare) } : {}),
-        ...(lim.block !== undefined ? { block: lim.block } : {}),
-      });
-      this.scaledLimits.set(lim, scaled);
-    }
-    return scaled;
-  }
-
-  /** A spec's module arguments: inline as given; a policy by name, with its definition (period,
-   * mode) read and cached; a policy the server lacks as its fallback (warned once). */
-  private async resolveForModule(key: string, spec: LimitSpec): Promise<Resolved> {
-    if (!isPolicy(spec)) return { args: limitArgs(spec), periodMs: spec.periodMs };
-    const definition = await this.definition(spec.name, key);
-    if (definition === null) {
-      if (spec.fallback) {
-        this.warnOnce(`missing:${spec.name}`, `ratelimit: the server has no policy '${spec.name}': using its fallback ${limitArgs(spec.fallback).join(' ')}`);
-        return { args: limitArgs(spec.fallback), periodMs: spec.fallback.periodMs };
-      }
-      // The module's own error says it: ERR no such policy.
-      return { args: ['POLICY', spec.name], periodMs: 0 };
-    }
-    return {
-      args: ['POLICY', spec.name],
-      periodMs: definition.periodMs ?? definition.leaseMs ?? 0,
-      ...(definition.mode === 'shadow' && definition.limitSpec ? { shadowAs: definition.limitSpec } : {}),
-    };
-  }
-
-  /** A policy's definition from the cache; read at its first use, then again in the background
-   * every policyRefreshMs. */
   private async definition(name: string, key: string): Promise<PolicyDefinition | null> {
-    const cached = this.cache.get(name);
+    const core = this.core;
     const fetch = async () => {
-      const reply = await this.transport.send(['RATELIMIT.POLICY', 'GET', name], key, true);
-      const definition = policyDefinition(name, reply);
-      this.cache.set(name, { definition, fetchedAt: this.now() });
+      const definition = policyDefinition(name, await this.transport.send(core.policyGet(name), key, true));
+      core.learned(name, definition);
       return definition;
     };
-    if (!cached) return fetch();
-    if (this.now() - cached.fetchedAt > this.policyRefreshMs && !cached.refreshing) {
-      cached.refreshing = fetch().catch(() => {
-        cached.refreshing = undefined;
-      });
-    }
-    return cached.definition;
+    const { definition, fetch: read } = core.definitionOf(name);
+    if (read === 'wait') return fetch();
+    if (read === 'refresh') fetch().catch(() => core.refreshFailed(name));
+    return definition;
   }
 
   /** @internal a policy changed here: read it again at its next use; its refusals are void. */
   _forget(name: string): void {
-    this.cache.delete(name);
+    this.core.forget(name);
     this.denials?.dropMatching(`\nPOLICY ${name}`);
   }
 
-  /** The inline limit the library applies for a spec. */
-  private fallback(spec: LimitSpec): Limit {
-    if (!isPolicy(spec)) return spec;
-    if (!spec.fallback) {
-      throw new RateLimitError(`policy '${spec.name}' has no fallback: the Functions library has no policies (give policy('${spec.name}', { fallback: limit(...) }))`);
-    }
-    return spec.fallback;
-  }
-
-  private knownPeriodMs(spec: LimitSpec): number {
-    if (!isPolicy(spec)) return spec.periodMs;
-    const cached = this.cache.get(spec.name)?.definition;
-    return cached?.periodMs ?? spec.fallback?.periodMs ?? 0;
+  /** Sends a planned command (its key routes it). */
+  private async sendPlan(plan: { args: string[]; key: string }): Promise<{ reply: unknown }> {
+    return { reply: await this.transport.send(plan.args, plan.key) };
   }
 
   /** Runs a call on the engine in use: the module's command, or, where the server does not know
    * it, the library's function (loaded first when needed). */
   private async run<T extends object>(onModule: () => Promise<T>, onLibrary: () => Promise<T>): Promise<T & { source: Source }> {
-    if (this.engineInUse !== 'library') {
+    const core = this.core;
+    if (core.inUse !== 'library') {
       try {
         const result = await onModule();
-        if (this.engineInUse === null) {
-          this.engineInUse = 'module';
-          this.logger.info('ratelimit: engine: the module (RATELIMIT.* commands)');
-        }
+        core.moduleAnswered();
         return { ...result, source: 'module' };
       } catch (error) {
-        if (!(this.engineOption === 'auto' && unknownCommand(error))) {
-          if (noSuchPolicy(error)) this.cache.clear(); // deleted meanwhile: read again next time
-          throw error;
-        }
-        this.engineInUse = 'library';
+        if (!core.moduleFailed(error)) throw error;
       }
     }
     await this.ensureLibrary();
-    if (!this.libraryAnnounced) {
-      this.libraryAnnounced = true;
-      const why = this.engineOption === 'library' ? 'as configured' : 'the module is not loaded';
-      this.logger.info(`ratelimit: ${why}: engine: the Functions library '${LIBRARY_NAME}' (keys prefixed '${this.libraryPrefix}'; no policies: their fallbacks apply)`);
-    }
+    core.libraryServes();
     try {
       return { ...(await onLibrary()), source: 'library' };
     } catch (error) {
-      if (!functionNotFound(error) || !this.loadLibraryOption) throw error;
+      if (!functionNotFound(error) || !core.loadLibrary) throw error;
       // Flushed, or a primary added since: load it again, once.
       this.libraryReady = null;
       await this.ensureLibrary();
@@ -1187,7 +729,7 @@ export class RateLimiter {
   }
 
   private ensureLibrary(): Promise<void> {
-    if (!this.loadLibraryOption) return Promise.resolve();
+    if (!this.core.loadLibrary) return Promise.resolve();
     if (!this.libraryReady) {
       this.libraryReady = this.loadLibrary().catch((error) => {
         this.libraryReady = null;
@@ -1203,25 +745,18 @@ export class RateLimiter {
     const primaries = await this.transport.primaries();
     await Promise.all(
       primaries.map(async (send) => {
-        const listed = (await send(['FUNCTION', 'LIST', 'LIBRARYNAME', LIBRARY_NAME, 'WITHCODE'])) as unknown[];
-        const found = listed.map(pairs).find((library) => String(library.library_name) === LIBRARY_NAME);
-        if (!found) {
+        const action = libraryAction(await send(['FUNCTION', 'LIST', 'LIBRARYNAME', LIBRARY_NAME, 'WITHCODE']));
+        if (action === 'load') {
           try {
             await send(['FUNCTION', 'LOAD', LIBRARY]);
-            this.logger.info(`ratelimit: loaded the Functions library '${LIBRARY_NAME}'`);
           } catch (error) {
-            if (!(isReplyError(error) && /already exists/.test(error.message))) throw error; // loaded meanwhile
+            if (!this.core.loadedMeanwhile(error)) throw error;
+            return;
           }
-          return;
-        }
-        if (String(found.library_code) === LIBRARY) return;
-        const names = new Set((found.functions as unknown[]).map((f) => String(pairs(f).name)));
-        if (LIBRARY_FUNCTIONS.some((name) => !names.has(name))) {
+        } else if (action === 'replace') {
           await send(['FUNCTION', 'LOAD', 'REPLACE', LIBRARY]);
-          this.logger.info(`ratelimit: replaced an older Functions library '${LIBRARY_NAME}' (it lacked some functions)`);
-        } else {
-          this.warnOnce('library', `ratelimit: the Functions library '${LIBRARY_NAME}' loaded differs from this package's but has all its functions: using it as is`);
         }
+        if (action !== 'keep') this.core.libraryLoaded(action);
       }),
     );
   }
@@ -1233,14 +768,15 @@ export class RateLimiter {
    * receives the result of a call that answered after its timeout fired (its caller has had
    * onError's answer): what it consumed is given back there. */
   private guard<T>(work: () => Promise<T>, late?: (value: T) => void): Promise<T> {
-    if (!this.breaker.allow()) return Promise.reject(new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)'));
+    const core = this.core;
+    if (!core.breaker.allow()) return Promise.reject(new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)'));
     return this.bound(work, late).then(
       (result) => {
-        this.answered();
+        core.answered();
         return result;
       },
       (error) => {
-        throw this.failed(error);
+        throw core.failed(error);
       },
     );
   }
@@ -1293,31 +829,6 @@ export class RateLimiter {
     });
   }
 
-  /** The error a call that failed rejects with: RateLimitUnavailable (the breaker counts it, the
-   * log says it once) when Redis is unavailable; the client's own otherwise. */
-  private failed(error: unknown): unknown {
-    if (error instanceof Timeout || isUnavailable(error)) {
-      this.breaker.failure();
-      if (!this.down) {
-        this.down = true;
-        const failing = { open: 'open (admitted)', closed: 'closed (RateLimitUnavailable)', local: 'over to the in-process limiter' }[this.onError];
-        this.logger.warn(`ratelimit: Redis unavailable (${replyMessage(error)}): failing ${failing}`);
-      }
-      return new RateLimitUnavailable(`Redis unavailable: ${replyMessage(error)}`, { cause: error });
-    }
-    if (isReplyError(error)) this.answered();
-    return error;
-  }
-
-  private answered(): void {
-    this.breaker.success();
-    if (this.down) {
-      this.down = false;
-      // At the level of the failure's line: whoever sees one sees the other.
-      this.logger.warn('ratelimit: Redis answers again');
-    }
-  }
-
   /** A decision, with onError applied (`late` as for guard). */
   private decide<D extends Decision>(
     periodMs: number,
@@ -1327,7 +838,7 @@ export class RateLimiter {
     multi = false,
     late?: (value: D) => void,
   ): Promise<D> {
-    return this.guard(work, late).catch((error) => this.unavailable(error, periodMs, granted, local, multi));
+    return this.guard(work, late).catch((error) => this.core.unavailable(error, periodMs, granted, local, multi));
   }
 
   /** Gives back in the background what a call took (a batch's unused units, a grant whose caller
@@ -1340,20 +851,10 @@ export class RateLimiter {
       counted = true;
     };
     const back = this.bound(send, count, false).then(count, (error) => {
-      const why = error instanceof Timeout ? `${replyMessage(error)}; it may still be done when Redis runs it` : replyMessage(error);
-      this.logger.warn(`ratelimit: could not give back ${what} (${why}): they return to the limit as it refills`);
+      this.core.giveBackFailed(what, error);
     });
     this.refunds.add(back);
     void back.finally(() => this.refunds.delete(back));
-  }
-
-  /** onError for a call that found Redis unavailable; any other error rejects as is. */
-  private unavailable<D extends Decision>(error: unknown, periodMs: number, granted: number, local: (() => D | null) | null, multi = false): D {
-    if (!(error instanceof RateLimitUnavailable) || this.onError === 'closed') throw error;
-    const decided = this.onError === 'local' && local ? local() : null;
-    if (decided) return decided;
-    const failed = errorDecision(periodMs, granted);
-    return (multi ? { ...failed, limits: [] } : failed) as D;
   }
 
   /** A call without a decision to fall back to: RateLimitUnavailable whatever onError says. */
@@ -1369,18 +870,8 @@ export class RateLimiter {
         const primaries = await this.transport.primaries();
         return await Promise.all(primaries.map((send) => send(args)));
       } catch (error) {
-        if (unknownCommand(error)) {
-          throw new RateLimitError('policies need the redis-ratelimit module: the server does not have it (the Functions library has no policies)', { cause: error });
-        }
-        throw error;
+        throw this.core.adminError(error);
       }
     });
-  }
-
-  private warnOnce(what: string, message: string): void {
-    if (this.warned.has(what)) return;
-    if (this.warned.size > 100) this.warned.clear();
-    this.warned.add(what);
-    this.logger.warn(message);
   }
 }

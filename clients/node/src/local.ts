@@ -3,9 +3,7 @@
 // cannot answer. Scaled quantities (C·P reaches 3.2·10^23) are BigInts; times and counts stay
 // below 2^53 and are numbers. No I/O.
 
-import type { Algorithm, Decision, Limit, Source } from './core.js';
-import { periodMs } from './core.js';
-import { RateLimitError } from './errors.js';
+import { periodMs, RateLimitError, type Algorithm, type Decision, type Limit, type Source } from './types.js';
 
 /** The six fields of a reply, before the package's own (source, period...). */
 export interface Reply {

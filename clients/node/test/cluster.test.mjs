@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import { LIBRARY, RateLimiter, limit, policy } from 'redis-ratelimit-client';
-import { slot } from '../dist/esm/client.js';
+import { slot } from '../dist/esm/connection.js';
 
 import { CLUSTER_CLIENTS, NO_MODULE, closeClient, memoryLogger, raw, startCluster } from './helpers.mjs';
 

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { ALGORITHMS, limit, policy, periodMs, rateLimitHeaders } from 'redis-ratelimit-client';
-import { decision, multiDecision, policyDefinition } from '../dist/esm/core.js';
+import { decision, multiDecision, policyDefinition } from '../dist/esm/wire.js';
 
 test('limit() takes the module\'s grammar and refuses a mistake when it is made', () => {
   assert.deepEqual(ALGORITHMS, ['token-bucket', 'leaky-bucket', 'fixed-window', 'sliding-window', 'sliding-log', 'gcra']);

@@ -1,8 +1,9 @@
-// The client adapter: node-redis (4 to 6, a client or a cluster) and ioredis (5 and 6, Redis or
-// Cluster), told apart by what they have, used through their public API (`sendCommand`,
-// `call`, a cluster's primaries), never patched.
+// The connection: the adapter of node-redis (4 to 6, a client or a cluster) and ioredis (5 and 6,
+// Redis or Cluster), told apart by what they have, used through their public API (`sendCommand`,
+// `call`, a cluster's primaries), never patched; and which of their errors say that Redis is
+// unavailable.
 
-import { RateLimitError } from './errors.js';
+import { RateLimitError } from './types.js';
 
 /** Sends one command; `key` routes it in a cluster, `readonly` lets a cluster send it to a replica
  * where the client is configured to. */
@@ -80,6 +81,23 @@ export function transport(client: unknown): Transport {
     return { kind: 'node-redis', cluster: false, send, primaries: async () => [send] };
   }
   throw new TypeError('RateLimiter needs a node-redis client (createClient, createCluster) or an ioredis client (new Redis, new Cluster)');
+}
+
+/** The transport with every command counted (`rl.stats.commands`). */
+export function counting(inner: Transport, count: () => void): Transport {
+  return {
+    kind: inner.kind,
+    cluster: inner.cluster,
+    send: (args, key, readonly) => {
+      count();
+      return inner.send(args, key, readonly);
+    },
+    primaries: async () =>
+      (await inner.primaries()).map((send) => (args: string[]) => {
+        count();
+        return send(args);
+      }),
+  };
 }
 
 const REPLY_ERRORS = new Set(['ErrorReply', 'ReplyError', 'SimpleError', 'BlobError']);

@@ -1,6 +1,6 @@
-// The core: limits and policies as values, the arguments of each command, and the replies (RESP2
-// arrays, RESP3 maps, the library's arrays) read into typed decisions. No I/O: the limiter sends
-// what this builds and hands back what this reads.
+// The values of the package: limits and policies (checked when they are made), the decisions
+// every engine answers, policies' definitions, and the errors. No I/O.
+
 
 /** The six algorithms of the module and of the library. */
 export const ALGORITHMS = [
@@ -92,12 +92,12 @@ export interface MultiDecision extends Decision {
 }
 
 const UNITS_MS: Record<string, number> = { ms: 1, s: 1000, m: 60000, h: 3600000, d: 86400000 };
-const MAX_VALUE = 1e12;
+export const MAX_VALUE = 1e12;
 const MAX_PERIOD_MS = 3650 * 86400000;
-const BUCKETS: readonly string[] = ['token-bucket', 'leaky-bucket', 'gcra'];
+export const BUCKETS: readonly string[] = ['token-bucket', 'leaky-bucket', 'gcra'];
 const POLICY_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 
-function integer(what: string, value: unknown, min: number, max: number): number {
+export function integer(what: string, value: unknown, min: number, max: number): number {
   if (typeof value !== 'number' || !Number.isInteger(value)) {
     throw new TypeError(`${what} must be an integer, not ${describe(value)}`);
   }
@@ -105,7 +105,7 @@ function integer(what: string, value: unknown, min: number, max: number): number
   return value;
 }
 
-function describe(value: unknown): string {
+export function describe(value: unknown): string {
   return typeof value === 'string' ? `'${value}'` : String(value);
 }
 
@@ -200,133 +200,27 @@ export function checkCost(cost: unknown, min = 0, what = 'cost'): number {
   return integer(what, cost, min, MAX_VALUE);
 }
 
-/** `AT unix-ms` when given: evaluate at that time instead of the server's clock (replays and
- * tests; applications leave it out). */
-export function atArgs(at: unknown): string[] {
-  if (at === undefined) return [];
-  return ['AT', String(integer('at', at, 0, 2 ** 53 - 1))];
+/** What a limiter has done, for scripts and benchmarks: `rl.stats`. */
+export interface Stats {
+  /** Commands sent to Redis (each one of a pipeline counts). */
+  commands: number;
+  /** Decisions answered, by `source`. */
+  decisions: Record<Source, number>;
+  /** Units batches took from Redis (TAKE), admitted locally, and gave back (REFUND). */
+  batchTaken: number;
+  batchUsed: number;
+  batchRefunded: number;
+  /** Units this limiter's batches hold now: taken, not yet admitted or given back. */
+  held: number;
+  /** Replies that arrived after their call's timeout fired (what they took was given back). */
+  lateReplies: number;
 }
 
-/** The arguments of an inline limit, after the key: `algorithm limit period [BURST c] [BLOCK d]`. */
-export function limitArgs(lim: Limit, withBlock = true): string[] {
-  const args = [lim.algorithm, String(lim.limit), String(lim.period)];
-  if (lim.burst !== undefined) args.push('BURST', String(lim.burst));
-  if (withBlock && lim.block !== undefined) args.push('BLOCK', String(lim.block));
-  return args;
-}
-
-/** The arguments of a spec for the module: the limit's, or `POLICY name`. */
-export function specArgs(spec: LimitSpec): string[] {
-  return isPolicy(spec) ? ['POLICY', spec.name] : limitArgs(spec);
-}
-
-function toNumber(value: unknown): number {
-  if (typeof value === 'boolean') return value ? 1 : 0;
-  if (typeof value === 'number') return value;
-  if (typeof value === 'bigint') return Number(value);
-  if (typeof value === 'string') return Number(value);
-  if (value instanceof Uint8Array) return Number(new TextDecoder().decode(value));
-  throw new TypeError(`unexpected reply element ${describe(value)}`);
-}
-
-function text(value: unknown): string {
-  if (typeof value === 'string') return value;
-  if (value instanceof Uint8Array) return new TextDecoder().decode(value);
-  return String(value);
-}
-
-/** A field/value reply (a flat array under RESP2, a Map or an object under RESP3) as an object. */
-export function pairs(reply: unknown): Record<string, unknown> {
-  if (reply instanceof Map) return Object.fromEntries([...reply].map(([k, v]) => [text(k), v]));
-  if (Array.isArray(reply)) {
-    const object: Record<string, unknown> = {};
-    for (let i = 0; i + 1 < reply.length; i += 2) object[text(reply[i])] = reply[i + 1];
-    return object;
-  }
-  if (typeof reply === 'object' && reply !== null) return reply as Record<string, unknown>;
-  throw new TypeError(`unexpected reply ${describe(reply)}`);
-}
-
-/** A RESP3 map that the client flattened into `[field, value, ...]` (ioredis 6). */
-function flatMap(reply: unknown): boolean {
-  if (!Array.isArray(reply) || reply.length === 0) return false;
-  const first = reply[0];
-  if (typeof first === 'number' || typeof first === 'bigint' || typeof first === 'boolean') return false;
-  const name = text(first);
-  return name === 'allowed' || name === 'granted';
-}
-
-/** One decision from a reply of cost `cost` (`granted` when admitted): six integers (RESP2, the
- * library) or a map (RESP3: a Map, an object, or a flattened array). With `cost` null, the reply
- * is TAKE's: its first field (`granted` under RESP3) is the grant. */
-export function decision(reply: unknown, source: Source, periodMs: number, cost: number | null = 0): Decision {
-  let v0: unknown, v1: unknown, v2: unknown, v3: unknown, v4: unknown, v5: unknown;
-  if (Array.isArray(reply) && !flatMap(reply)) {
-    [v0, v1, v2, v3, v4, v5] = reply;
-  } else {
-    const first = cost === null ? 'granted' : 'allowed';
-    if (reply instanceof Map) {
-      [v0, v1, v2, v3, v4, v5] = [reply.get(first), reply.get('limit'), reply.get('remaining'), reply.get('retry_after_ms'), reply.get('reset_after_ms'), reply.get('delay_ms')];
-    }
-    if (v0 === undefined) {
-      const named = pairs(reply);
-      [v0, v1, v2, v3, v4, v5] = [named[first], named.limit, named.remaining, named.retry_after_ms, named.reset_after_ms, named.delay_ms];
-    }
-  }
-  if (v0 == null || v1 == null || v2 == null || v3 == null || v4 == null || v5 == null) {
-    throw new TypeError(`unexpected decision reply ${JSON.stringify(reply)}`);
-  }
-  const head = toNumber(v0);
-  const allowed = cost === null ? head > 0 : head === 1;
-  return {
-    allowed,
-    granted: cost === null ? head : allowed ? cost : 0,
-    limit: toNumber(v1),
-    remaining: toNumber(v2),
-    retryAfterMs: toNumber(v3),
-    resetAfterMs: toNumber(v4),
-    delayMs: toNumber(v5),
-    source,
-    shadowRejected: false,
-    periodMs,
-  };
-}
-
-/** CHECKALL's reply: RESP2 `[overall, ...limits]`, RESP3 the overall map with `limits`. */
-export function multiDecision(reply: unknown, source: Source, periodsMs: number[], cost = 0): MultiDecision {
-  let overall: unknown;
-  let limits: unknown[];
-  if (Array.isArray(reply) && !flatMap(reply)) {
-    [overall, ...limits] = reply;
-  } else {
-    const named = pairs(reply);
-    overall = named;
-    limits = named.limits as unknown[];
-  }
-  if (!Array.isArray(limits) || limits.length !== periodsMs.length) {
-    throw new TypeError(`unexpected CHECKALL reply ${JSON.stringify(reply)}`);
-  }
-  const each = limits.map((r, i) => decision(r, source, periodsMs[i], cost));
-  const first = decision(overall, source, 0, cost);
-  // The overall limit is the first limit showing the least remaining: its period goes with it.
-  const shown = each.find((d) => d.remaining === first.remaining && d.limit === first.limit);
-  return { ...first, periodMs: shown?.periodMs ?? periodsMs[0], limits: each };
-}
-
-/** What `onError: 'open'` answers: admitted (`granted`: the cost asked), nothing known. */
-export function errorDecision(periodMs = 0, granted = 0): Decision {
-  return {
-    allowed: true,
-    granted,
-    limit: 0,
-    remaining: 0,
-    retryAfterMs: 0,
-    resetAfterMs: 0,
-    delayMs: 0,
-    source: 'error',
-    shadowRejected: false,
-    periodMs,
-  };
+/** The options of a call: its cost (default 1), and `at`, a time in ms since the Unix epoch to
+ * evaluate it at instead of the server's clock (replays and tests; applications leave it out). */
+export interface CallOptions {
+  cost?: number;
+  at?: number;
 }
 
 /** A policy's definition as `RATELIMIT.POLICY GET` answers it. */
@@ -345,41 +239,24 @@ export interface PolicyDefinition {
   limitSpec?: Limit;
 }
 
-/** POLICY GET's reply (field/value pairs, or a map) as a definition; null for nil. */
-export function policyDefinition(name: string, reply: unknown): PolicyDefinition | null {
-  if (reply === null || reply === undefined) return null;
-  const f = pairs(reply);
-  const algorithm = text(f.algorithm);
-  const definition: PolicyDefinition = {
-    name,
-    algorithm,
-    limit: toNumber(f.limit),
-    mode: text(f.mode) === 'shadow' ? 'shadow' : 'enforce',
-    blockMs: f.block_ms === undefined ? 0 : toNumber(f.block_ms),
-  };
-  if (f.lease_ms !== undefined) definition.leaseMs = toNumber(f.lease_ms);
-  if (f.period_ms !== undefined) definition.periodMs = toNumber(f.period_ms);
-  if (f.burst !== undefined) definition.burst = toNumber(f.burst);
-  if ((ALGORITHMS as readonly string[]).includes(algorithm) && definition.periodMs !== undefined) {
-    definition.limitSpec = limit(algorithm as Algorithm, definition.limit, definition.periodMs, {
-      ...(BUCKETS.includes(algorithm) && definition.burst !== undefined ? { burst: definition.burst } : {}),
-      ...(definition.blockMs > 0 ? { block: definition.blockMs } : {}),
-    });
+/** The base of this package's errors. */
+export class RateLimitError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
   }
-  return definition;
 }
 
-/** A list of strings (POLICY LIST). */
-export function strings(reply: unknown): string[] {
-  if (!Array.isArray(reply)) throw new TypeError(`unexpected reply ${JSON.stringify(reply)}`);
-  return reply.map(text);
+/** A request refused (`withLease`, or middleware that throws): `decision` says why and until when. */
+export class RateLimited extends RateLimitError {
+  readonly decision: Decision;
+  constructor(decision: Decision, message = `rate limited: retry in ${decision.retryAfterMs} ms`) {
+    super(message);
+    this.decision = decision;
+  }
 }
 
-export function integerReply(reply: unknown): number {
-  return toNumber(reply);
-}
-
-/** ⌈ms / 1000⌉: seconds for the headers. */
-export function ceilSeconds(ms: number): number {
-  return Math.ceil(ms / 1000);
-}
+/** Redis is down, refuses, did not answer within `timeoutMs`, or the breaker is open, and
+ * `onError` is `'closed'` (or the call has no decision to fall back to). `cause` holds the
+ * client's error where there was one. */
+export class RateLimitUnavailable extends RateLimitError {}
