@@ -205,6 +205,24 @@ def test_check_all_with_policies_finds_shadow_rejections(server, key):
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
+def test_check_all_refused_by_another_limit_is_not_shadow_rejected(module_server, key, protocol):
+    # Nothing was admitted, so nothing was admitted in shadow: the whole call is not
+    # shadow_rejected, though the shadow policy alone would have refused.
+    rl = RateLimiter(module_server.client(protocol))
+    name = "cr" + str(abs(hash(key)) % 10**8)
+    rl.policies.set(name, Limit("fixed-window", 1, "1h"), shadow=True)
+    strict = Limit("fixed-window", 1, "1h")
+    pairs = [(f"{{{key}}}:s", Policy(name)), (f"{{{key}}}:e", strict)]
+    assert rl.check_all(pairs).allowed
+    refused = rl.check_all(pairs)
+    assert not refused.allowed and not refused.shadow_rejected
+    assert [d.allowed for d in refused.limits] == [True, False]
+    # Each limit's own: the shadow one would have admitted past its enforcement, the other refused.
+    assert [d.shadow_rejected for d in refused.limits] == [True, False]
+    rl.close()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
 def test_decoded_responses_read_the_same(server, key, protocol):
     rl = RateLimiter(server.client(protocol, decode_responses=True))
     assert rl.detect_engine() == engine_of(server)

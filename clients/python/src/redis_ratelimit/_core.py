@@ -166,7 +166,10 @@ def parse_multi(
     else:
         overall, each = reply[0], list(reply[1:])
     shadow = list(shadow) or [False] * len(each)
-    limits = [parse_decision(r, source, p, s, cost) for r, p, s in zip(each, periods, shadow)]
+    limits = [parse_decision(r, source, p, False, cost) for r, p in zip(each, periods)]
+    # A limit is shadow_rejected where it admitted what its enforcement would have refused; the
+    # call, where it was admitted and one of its limits is (refused, nothing was admitted).
+    limits = [replace(d, shadow_rejected=True) if s and d.allowed else d for d, s in zip(limits, shadow)]
     top = parse_decision(overall, source)
     return MultiDecision(
         top.allowed,
@@ -176,7 +179,7 @@ def parse_multi(
         top.reset_after_ms,
         top.delay_ms,
         source,
-        any(d.shadow_rejected for d in limits),
+        top.allowed and any(d.shadow_rejected for d in limits),
         limits,
     )
 
@@ -580,9 +583,10 @@ class Core:
                     peek = ("RATELIMIT.PEEK", key, *shadow.inline(), "COST", str(cost), *cost_args[2:])
                     check = (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
                     enforced, answered = yield Transaction((peek, check))
-                    rejected = not parse_decision(enforced, "module").allowed
-                    decision = parse_decision(answered, "module", period, rejected, cost, take)
+                    decision = parse_decision(answered, "module", period, False, cost, take)
+                    rejected = decision.allowed and not parse_decision(enforced, "module").allowed
                     if rejected:
+                        decision = replace(decision, shadow_rejected=True)
                         log.info(
                             "redis_ratelimit: shadow policy '%s' would have rejected %s (retry in %d ms); admitted",
                             getattr(spec, "name", ""),

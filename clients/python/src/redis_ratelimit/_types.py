@@ -243,7 +243,9 @@ def new_decision(
 @dataclass(frozen=True)
 class MultiDecision:
     """What `check_all` decided: the overall fields (allowed only if every limit allows; the
-    least remaining; the longest waits) and each limit's own `Decision`, in order."""
+    least remaining; the longest waits) and each limit's own `Decision`, in order.
+    shadow_rejected: the call was admitted and a shadow policy among its limits admitted what
+    its enforcement would have refused (a refused call admitted nothing, so it is never set)."""
 
     allowed: bool
     limit: int
