@@ -29,3 +29,14 @@ ratelimit.rule("search", {
 -- A policy defined on the server (RATELIMIT.POLICY SET upload ...); the fallback applies where
 -- the server has no such policy (and on the library).
 ratelimit.rule("upload", { key = "txn.tenant", policy = "upload", fallback = "token-bucket 10 1m" })
+
+-- A key computed in Lua, a function of the transaction (nil or "" leaves the request
+-- unlimited): 20 an hour per partner, named in any case by the X-Partner header.
+ratelimit.rule("partner", {
+    key = function(txn)
+        local partner = txn.sf:req_hdr("x-partner")
+        if partner == nil or partner == "" then return nil end
+        return "partner:" .. partner:lower()
+    end,
+    limit = "sliding-log 20 1h",
+})

@@ -5,6 +5,7 @@ use super::{
     assert_readme_shows, install_dir, installed, read, replace_all, repo_file, Gateway, Proxy,
 };
 use crate::common;
+use common::Server;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -115,4 +116,52 @@ fn haproxy_logs_configuration_errors() {
 #[test]
 fn haproxy_gives_concurrent_requests_their_own_decisions() {
     super::concurrent_requests_get_their_own_decisions::<Haproxy>();
+}
+
+/// A rule keyed by a `function(txn)` (rules.lua's "partner": the X-Partner header, lower-cased):
+/// the values it maps to one key share a limit, the others are counted apart, each under the key
+/// the function returns; without the header it returns nil and the request is not limited.
+#[test]
+fn haproxy_keys_a_rule_by_a_function_of_the_transaction() {
+    if !Haproxy::available() {
+        return;
+    }
+    let server = Server::start();
+    let proxy = Haproxy::start(server.port(), &[super::CALM]);
+    // "ACME" and "Acme" are one partner: 20 an hour between them.
+    for n in 1..=20u64 {
+        let partner = if n % 2 == 0 { "Acme" } else { "ACME" };
+        let r = proxy.get("/partner/x", &[("X-Partner", partner)]);
+        assert_eq!(r.status, 200, "request {n}: {r:?}");
+        assert_eq!(
+            r.header("RateLimit-Policy"),
+            Some("\"default\";q=20;w=3600")
+        );
+        let field = r.header("RateLimit").expect("RateLimit");
+        assert!(
+            field.starts_with(&format!("\"default\";r={};", 20 - n)),
+            "request {n}: {field}"
+        );
+    }
+    let refused = proxy.get("/partner/x", &[("X-Partner", "acme")]);
+    assert_eq!(refused.status, 429, "{refused:?}");
+    // Another partner has a limit of its own.
+    let other = proxy.get("/partner/x", &[("X-Partner", "globex")]);
+    assert_eq!(other.status, 200, "{other:?}");
+    assert!(
+        other
+            .header("RateLimit")
+            .expect("RateLimit")
+            .starts_with("\"default\";r=19;"),
+        "{other:?}"
+    );
+    // No header: the function returns nil, the request is not limited.
+    let free = proxy.get("/partner/x", &[]);
+    assert_eq!(free.status, 200, "{free:?}");
+    assert_eq!(free.header("RateLimit-Policy"), None, "{free:?}");
+    let keys: i64 = redis::cmd("EXISTS")
+        .arg(&["partner:acme", "partner:globex"])
+        .query(&mut server.client())
+        .unwrap();
+    assert_eq!(keys, 2, "the keys the function returned");
 }
