@@ -58,6 +58,9 @@ class Server:
         return f"redis://127.0.0.1:{self.port}"
 
     def client(self, protocol: int = 2, **kwargs) -> redis.Redis:
+        """A client whose replies may take up to 10 s (a loaded machine): a limiter on it waits
+        that long (its default timeout is the client's socket_timeout)."""
+        kwargs.setdefault("socket_timeout", 10)
         return redis.Redis(port=self.port, protocol=protocol, **kwargs)
 
     def stop(self) -> None:

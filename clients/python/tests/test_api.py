@@ -245,7 +245,7 @@ def test_the_limiters_refuse_the_other_kind_of_client(module_server):
     with pytest.raises(ValueError):
         RateLimiter(module_server.client(), on_error="maybe")
     with pytest.raises(TypeError):
-        RateLimiter(module_server.client(), timeout=1)
+        RateLimiter(module_server.client(), retries=1)  # not an option
     assert RateLimited(decision(False)).decision.allowed is False
     assert issubclass(RateLimitUnavailable, Exception)
 

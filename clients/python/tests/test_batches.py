@@ -167,7 +167,7 @@ def test_concurrent_callers_share_one_take_in_flight(module_server, key):
                     type(self).flying -= 1
 
     async def main():
-        arl = AsyncRateLimiter(Watching(port=module_server.port))
+        arl = AsyncRateLimiter(Watching(port=module_server.port, socket_timeout=10))
         limit = Limit("gcra", 1000, "1s", batch="1s", batch_max=64)
         results = await asyncio.gather(*(arl.check(key, limit, at=T0) for _ in range(60)))
         assert all(d.allowed for d in results)
@@ -226,7 +226,7 @@ def test_without_at_the_hold_ends_on_a_timer(module_server, key):
 
 def test_without_at_the_async_hold_ends_on_a_timer(module_server, key):
     async def main():
-        arl = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=3))
+        arl = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=3, socket_timeout=10))
         limit = Limit("token-bucket", 1000, "100h", batch="500ms")
         for _ in range(6):
             assert (await arl.check(key, limit)).allowed

@@ -84,7 +84,7 @@ def cluster(request):
 
 def test_a_cluster_client_is_served_by_either_engine(cluster):
     engine, nodes = cluster
-    rl = RateLimiter(redis.RedisCluster(host="127.0.0.1", port=nodes[0].port, protocol=3))
+    rl = RateLimiter(redis.RedisCluster(host="127.0.0.1", port=nodes[0].port, protocol=3, socket_timeout=10))
     keys = [f"user:{i}" for i in range(12)]  # spread over the three primaries
     for key in keys:
         d = rl.check(key, LIMIT)
@@ -104,7 +104,7 @@ def test_an_async_cluster_client(cluster):
     engine, nodes = cluster
 
     async def main():
-        arl = AsyncRateLimiter(redis.asyncio.RedisCluster(host="127.0.0.1", port=nodes[0].port))
+        arl = AsyncRateLimiter(redis.asyncio.RedisCluster(host="127.0.0.1", port=nodes[0].port, socket_timeout=10))
         for i in range(6):
             assert (await arl.check(f"async:{i}", LIMIT)).source == engine
         multi = await arl.check_all([("{bob}:a", LIMIT), ("{bob}:b", LIMIT)])

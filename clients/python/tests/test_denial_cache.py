@@ -173,7 +173,8 @@ def test_at_most_n_entries_and_off_by_default(module_server, key):
 
 def test_the_async_limiter_caches_too(module_server, key):
     async def main():
-        arl = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=3), denial_cache=10)
+        arl = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=3, socket_timeout=10),
+                               denial_cache=10)
         limit = Limit("gcra", 1, "1s")
         await arl.check(key, limit, at=T0)
         assert (await arl.check(key, limit, at=T0 + 1)).source == "module"

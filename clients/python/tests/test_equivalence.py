@@ -123,9 +123,9 @@ async def run_sequence(server, engine, protocol, mode, algorithm, seed):
     twins = [prefix + t for t in twins]  # the library's twin keys live under its prefix too
     plain = server.client(protocol)
     if mode == "sync":
-        limiter = RateLimiter(SyncClocked(port=server.port, protocol=protocol), engine=engine)
+        limiter = RateLimiter(SyncClocked(port=server.port, protocol=protocol, socket_timeout=10), engine=engine)
     else:
-        limiter = AsyncRateLimiter(AsyncClocked(port=server.port, protocol=protocol), engine=engine)
+        limiter = AsyncRateLimiter(AsyncClocked(port=server.port, protocol=protocol, socket_timeout=10), engine=engine)
     if engine == "library":
         plain.function_load(open(_library()).read(), replace=True)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import pytest
@@ -173,3 +174,78 @@ def test_the_breaker_logs_opening_and_closing_at_the_same_level(own_server, capl
     closed = [r for r in caplog.records if "breaker closed" in r.getMessage()]
     assert len(opened) == 1 and len(closed) == 1, caplog.text
     assert opened[0].levelno == closed[0].levelno == logging.WARNING
+
+
+@pytest.fixture(params=["module", "library"])
+def stalling_server(request):
+    server = spawn_server(request.param == "module")
+    yield server
+    server.kill()  # SIGCONT first if stopped, always
+
+
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+@pytest.mark.parametrize("connected", [True, False], ids=["pooled", "fresh"])
+def test_a_client_without_socket_timeout_is_bounded_by_the_limiters_timeout(stalling_server, on_error, connected):
+    """`RateLimiter(redis.Redis.from_url(url))`: no socket_timeout, redis-py's own retries. A call
+    to a stalled Redis still ends (the limiter's timeout, 0.1 s by default, bounds its connect
+    and its reply), failing open or closed, on a connection of the pool or a new one; the
+    client's own configuration stays as it was for its other commands."""
+    client = redis.Redis.from_url(stalling_server.url)
+    kwargs = dict(client.connection_pool.connection_kwargs)
+    rl = RateLimiter(client, on_error=on_error)
+    assert rl.timeout == 0.1
+    if connected:
+        assert rl.check("k", LIMIT).allowed  # the connections it sends on are open
+    stalling_server.stop()
+    outcome: list = []
+
+    def call():
+        try:
+            outcome.append(rl.check("k", LIMIT))
+        except RateLimitUnavailable as error:
+            outcome.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(30)  # generous: a call waits 0.1 s, then fails
+    stuck = caller.is_alive()
+    stalling_server.resume()  # a call still waiting would end now
+    assert not stuck, "a call to the stalled Redis did not end"
+    if on_error == "open":
+        assert outcome[0].allowed and outcome[0].source == "error"
+    else:
+        assert isinstance(outcome[0], RateLimitUnavailable)
+        assert isinstance(outcome[0].__cause__, redis.TimeoutError)
+    assert client.connection_pool.connection_kwargs == kwargs  # not changed for the caller
+    assert client.ping()
+    rl.close()
+
+
+def test_the_limiters_timeout_is_the_clients_else_the_default_and_checked(own_server):
+    assert RateLimiter(own_server.client(socket_timeout=2.5)).timeout == 2.5
+    assert RateLimiter(own_server.client(socket_timeout=2.5), timeout=0.3).timeout == 0.3
+    # No socket_timeout (redis-py 6+ sets 5 s in Redis(...), none in from_url): the default.
+    assert RateLimiter(redis.Redis(port=own_server.port, socket_timeout=None)).timeout == 0.1
+    assert RateLimiter(redis.Redis.from_url(own_server.url)).timeout == 0.1
+    assert AsyncRateLimiter(redis.asyncio.Redis(port=own_server.port, socket_timeout=None)).timeout == 0.1
+    assert AsyncRateLimiter(redis.asyncio.Redis(port=own_server.port, socket_timeout=2.5)).timeout == 2.5
+    for bad, error in ((0, ValueError), (-1, ValueError), (float("inf"), ValueError), ("1", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="timeout"):
+            RateLimiter(redis.Redis(port=own_server.port), timeout=bad)
+        with pytest.raises(error, match="timeout"):
+            AsyncRateLimiter(redis.asyncio.Redis(port=own_server.port), timeout=bad)
+
+
+def test_the_async_limiter_on_a_client_without_socket_timeout_is_bounded_by_default(own_server):
+    async def main():
+        arl = AsyncRateLimiter(redis.asyncio.Redis(port=own_server.port, socket_timeout=None), on_error="closed")
+        assert (await arl.check("k", LIMIT)).allowed
+        own_server.stop()
+        try:
+            with pytest.raises(RateLimitUnavailable):
+                await asyncio.wait_for(arl.check("k", LIMIT), 30)  # generous: it waits 0.1 s
+        finally:
+            own_server.resume()
+        await arl.aclose()
+
+    asyncio.run(main())

@@ -72,7 +72,7 @@ def test_leases_hold_and_release(server, key):
 
 def test_async_limiter_has_the_same_methods(server, key):
     async def main():
-        arl = AsyncRateLimiter(redis.asyncio.Redis(port=server.port, protocol=3))
+        arl = AsyncRateLimiter(redis.asyncio.Redis(port=server.port, protocol=3, socket_timeout=10))
         assert (await arl.check(key, PER_MINUTE)).remaining == 2
         multi = await arl.check_all([(f"{{{key}}}a", PER_MINUTE), (f"{{{key}}}b", PER_MINUTE)])
         assert multi.allowed and len(multi.limits) == 2

@@ -48,7 +48,7 @@ def test_take_through_policies_enforced_and_shadow(module_server, key):
 
 def test_the_async_limiter_takes_too(server, key):
     async def main():
-        arl = AsyncRateLimiter(redis.asyncio.Redis(port=server.port, protocol=3))
+        arl = AsyncRateLimiter(redis.asyncio.Redis(port=server.port, protocol=3, socket_timeout=10))
         d = await arl.take(key, Limit("gcra", 2, "1s"), 5, at=T0)
         assert (d.granted, d.allowed) == (2, True)
         d = await arl.take(key, Limit("gcra", 2, "1s"), 5, at=T0 + 499)

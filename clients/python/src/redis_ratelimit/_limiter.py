@@ -36,8 +36,6 @@ _LIMITER_OPTIONS = (
     "denial_cache",
     "local_share",
 )
-#: How long a sync caller waits for another thread's batch TAKE before asking for itself (s).
-JOIN_TIMEOUT = 5.0
 #: The longest a batches' timer sleeps before looking again (s).
 SWEEP_WAIT_MAX = 60.0
 #: How long a batch TAKE's reply is still awaited after its caller stopped waiting (cancelled,
@@ -175,22 +173,29 @@ class RateLimiter(_Common):
     library), "module" or "library"; prefix: where the library's keys live ("fn:");
     breaker_failures, breaker_cooldown: that many consecutive failures make every call apply
     `on_error` at once for `breaker_cooldown` s, then one call probes; policy_refresh: how long
-    a policy's definition is kept (s). A stall costs a call the client's `socket_timeout`
-    (`from_url` sets it): give your own client one.
+    a policy's definition is kept (s). timeout: what a call waits for Redis at most (connect
+    and each reply, s; default the client's `socket_timeout`, else `DEFAULT_TIMEOUT`), never
+    retried: a `redis.Redis` whose own timeouts and retries do not keep within it gets the
+    limiter's commands on connections of the limiter's own, made with its settings and bounded
+    by `timeout` (the client stays as it is for its other commands).
     """
 
-    def __init__(self, client: Any, **options: Any):
+    def __init__(self, client: Any, *, timeout: Optional[float] = None, **options: Any):
         unknown = set(options) - set(_LIMITER_OPTIONS)
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
         if isinstance(client, redis.asyncio.Redis):
             raise TypeError("RateLimiter takes a sync client; use AsyncRateLimiter with redis.asyncio")
         self.client = client
+        self.timeout = _call_timeout(timeout, _client_timeouts(client)[0])
         self._core = Core(**options)
         self.policies = Policies(self)
-        #: (the pool, its get_connection) where the limiter sends its commands on the client's
+        #: What the limiter sends on: the client, or one on a pool of the limiter's own bounded by
+        #: `timeout` (`_own_pool`).
+        self._sender, self._own_pool, pool = _bounded_sender(client, self.timeout)
+        #: (the pool, its get_connection) where the limiter sends its commands on the pool's
         #: connections itself, else None (execute_command).
-        self._direct = _direct(client)
+        self._direct = None if pool is None else (pool, _connection_getter(pool))
         #: Threads reading batch TAKE replies that came after their caller's timeout.
         self._late: set = set()
         self._sweeper: Optional[threading.Thread] = None
@@ -225,6 +230,8 @@ class RateLimiter(_Common):
         try:
             self._execute(self._core.close())
         finally:
+            if self._own_pool is not None:
+                self._own_pool.disconnect()
             self.client.close()
 
     def _schedule(self) -> None:
@@ -268,7 +275,7 @@ class RateLimiter(_Common):
             stats = self._core.stats
             stats["commands"] = stats.get("commands", 0) + 1
             if self._direct is None:
-                return self.client.execute_command(*op.args)
+                return self._sender.execute_command(*op.args)
             if op.late is not None:
                 return self._keep_reply(op)
             pool, get = self._direct
@@ -281,19 +288,18 @@ class RateLimiter(_Common):
             finally:
                 pool.release(conn)
         if isinstance(op, Join):
-            timeout = self.client.get_connection_kwargs().get("socket_timeout") if hasattr(
-                self.client, "get_connection_kwargs") else None
-            return op.flight.event.wait(2 * timeout if timeout else JOIN_TIMEOUT)
+            return op.flight.event.wait(2 * self.timeout)
         self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
+        sender = self._sender
         if isinstance(op, Transaction):
-            pipe = self.client.pipeline(transaction=True)
+            pipe = sender.pipeline(transaction=True)
             for call in op.calls:
                 pipe.execute_command(*call)
             return pipe.execute()
         if isinstance(op, ListLibrary):
-            return self.client.function_list(library=op.name, withcode=True)
+            return sender.function_list(library=op.name, withcode=True)
         if isinstance(op, LoadLibrary):
-            return self.client.function_load(op.code, replace=True)
+            return sender.function_load(op.code, replace=True)
         raise TypeError(op)
 
     def _keep_reply(self, op: Call) -> Any:
@@ -429,7 +435,7 @@ class RateLimiter(_Common):
 class AsyncRateLimiter(_Common):
     """`RateLimiter` for `redis.asyncio` clients: the same methods and options, awaited, and
     `async with limiter.lease(...)`. timeout: every call is bounded by it (seconds; default the
-    client's `socket_timeout`, None: unbounded), however the client is configured."""
+    client's `socket_timeout`, else `DEFAULT_TIMEOUT`), however the client is configured."""
 
     def __init__(self, client: Any, *, timeout: Optional[float] = None, **options: Any):
         unknown = set(options) - set(_LIMITER_OPTIONS)
@@ -441,10 +447,7 @@ class AsyncRateLimiter(_Common):
             raise TypeError("AsyncRateLimiter needs a redis.asyncio client (or AsyncRateLimiter.from_url)")
         self._client = None if client is _LATER else client
         self._make_client: Optional[Callable[[], Any]] = None
-        if timeout is None:
-            pool = getattr(client, "connection_pool", None)
-            timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
-        self.timeout = timeout
+        self.timeout = _call_timeout(timeout, None if client is _LATER else _client_timeouts(client)[0])
         self._core = Core(**options)
         self.policies = AsyncPolicies(self)
         self._timer: Optional[asyncio.TimerHandle] = None
@@ -548,7 +551,7 @@ class AsyncRateLimiter(_Common):
         core = self._core
         # The common case (the module's one command on the client's own connection, whose
         # timeouts bound it) in one coroutine, without a plan: what `_execute` would run.
-        if core.direct_ok(verb, limit) and (self._bounds or (self.timeout is None and self._direct)):
+        if self._bounds and core.direct_ok(verb, limit):
             return self._direct_request(verb, key, limit, cost, at)  # type: ignore[arg-type]
         return self._execute(core.request(verb, key, limit, cost, at), True)
 
@@ -631,7 +634,7 @@ class AsyncRateLimiter(_Common):
                 try:
                     if type(op) is Call and op.late is not None:
                         reply = await self._keep_reply(op)
-                    elif self.timeout is None or (type(op) is Call and self._client_bounds()):
+                    elif type(op) is Call and self._client_bounds():
                         # (A client whose own timeouts are within the limiter's bounds each
                         # step of the call itself, as for any command: nothing to add.)
                         reply = await self._perform(op)
@@ -666,7 +669,7 @@ class AsyncRateLimiter(_Common):
                 direct = self._direct = _direct_async(self.client)
             kwargs = direct[0].connection_kwargs if direct else {}
             read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
-            limit = self.timeout if self.timeout is not None else 0
+            limit = self.timeout
             bounds = self._bounds = bool(direct) and read is not None and connect is not None and (
                 read <= limit and connect <= limit)
         return bounds
@@ -677,8 +680,6 @@ class AsyncRateLimiter(_Common):
         and goes to `op.late`."""
         task = asyncio.ensure_future(asyncio.wait_for(self._perform(op), LATE_REPLY_WAIT))
         try:
-            if self.timeout is None:
-                return await asyncio.shield(task)
             return await asyncio.wait_for(asyncio.shield(task), self.timeout)
         except BaseException:
             if not task.done() or (not task.cancelled() and task.exception() is None):
@@ -735,18 +736,71 @@ def _plain_client(client: Any) -> bool:
     )
 
 
-def _direct(client: Any) -> Optional[Tuple[Any, Callable[[], Any]]]:
-    """(pool, a function giving one of its connections) for a plain client without retries
-    (what `from_url` makes): the limiter then sends on the client's connections itself, without
-    execute_command's layers; None (execute_command) for any other client, whose retries and
-    wrappers are the user's to keep."""
-    if not _plain_client(client):
-        return None
-    retry = client.get_retry() if hasattr(client, "get_retry") else None
-    if retry is not None and getattr(retry, "_retries", 1) != 0:
-        return None
-    pool = client.connection_pool
-    return pool, _connection_getter(pool)
+def _call_timeout(timeout: object, client_timeout: Optional[float]) -> float:
+    """A limiter's `timeout` (s): as given, else the client's `socket_timeout`, else
+    `DEFAULT_TIMEOUT`; a positive number of seconds."""
+    if timeout is None:
+        timeout = client_timeout if client_timeout is not None else DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def _client_timeouts(client: Any) -> Tuple[Optional[float], Optional[float]]:
+    """(socket_timeout, socket_connect_timeout) of a redis-py client's connections (a connect
+    timeout not set is the socket_timeout, as redis-py's connections take it)."""
+    kwargs: Dict[str, Any] = {}
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        kwargs = pool.connection_kwargs
+    elif getattr(client, "nodes_manager", None) is not None:  # a cluster
+        kwargs = client.nodes_manager.connection_kwargs
+    read = kwargs.get("socket_timeout")
+    connect = kwargs.get("socket_connect_timeout")
+    return read, read if connect is None else connect
+
+
+def _within(client: Any, timeout: float) -> bool:
+    """Whether `client`'s own timeouts bound each connect and each reply within `timeout`."""
+    read, connect = _client_timeouts(client)
+    return read is not None and connect is not None and read <= timeout and connect <= timeout
+
+
+def _bounded_sender(client: Any, timeout: float) -> Tuple[Any, Any, Any]:
+    """(the client the limiter sends on, the pool of the limiter's own or None, the pool whose
+    connections the limiter sends on itself or None: execute_command).
+
+    A plain `redis.Redis` without retries whose timeouts keep within `timeout` (what `from_url`
+    makes): its own pool. Another plain `redis.Redis` (no socket_timeout, a longer one, retries:
+    `redis.Redis.from_url(url)`'s defaults): a pool of the limiter's own with the client's
+    connection settings (address, credentials, TLS, protocol, decoding), `timeout` for the
+    connect and each reply, and no retries, so that a stalled Redis costs a call `timeout`
+    while the client's other commands keep their configuration. Any other client (a cluster, a
+    single-connection client, one with its own `execute_command` or connection pool) is sent
+    through as it is: its timeouts bound the call (said once if they do not)."""
+    if _plain_client(client):
+        pool = client.connection_pool
+        retry = pool.connection_kwargs.get("retry")
+        if _within(client, timeout) and (retry is None or getattr(retry, "_retries", 1) == 0):
+            return client, None, pool
+        if type(pool) in (redis.ConnectionPool, redis.BlockingConnectionPool):
+            kwargs = dict(pool.connection_kwargs)
+            kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, retry=_no_retry())
+            kwargs.pop("retry_on_timeout", None)
+            own = redis.ConnectionPool(
+                connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+            )
+            return redis.Redis(connection_pool=own), own, own
+    if not _within(client, timeout):
+        log.warning(
+            "redis_ratelimit: %s sends the limiter's commands itself and its socket_timeout (or "
+            "socket_connect_timeout) is not set or above the limiter's timeout (%.3g s): a "
+            "stalled Redis makes a call wait that long; give the client socket_timeout=%.3g",
+            type(client).__name__, timeout, timeout,
+        )
+    return client, None, None
 
 
 def _connection_getter(pool: Any) -> Callable[[], Any]:
