@@ -24,11 +24,13 @@ class AsyncPolicies:
 class RateLimiter:
     client: Any
     policies: Policies
+    timeout: float
     _core: Core
     def __init__(
         self,
         client: Any,
         *,
+        timeout: Optional[float] = ...,
         on_error: str = ...,
         engine: str = ...,
         prefix: str = ...,
