@@ -156,7 +156,11 @@ fn six(reply: &Value, take: bool) -> Option<[i64; 6]> {
             // Names compared in place: no string made per field on every call.
             for (i, field) in FIELDS.iter().enumerate() {
                 let name = if take && i == 0 { "granted" } else { field };
-                let (_, value) = items.iter().find(|(k, _)| is_text(k, name))?;
+                // The module sends the fields in this order: look there first.
+                let value = match items.get(i) {
+                    Some((k, v)) if is_text(k, name) => v,
+                    _ => &items.iter().find(|(k, _)| is_text(k, name))?.1,
+                };
                 out[i] = integer(value)?;
             }
         }
