@@ -133,10 +133,12 @@ def _pairs(reply: Any) -> Dict[str, Any]:
 
 
 def parse_decision(
-    reply: Any, source: str, period: int = 0, shadow_rejected: bool = False, cost: int = 0, take: bool = False
+    reply: Any, source: str, period: int = 0, enforced_refused: bool = False, cost: int = 0, take: bool = False
 ) -> Decision:
     """One decision from a RESP3 map (`allowed`, or TAKE's `granted`) or six integers (RESP2,
-    the library). `granted`: TAKE's first field; else `cost` when allowed, 0 when not."""
+    the library). `granted`: TAKE's first field; else `cost` when allowed, 0 when not.
+    `enforced_refused`: a shadow policy's enforcement refused the call, so it is
+    `shadow_rejected` if it was admitted (a refused call admitted nothing)."""
     if isinstance(reply, dict):
         if b"limit" in reply:  # the module's map as redis-py reads it (bytes keys): no copy
             values = [reply[b"granted" if take else b"allowed"], reply[b"limit"], reply[b"remaining"],
@@ -151,7 +153,8 @@ def parse_decision(
     granted = first if take else (cost if first else 0)
     allowed = granted > 0 if take else bool(first)
     return new_decision(
-        allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source, shadow_rejected, period, granted
+        allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source,
+        enforced_refused and allowed, period, granted,
     )
 
 
@@ -166,10 +169,7 @@ def parse_multi(
     else:
         overall, each = reply[0], list(reply[1:])
     shadow = list(shadow) or [False] * len(each)
-    limits = [parse_decision(r, source, p, False, cost) for r, p in zip(each, periods)]
-    # A limit is shadow_rejected where it admitted what its enforcement would have refused; the
-    # call, where it was admitted and one of its limits is (refused, nothing was admitted).
-    limits = [replace(d, shadow_rejected=True) if s and d.allowed else d for d, s in zip(limits, shadow)]
+    limits = [parse_decision(r, source, p, s, cost) for r, p, s in zip(each, periods, shadow)]
     top = parse_decision(overall, source)
     return MultiDecision(
         top.allowed,
@@ -179,6 +179,7 @@ def parse_multi(
         top.reset_after_ms,
         top.delay_ms,
         source,
+        # (A refused call admitted nothing: never shadow_rejected.)
         top.allowed and any(d.shadow_rejected for d in limits),
         limits,
     )
@@ -583,15 +584,14 @@ class Core:
                     peek = ("RATELIMIT.PEEK", key, *shadow.inline(), "COST", str(cost), *cost_args[2:])
                     check = (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
                     enforced, answered = yield Transaction((peek, check))
-                    decision = parse_decision(answered, "module", period, False, cost, take)
-                    rejected = decision.allowed and not parse_decision(enforced, "module").allowed
-                    if rejected:
-                        decision = replace(decision, shadow_rejected=True)
+                    enforcement = parse_decision(enforced, "module")
+                    decision = parse_decision(answered, "module", period, not enforcement.allowed, cost, take)
+                    if decision.shadow_rejected:
                         log.info(
                             "redis_ratelimit: shadow policy '%s' would have rejected %s (retry in %d ms); admitted",
                             getattr(spec, "name", ""),
                             key,
-                            parse_decision(enforced, "module").retry_after_ms,
+                            enforcement.retry_after_ms,
                         )
                     return decision
                 module = None if module_args is None else (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
