@@ -71,6 +71,23 @@ async fn the_readme_configurations_load_and_decide() {
     );
 }
 
+/// docs/gateways.md shows the README's service configurations word for word, so the page's YAML
+/// is what the test above loads.
+#[test]
+fn the_docs_page_shows_the_tested_configurations() {
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/gateways.md"
+    ))
+    .unwrap();
+    for config in blocks("<!-- rls-config -->") {
+        assert!(
+            page.contains(&format!("```yaml\n{config}```")),
+            "docs/gateways.md must show this configuration of the README as it is:\n{config}"
+        );
+    }
+}
+
 #[test]
 fn the_readme_envoy_configuration_names_the_service() {
     let envoy = blocks("<!-- envoy-config -->");
