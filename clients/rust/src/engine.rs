@@ -310,6 +310,11 @@ impl Engine {
         lock(&self.state).library_ready = ready;
     }
 
+    /// The module is known to serve (it answered, and that was said): no lock.
+    pub fn module_serves(&self) -> bool {
+        self.module_said.load(Ordering::Relaxed)
+    }
+
     /// The module answered: it serves (said once).
     pub fn use_module(&self) {
         if self.module_said.load(Ordering::Relaxed) {

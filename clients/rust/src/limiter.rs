@@ -937,6 +937,58 @@ impl<C: Connection> Inner<C> {
         }
     }
 
+    /// `guarded_decide` of a Limit where the module serves, in one future: the breaker, the
+    /// command, its reply (the path of most calls, with the fewest steps).
+    async fn module_limit(
+        &self,
+        verb: &'static str,
+        key: &str,
+        limit: &Limit,
+        call: Call,
+    ) -> Result<Decision, Error> {
+        let spec = SpecRef::Limit(limit);
+        if !self.breaker.allow() {
+            let local = self.local(verb, key, spec, call.cost, call.at);
+            return self.fail("breaker open".into(), limit.period_ms(), local, call.cost);
+        }
+        let cost = Cost {
+            take: verb == "TAKE",
+            cost: call.cost,
+            at: call.at,
+        };
+        let cmd = decide_command(verb, key, limit.args(), cost);
+        let mut abandon = Abandon {
+            breaker: &self.breaker,
+            armed: true,
+        };
+        let sent = self.send(&cmd, Some(key), None).await;
+        abandon.armed = false;
+        self.outcome(&sent);
+        match sent {
+            Ok(reply) => Ok(wire::decision(
+                &reply,
+                Source::Module,
+                limit.period_ms(),
+                cost.cost,
+                cost.take,
+            )?),
+            Err(Fail::Unavailable(why)) => {
+                let local = self.local(verb, key, spec, call.cost, call.at);
+                self.fail(why, limit.period_ms(), local, call.cost)
+            }
+            Err(Fail::Error(Error::Server(text)))
+                if self.engine.may_switch()
+                    && (text.to_ascii_lowercase().contains("unknown command")
+                        || text.contains("command doesn't exist")) =>
+            {
+                // The module went away (as call_either would): the library from now on.
+                self.engine.use_library();
+                Box::pin(self.guarded_decide(verb, key, spec, call.cost, call.at)).await
+            }
+            Err(Fail::Error(error)) => Err(error),
+        }
+    }
+
     async fn request(
         self: &Arc<Self>,
         verb: &'static str,
@@ -962,9 +1014,15 @@ impl<C: Connection> Inner<C> {
         };
         if !batched && self.cache.is_none() && self.batches.next_end().is_none() {
             // Nothing to answer in process nor to refund: straight to Redis.
-            let decision = self
-                .guarded_decide(verb, key, spec, call.cost, call.at)
-                .await?;
+            let decision = match spec {
+                SpecRef::Limit(limit) if self.engine.module_serves() => {
+                    self.module_limit(verb, key, limit, call).await?
+                }
+                _ => {
+                    self.guarded_decide(verb, key, spec, call.cost, call.at)
+                        .await?
+                }
+            };
             self.count_decision(decision.source);
             return Ok(decision);
         }
