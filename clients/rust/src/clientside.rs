@@ -3,6 +3,7 @@
 //! Times are ms on the limiter's clock (monotonic, or the calls' `at`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
@@ -283,6 +284,12 @@ impl BatchState {
         (self.used_now.max(self.used_before) * 7 / 8).clamp(1, most)
     }
 
+    /// The units held cover `cost` within the hold: admitted from them.
+    pub fn held_answer(&mut self, hold_ms: u64, cost: u64, now_ms: u64) -> Option<Decision> {
+        (cost <= self.held && now_ms < self.until)
+            .then(|| self.admit(hold_ms, cost, now_ms, Source::Local))
+    }
+
     /// Admits `cost` from the held units (the caller checked `cost <= held`).
     pub fn admit(&mut self, hold_ms: u64, cost: u64, now_ms: u64, source: Source) -> Decision {
         self.held -= cost;
@@ -309,9 +316,21 @@ impl BatchState {
 }
 
 /// Every batch of a limiter, and the order their holds end in (to refund them on time).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Batches {
     inner: Mutex<BatchesInner>,
+    /// The first end of `inner.ends` (`u64::MAX`: none), written under the lock: a call reads
+    /// it without the lock to see whether any hold is due.
+    first_end: AtomicU64,
+}
+
+impl Default for Batches {
+    fn default() -> Self {
+        Batches {
+            inner: Mutex::default(),
+            first_end: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -339,6 +358,17 @@ impl Batches {
         inner.seq += 1;
         let seq = inner.seq;
         inner.ends.insert((until, seq), batch.clone());
+        self.publish(&inner);
+    }
+
+    fn publish(&self, inner: &BatchesInner) {
+        // An end at u64::MAX (a saturated hold) is kept as MAX - 1: later than any call's time.
+        let first = inner
+            .ends
+            .keys()
+            .next()
+            .map_or(u64::MAX, |(until, _)| (*until).min(u64::MAX - 1));
+        self.first_end.store(first, Ordering::Release);
     }
 
     /// The batches whose hold has ended at `now_ms` (all of them with `None`) and the units each
@@ -368,6 +398,7 @@ impl Batches {
                 }
             }
         }
+        self.publish(&inner);
         // Idle batches without units are forgotten (a new one starts from scratch).
         if inner.batches.len() > 1024 {
             inner.batches.retain(|_, b| {
@@ -380,11 +411,8 @@ impl Batches {
 
     /// Whether any hold is still to end (on any clock).
     pub fn next_end(&self) -> Option<u64> {
-        lock(&self.inner)
-            .ends
-            .keys()
-            .next()
-            .map(|(until, _)| *until)
+        let first = self.first_end.load(Ordering::Acquire);
+        (first != u64::MAX).then_some(first)
     }
 
     /// Units held by every batch now.

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -97,17 +97,21 @@ impl Options {
 /// Consecutive failures open it for the cool-down: calls then apply `on_error` at once,
 /// without touching Redis; after the cool-down one call (the probe) goes through, the others
 /// still fail at once; the probe's success closes it, its failure opens it again.
+///
+/// The consecutive failures are an atomic, changed only under the lock: a call while there are
+/// none (the breaker closed, the path of every call when Redis answers) takes no lock.
 #[derive(Debug)]
 pub struct Breaker {
     threshold: u32,
     cooldown: Duration,
+    failures: AtomicU32,
     state: Mutex<BreakerState>,
 }
 
 #[derive(Debug)]
 struct BreakerState {
-    failures: u32,
     open_until: Option<Instant>,
+    /// A probe is out (only while open: `failures` 0 implies no probe).
     probing: bool,
 }
 
@@ -116,27 +120,30 @@ impl Breaker {
         Breaker {
             threshold,
             cooldown,
+            failures: AtomicU32::new(0),
             state: Mutex::new(BreakerState {
-                failures: 0,
                 open_until: None,
                 probing: false,
             }),
         }
     }
 
-    fn open(&self, state: &BreakerState) -> bool {
-        self.threshold > 0 && state.failures >= self.threshold
+    fn open(&self, failures: u32) -> bool {
+        self.threshold > 0 && failures >= self.threshold
     }
 
     pub fn is_open(&self) -> bool {
-        self.open(&lock(&self.state))
+        self.open(self.failures.load(Ordering::Acquire))
     }
 
     /// Whether a call may go to Redis now (true for the probe of a half-open breaker).
     pub fn allow(&self) -> bool {
-        let mut state = lock(&self.state);
-        if !self.open(&state) {
+        if !self.is_open() {
             return true;
+        }
+        let mut state = lock(&self.state);
+        if !self.open(self.failures.load(Ordering::Acquire)) {
+            return true; // closed meanwhile
         }
         if state.probing || state.open_until.is_some_and(|until| Instant::now() < until) {
             return false;
@@ -146,33 +153,39 @@ impl Breaker {
     }
 
     pub fn success(&self) {
+        if self.failures.load(Ordering::Acquire) == 0 {
+            return; // nothing to reset: no failure, hence no probe out
+        }
         let mut state = lock(&self.state);
-        if self.open(&state) {
+        if self.open(self.failures.load(Ordering::Acquire)) {
             log::warn!("redis_ratelimit: Redis answers again: breaker closed");
         }
-        state.failures = 0;
+        self.failures.store(0, Ordering::Release);
         state.probing = false;
     }
 
     pub fn failure(&self) {
         let mut state = lock(&self.state);
-        state.failures = state.failures.saturating_add(1);
+        let failures = self.failures.load(Ordering::Acquire).saturating_add(1);
         state.probing = false;
-        if self.open(&state) {
+        if self.open(failures) {
             state.open_until = Some(Instant::now() + self.cooldown);
-            if state.failures == self.threshold {
-                log::warn!(
-                    "redis_ratelimit: {} consecutive failures: breaker open, on_error applies at \
-                     once, one probe every {:?}",
-                    state.failures,
-                    self.cooldown
-                );
-            }
+        }
+        self.failures.store(failures, Ordering::Release);
+        if self.open(failures) && failures == self.threshold {
+            log::warn!(
+                "redis_ratelimit: {failures} consecutive failures: breaker open, on_error \
+                 applies at once, one probe every {:?}",
+                self.cooldown
+            );
         }
     }
 
     /// A call ended without an outcome (its future was dropped): a probe may go again.
     pub fn abandon(&self) {
+        if self.failures.load(Ordering::Acquire) == 0 {
+            return;
+        }
         lock(&self.state).probing = false;
     }
 }
@@ -283,6 +296,9 @@ impl Engine {
 
     /// Whether the library serves (as far as known).
     pub fn library(&self) -> bool {
+        if self.module_said.load(Ordering::Relaxed) {
+            return false; // the module serves: no lock
+        }
         lock(&self.state).library == Some(true)
     }
 
@@ -292,6 +308,11 @@ impl Engine {
 
     pub fn set_library_ready(&self, ready: bool) {
         lock(&self.state).library_ready = ready;
+    }
+
+    /// The module is known to serve (it answered, and that was said): no lock.
+    pub fn module_serves(&self) -> bool {
+        self.module_said.load(Ordering::Relaxed)
     }
 
     /// The module answered: it serves (said once).
@@ -312,8 +333,9 @@ impl Engine {
 
     /// The server has no module: the library serves (said once).
     pub fn use_library(&self) {
-        self.module_said.store(false, Ordering::Relaxed);
         let mut state = lock(&self.state);
+        // Under the lock, as use_module's store: the flag never outlives the switch.
+        self.module_said.store(false, Ordering::Relaxed);
         state.library = Some(true);
         if state.warned.insert("engine library".into()) {
             let why = if self.choice == EngineChoice::Library {

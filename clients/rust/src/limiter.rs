@@ -121,16 +121,72 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The counters of `stats()`.
+/// The counters of `stats()`, by the index of [`Stat`].
 const STATS: [&str; 9] = [
     "commands", "module", "library", "error", "cache", "local", "fallback", "taken", "refunded",
 ];
 
-/// A library call's arguments after its keys: a limit's words, then the cost's.
+/// A counter of `stats()`: its index in [`STATS`] (counted without looking its name up).
+#[derive(Clone, Copy)]
+enum Stat {
+    Commands = 0,
+    Cache = 4,
+    Taken = 7,
+    Refunded = 8,
+}
+
+/// The counter of decisions from `source`.
+fn stat_of(source: Source) -> usize {
+    match source {
+        Source::Module => 1,
+        Source::Library => 2,
+        Source::Error => 3,
+        Source::Cache => Stat::Cache as usize,
+        Source::Local => 5,
+        Source::Fallback => 6,
+    }
+}
+
+/// A library call's arguments after its keys: a limit's words, then the cost's (`COST n` or
+/// `MAX n`, and `AT t`) if it has one.
 #[derive(Clone, Copy)]
 struct Args<'a> {
     head: &'a [String],
-    tail: &'a [&'a str],
+    cost: Option<Cost>,
+}
+
+/// The cost words of a CHECK, PEEK, TAKE or REFUND.
+#[derive(Clone, Copy)]
+struct Cost {
+    take: bool,
+    cost: u64,
+    at: Option<u64>,
+}
+
+impl Cost {
+    fn words(self) -> Vec<String> {
+        cost_words(self.take, self.cost, self.at)
+    }
+
+    /// Appends them to `cmd`.
+    fn write(self, cmd: &mut Cmd) {
+        cmd.arg(if self.take { "MAX" } else { "COST" })
+            .arg(self.cost);
+        if let Some(at) = self.at {
+            cmd.arg("AT").arg(at);
+        }
+    }
+}
+
+/// `RATELIMIT.<verb> key <limit words> COST n [AT t]` (`MAX n` for TAKE), its buffers sized
+/// once.
+fn decide_command(verb: &str, key: &str, args: &[String], cost: Cost) -> Cmd {
+    let name = command_name(verb);
+    let data = name.len() + key.len() + args.iter().map(String::len).sum::<usize>() + 48;
+    let mut cmd = Cmd::with_capacity(args.len() + 6, data);
+    cmd.arg(name).arg(key).arg(args);
+    cost.write(&mut cmd);
+    cmd
 }
 
 fn command_name(verb: &str) -> &'static str {
@@ -343,10 +399,12 @@ impl<C: Connection> RateLimiter<C> {
 }
 
 impl<C: Connection> Inner<C> {
-    fn count(&self, what: &'static str, n: u64) {
-        if let Some(i) = STATS.iter().position(|name| *name == what) {
-            self.stats[i].fetch_add(n, Ordering::Relaxed);
-        }
+    fn count(&self, what: Stat, n: u64) {
+        self.stats[what as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn count_decision(&self, source: Source) {
+        self.stats[stat_of(source)].fetch_add(1, Ordering::Relaxed);
     }
 
     fn now_ms(&self, at: Option<u64>) -> u64 {
@@ -360,7 +418,7 @@ impl<C: Connection> Inner<C> {
         key: Option<&str>,
         patience: Option<Duration>,
     ) -> Result<Value, Fail> {
-        self.count("commands", 1);
+        self.count(Stat::Commands, 1);
         let mut conn = self.conn.clone();
         let bound = patience.unwrap_or(self.options.timeout);
         match tokio::time::timeout(bound, conn.send(cmd, key)).await {
@@ -383,7 +441,7 @@ impl<C: Connection> Inner<C> {
         key: &str,
         patience: Option<Duration>,
     ) -> Result<Vec<Value>, Fail> {
-        self.count("commands", 1);
+        self.count(Stat::Commands, 1);
         let n = cmds.len();
         let mut pipe = redis::pipe();
         pipe.atomic();
@@ -424,11 +482,16 @@ impl<C: Connection> Inner<C> {
         };
         let result = plan.await;
         abandon.armed = false;
-        match &result {
+        self.outcome(&result);
+        result
+    }
+
+    /// Tells the breaker how a call under it ended.
+    fn outcome<T>(&self, result: &Result<T, Fail>) {
+        match result {
             Err(Fail::Unavailable(_)) => self.breaker.failure(),
             _ => self.breaker.success(),
         }
-        result
     }
 
     /// What a deciding call answers when Redis could not: the local decision, the open answer,
@@ -521,6 +584,19 @@ impl<C: Connection> Inner<C> {
                 }
             }
         }
+        // On a future of its own: the module's path (every call's where it serves) stays small.
+        Box::pin(self.call_library(name, keys, library, readonly, patience)).await
+    }
+
+    /// The library's function on the prefixed keys (loading the library where it is missing).
+    async fn call_library(
+        &self,
+        name: &str,
+        keys: &[&str],
+        library: Option<Args<'_>>,
+        readonly: bool,
+        patience: Option<Duration>,
+    ) -> Result<(Value, Source), Fail> {
         let Some(args) = library else {
             return Err(Fail::Error(Error::Server(
                 "no such policy: the Functions library has no policies (give the Policy a \
@@ -541,7 +617,7 @@ impl<C: Connection> Inner<C> {
         ];
         words.extend(prefixed.iter().cloned());
         words.extend(args.head.iter().cloned());
-        words.extend(args.tail.iter().map(|w| w.to_string()));
+        words.extend(args.cost.map(Cost::words).unwrap_or_default());
         let cmd = wire::command(&words);
         let route = prefixed.first().map(String::as_str);
         match self.send(&cmd, route, patience).await {
@@ -633,97 +709,149 @@ impl<C: Connection> Inner<C> {
         at: Option<u64>,
         patience: Option<Duration>,
     ) -> Result<Decision, Fail> {
-        let take = verb == "TAKE";
+        let cost = Cost {
+            take: verb == "TAKE",
+            cost,
+            at,
+        };
+        match spec {
+            SpecRef::Limit(limit) => self.decide_limit(verb, key, limit, cost, patience).await,
+            // A policy's definition, its shadow and its retry: on a future of their own, so
+            // that a Limit's (the common one) stays small.
+            SpecRef::Policy(_) => {
+                Box::pin(self.decide_policy(verb, key, spec, cost, patience)).await
+            }
+        }
+    }
+
+    /// A Limit's call: its words are the module's and the library's, nothing to resolve.
+    async fn decide_limit(
+        &self,
+        verb: &'static str,
+        key: &str,
+        limit: &Limit,
+        cost: Cost,
+        patience: Option<Duration>,
+    ) -> Result<Decision, Fail> {
+        let args = limit.args();
+        let module = decide_command(verb, key, args, cost);
+        let library = Args {
+            head: args,
+            cost: Some(cost),
+        };
+        let (reply, source) = self
+            .call_either(
+                Some(&module),
+                function(verb),
+                &[key],
+                Some(library),
+                verb == "PEEK",
+                patience,
+            )
+            .await?;
+        Ok(wire::decision(
+            &reply,
+            source,
+            limit.period_ms(),
+            cost.cost,
+            cost.take,
+        )?)
+    }
+
+    /// A Policy's call: its definition read (or cached), a shadow policy's enforcement asked in
+    /// the same round trip, and one retry with the fallback when the policy was deleted since.
+    async fn decide_policy(
+        &self,
+        verb: &'static str,
+        key: &str,
+        spec: SpecRef<'_>,
+        cost: Cost,
+        patience: Option<Duration>,
+    ) -> Result<Decision, Fail> {
         for attempt in 0..2 {
             let resolved = self.resolve(spec).await?;
-            let mut tail = [""; 4];
-            let (cost_text, at_text) = (cost.to_string(), at.map(|at| at.to_string()));
-            tail[0] = if take { "MAX" } else { "COST" };
-            tail[1] = &cost_text;
-            let tail: &[&str] = match &at_text {
-                Some(at_text) => {
-                    tail[2] = "AT";
-                    tail[3] = at_text;
-                    &tail
-                }
-                None => &tail[..2],
-            };
-            let module = resolved.module.as_ref().map(|args| {
-                let mut cmd = redis::cmd(command_name(verb));
-                cmd.arg(key).arg(&args[..]).arg(tail);
-                cmd
-            });
-            let library = resolved
-                .library
+            let module = resolved
+                .module
                 .as_ref()
-                .map(|args| Args { head: args, tail });
-            if let (Some(shadow), Some(cmd), true) =
-                (&resolved.shadow, &module, verb == "CHECK" || take)
-            {
-                // What enforcement answers, in the same round trip (one MULTI).
-                let mut peek = redis::cmd("RATELIMIT.PEEK");
-                peek.arg(key)
-                    .arg(&shadow[..])
-                    .arg("COST")
-                    .arg(&cost_text)
-                    .arg(&tail[2..]);
-                match self
-                    .transaction(vec![peek, cmd.clone()], key, patience)
+                .map(|args| decide_command(verb, key, args, cost));
+            let library = resolved.library.as_ref().map(|args| Args {
+                head: args,
+                cost: Some(cost),
+            });
+            let result = match (&resolved.shadow, &module, verb == "CHECK" || cost.take) {
+                (Some(shadow), Some(cmd), true) => {
+                    self.decide_shadow(key, spec, shadow, cmd, resolved.period_ms, cost, patience)
+                        .await
+                }
+                _ => match self
+                    .call_either(
+                        module.as_ref(),
+                        function(verb),
+                        &[key],
+                        library,
+                        verb == "PEEK",
+                        patience,
+                    )
                     .await
                 {
-                    Ok(replies) => {
-                        let enforced = wire::decision(&replies[0], Source::Module, 0, cost, false)?;
-                        let mut decision = wire::decision(
-                            &replies[1],
-                            Source::Module,
-                            resolved.period_ms,
-                            cost,
-                            take,
-                        )?;
-                        decision.shadow_rejected = decision.allowed && !enforced.allowed;
-                        if decision.shadow_rejected {
-                            log::info!(
-                                "redis_ratelimit: shadow policy '{}' would have rejected {key} \
-                                 (retry in {} ms); admitted",
-                                match spec {
-                                    SpecRef::Policy(policy) => policy.name(),
-                                    SpecRef::Limit(_) => "",
-                                },
-                                enforced.retry_after_ms
-                            );
-                        }
-                        self.engine.use_module();
-                        return Ok(decision);
+                    Ok((reply, source)) => {
+                        wire::decision(&reply, source, resolved.period_ms, cost.cost, cost.take)
+                            .map_err(Fail::from)
                     }
-                    Err(error) if attempt == 0 && self.forget_policy(&error, &[spec]) => continue,
-                    Err(error) => return Err(error),
-                }
-            }
-            let result = self
-                .call_either(
-                    module.as_ref(),
-                    function(verb),
-                    &[key],
-                    library,
-                    verb == "PEEK",
-                    patience,
-                )
-                .await;
+                    Err(error) => Err(error),
+                },
+            };
             match result {
-                Ok((reply, source)) => {
-                    return Ok(wire::decision(
-                        &reply,
-                        source,
-                        resolved.period_ms,
-                        cost,
-                        take,
-                    )?)
-                }
                 Err(error) if attempt == 0 && self.forget_policy(&error, &[spec]) => continue,
-                Err(error) => return Err(error),
+                other => return other,
             }
         }
         Err(Fail::Error(Error::Protocol("no attempt left".into())))
+    }
+
+    /// A shadow policy's CHECK or TAKE (`cmd`) with a PEEK of its definition (`shadow`, what
+    /// enforcement answers) in one MULTI: the decision, `shadow_rejected` when enforcement would
+    /// have refused what the shadow admitted.
+    #[allow(clippy::too_many_arguments)]
+    async fn decide_shadow(
+        &self,
+        key: &str,
+        spec: SpecRef<'_>,
+        shadow: &[String],
+        cmd: &Cmd,
+        period_ms: u64,
+        cost: Cost,
+        patience: Option<Duration>,
+    ) -> Result<Decision, Fail> {
+        let peek = decide_command(
+            "PEEK",
+            key,
+            shadow,
+            Cost {
+                take: false,
+                ..cost
+            },
+        );
+        let replies = self
+            .transaction(vec![peek, cmd.clone()], key, patience)
+            .await?;
+        let enforced = wire::decision(&replies[0], Source::Module, 0, cost.cost, false)?;
+        let mut decision =
+            wire::decision(&replies[1], Source::Module, period_ms, cost.cost, cost.take)?;
+        decision.shadow_rejected = decision.allowed && !enforced.allowed;
+        if decision.shadow_rejected {
+            log::info!(
+                "redis_ratelimit: shadow policy '{}' would have rejected {key} (retry in {} ms); \
+                 admitted",
+                match spec {
+                    SpecRef::Policy(policy) => policy.name(),
+                    SpecRef::Limit(_) => "",
+                },
+                enforced.retry_after_ms
+            );
+        }
+        self.engine.use_module();
+        Ok(decision)
     }
 
     /// The in-process decision of `OnError::Local` (`None` where there is none).
@@ -786,16 +914,78 @@ impl<C: Connection> Inner<C> {
         cost: u64,
         at: Option<u64>,
     ) -> Result<Decision, Error> {
-        match self
-            .guarded(self.decide(verb, key, spec, cost, at, None))
-            .await
-        {
+        // `guarded` written out: the plan's future is not moved into another.
+        let result = if self.breaker.allow() {
+            let mut abandon = Abandon {
+                breaker: &self.breaker,
+                armed: true,
+            };
+            let result = self.decide(verb, key, spec, cost, at, None).await;
+            abandon.armed = false;
+            self.outcome(&result);
+            result
+        } else {
+            Err(Fail::Unavailable("breaker open".into()))
+        };
+        match result {
             Ok(decision) => Ok(decision),
             Err(Fail::Error(error)) => Err(error),
             Err(Fail::Unavailable(why)) => {
                 let local = self.local(verb, key, spec, cost, at);
                 self.fail(why, spec.known_period_ms(), local, cost)
             }
+        }
+    }
+
+    /// `guarded_decide` of a Limit where the module serves, in one future: the breaker, the
+    /// command, its reply (the path of most calls, with the fewest steps).
+    async fn module_limit(
+        &self,
+        verb: &'static str,
+        key: &str,
+        limit: &Limit,
+        call: Call,
+    ) -> Result<Decision, Error> {
+        let spec = SpecRef::Limit(limit);
+        if !self.breaker.allow() {
+            let local = self.local(verb, key, spec, call.cost, call.at);
+            return self.fail("breaker open".into(), limit.period_ms(), local, call.cost);
+        }
+        let cost = Cost {
+            take: verb == "TAKE",
+            cost: call.cost,
+            at: call.at,
+        };
+        let cmd = decide_command(verb, key, limit.args(), cost);
+        let mut abandon = Abandon {
+            breaker: &self.breaker,
+            armed: true,
+        };
+        let sent = self.send(&cmd, Some(key), None).await;
+        abandon.armed = false;
+        self.outcome(&sent);
+        match sent {
+            Ok(reply) => Ok(wire::decision(
+                &reply,
+                Source::Module,
+                limit.period_ms(),
+                cost.cost,
+                cost.take,
+            )?),
+            Err(Fail::Unavailable(why)) => {
+                let local = self.local(verb, key, spec, call.cost, call.at);
+                self.fail(why, limit.period_ms(), local, call.cost)
+            }
+            Err(Fail::Error(Error::Server(text)))
+                if self.engine.may_switch()
+                    && (text.to_ascii_lowercase().contains("unknown command")
+                        || text.contains("command doesn't exist")) =>
+            {
+                // The module went away (as call_either would): the library from now on.
+                self.engine.use_library();
+                Box::pin(self.guarded_decide(verb, key, spec, call.cost, call.at)).await
+            }
+            Err(Fail::Error(error)) => Err(error),
         }
     }
 
@@ -813,14 +1003,39 @@ impl<C: Connection> Inner<C> {
             amount(call.cost, "cost", 0)?;
         }
         check_at(call.at)?;
+        let batched = match spec {
+            SpecRef::Limit(limit) => {
+                verb == "CHECK"
+                    && limit.batch_ms().is_some()
+                    && call.cost > 0
+                    && call.cost <= limit.batch_limit()
+            }
+            SpecRef::Policy(_) => false,
+        };
+        if !batched && self.cache.is_none() && self.batches.next_end().is_none() {
+            // Nothing to answer in process nor to refund: straight to Redis.
+            let decision = match spec {
+                SpecRef::Limit(limit) if self.engine.module_serves() => {
+                    self.module_limit(verb, key, limit, call).await?
+                }
+                _ => {
+                    self.guarded_decide(verb, key, spec, call.cost, call.at)
+                        .await?
+                }
+            };
+            self.count_decision(decision.source);
+            return Ok(decision);
+        }
         let now = self.now_ms(call.at);
-        self.refund_due(Some(now), call.at).await;
+        if self.batches.next_end().is_some_and(|end| end <= now) {
+            Box::pin(self.refund_due(Some(now), call.at)).await;
+        }
         let where_ = self.cache.as_ref().map(|_| target(key, spec));
         let asked = if verb == "TAKE" { 1 } else { call.cost };
         if let (Some(cache), Some(where_)) = (&self.cache, &where_) {
             if verb == "CHECK" || verb == "TAKE" {
                 if let Some(hit) = lock(cache).get(where_, asked, now) {
-                    self.count("cache", 1);
+                    self.count(Stat::Cache, 1);
                     return Ok(hit);
                 }
             } else if verb == "REFUND" {
@@ -828,13 +1043,16 @@ impl<C: Connection> Inner<C> {
             }
         }
         let decision = match spec {
-            SpecRef::Limit(limit)
-                if verb == "CHECK"
-                    && limit.batch_ms().is_some()
-                    && call.cost > 0
-                    && call.cost <= limit.batch_limit() =>
-            {
-                self.batched(key, limit, call.cost, call.at, now).await?
+            SpecRef::Limit(limit) if batched => {
+                let batch = self.batches.get(key, limit);
+                // Units held cover it: answered here (the path of most batched calls).
+                let held = lock(&batch.state).held_answer(batch.hold_ms, call.cost, now);
+                match held {
+                    Some(decision) => decision,
+                    None => {
+                        Box::pin(self.batched(batch, key, limit, call.cost, call.at, now)).await?
+                    }
+                }
             }
             _ => {
                 self.guarded_decide(verb, key, spec, call.cost, call.at)
@@ -849,7 +1067,7 @@ impl<C: Connection> Inner<C> {
                 lock(cache).put(where_, asked, &decision, now);
             }
         }
-        self.count(decision.source.name(), 1);
+        self.count_decision(decision.source);
         Ok(decision)
     }
 
@@ -873,21 +1091,20 @@ impl<C: Connection> Inner<C> {
     /// concurrent callers, run on a task of its own) when they do not cover `cost`.
     async fn batched(
         self: &Arc<Self>,
+        batch: Arc<Batch>,
         key: &str,
         limit: &Limit,
         cost: u64,
         at: Option<u64>,
         now: u64,
     ) -> Result<Decision, Error> {
-        let batch = self.batches.get(key, limit);
         let spec = SpecRef::Limit(limit);
         let mut retries = 0;
         loop {
             let (flight, start) = {
                 let mut state = lock(&batch.state);
-                if cost <= state.held && now < state.until {
-                    let source = Source::Local;
-                    return Ok(state.admit(batch.hold_ms, cost, now, source));
+                if let Some(decision) = state.held_answer(batch.hold_ms, cost, now) {
+                    return Ok(decision);
                 }
                 match &state.flight {
                     Some(flight) => (Some(flight.clone()), None),
@@ -1029,7 +1246,7 @@ impl<C: Connection> Inner<C> {
         }
         if let Ok(decision) = &result {
             if decision.granted > 0 {
-                self.count("taken", decision.granted);
+                self.count(Stat::Taken, decision.granted);
                 // A late grant is held from its arrival.
                 let from = if late && at.is_none() {
                     self.now_ms(None)
@@ -1083,7 +1300,7 @@ impl<C: Connection> Inner<C> {
             .await
         {
             Ok(_) => {
-                self.count("refunded", units);
+                self.count(Stat::Refunded, units);
                 if let Some(cache) = &self.cache {
                     lock(cache).drop_key(&batch.key);
                 }
@@ -1235,7 +1452,7 @@ impl<C: Connection> Inner<C> {
                         module.as_ref(),
                         "ratelimit_checkall",
                         &keys,
-                        library.as_ref().map(|head| Args { head, tail: &[] }),
+                        library.as_ref().map(|head| Args { head, cost: None }),
                         false,
                         None,
                     )
@@ -1252,7 +1469,7 @@ impl<C: Connection> Inner<C> {
         };
         match self.guarded(plan).await {
             Ok(multi) => {
-                self.count(multi.overall.source.name(), 1);
+                self.count_decision(multi.overall.source);
                 Ok(multi)
             }
             Err(Fail::Error(error)) => Err(error),
@@ -1366,7 +1583,7 @@ impl<C: Connection> Inner<C> {
             keys,
             Some(Args {
                 head: &[],
-                tail: &[],
+                cost: None,
             }),
             false,
             None,
@@ -1418,7 +1635,7 @@ impl<C: Connection> Inner<C> {
             &keys,
             Some(Args {
                 head: &args,
-                tail: &[],
+                cost: None,
             }),
             false,
             None,
@@ -1444,7 +1661,7 @@ impl<C: Connection> Inner<C> {
             &keys,
             Some(Args {
                 head: &args,
-                tail: &[],
+                cost: None,
             }),
             false,
             None,
@@ -1590,4 +1807,28 @@ fn _assert_send<C: Connection>(limiter: &RateLimiter<C>, limit: &Limit) {
     fn is_send<T: Send>(_: T) {}
     is_send(limiter.check("k", limit, 1));
     let _ = EngineChoice::Auto;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_source_counts_under_its_own_name() {
+        let sources = [
+            Source::Module,
+            Source::Library,
+            Source::Error,
+            Source::Cache,
+            Source::Local,
+            Source::Fallback,
+        ];
+        for source in sources {
+            assert_eq!(STATS[stat_of(source)], source.name());
+        }
+        assert_eq!(STATS[Stat::Commands as usize], "commands");
+        assert_eq!(STATS[Stat::Cache as usize], "cache");
+        assert_eq!(STATS[Stat::Taken as usize], "taken");
+        assert_eq!(STATS[Stat::Refunded as usize], "refunded");
+    }
 }

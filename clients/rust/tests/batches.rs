@@ -474,3 +474,52 @@ async fn admissions_stay_within_the_bound() {
         }
     }
 }
+
+/// As in the Python and Node packages, the denial cache answers check and take only: a
+/// check_all asks Redis even for a key whose refusal is cached, and its own refusals are not
+/// kept (a later check of the key asks Redis too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_all_always_asks_redis_with_the_denial_cache() {
+    let Some(server) = module_server() else {
+        return;
+    };
+    let options = Options {
+        denial_cache: 1000,
+        ..Options::default()
+    };
+    let limiter = RateLimiter::new(manager(&server, false).await, options).unwrap();
+    // Nothing refills it during the test.
+    let two = Limit::new(Algorithm::SlidingLog, 2, "1h").unwrap();
+    let at = base_ms();
+    let commands = |l: &RateLimiter<_>| l.stats().get("commands").copied().unwrap_or(0);
+    for n in 1..=4u64 {
+        let d = limiter
+            .check("dc:k", &two, Call::cost(1).at(at + n))
+            .await
+            .unwrap();
+        let source = match n {
+            1..=3 => Source::Module,
+            _ => Source::Cache,
+        };
+        assert_eq!((d.allowed, d.source), (n <= 2, source), "check {n}: {d:?}");
+    }
+    let sent = commands(&limiter);
+    let m = limiter
+        .check_all(&[("dc:k", &two)], Call::cost(1).at(at + 5))
+        .await
+        .unwrap();
+    assert!(!m.allowed && m.source == Source::Module, "{m:?}");
+    assert_eq!(commands(&limiter), sent + 1);
+    for n in 1..=3u64 {
+        let m = limiter
+            .check_all(&[("dc:j", &two)], Call::cost(1).at(at + n))
+            .await
+            .unwrap();
+        assert_eq!((m.allowed, m.source), (n <= 2, Source::Module), "{m:?}");
+    }
+    let d = limiter
+        .check("dc:j", &two, Call::cost(1).at(at + 4))
+        .await
+        .unwrap();
+    assert!(!d.allowed && d.source == Source::Module, "{d:?}");
+}

@@ -33,7 +33,19 @@ async fn until_redis_decides<C: redis_ratelimit_client::Connection>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_costs_one_timeout_per_cooldown_and_recovers() {
-    let server = Server::start_without_module();
+    stall(Server::start_without_module(), Source::Library).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_of_the_module_costs_one_timeout_per_cooldown_and_recovers() {
+    let Some(server) = module_server() else {
+        return;
+    };
+    stall(server, Source::Module).await;
+}
+
+/// The stall of `server`, whose engine answers as `engine` before and after.
+async fn stall(server: Server, engine: Source) {
     let timeout = Duration::from_millis(100);
     let cooldown = Duration::from_millis(300);
     let options = Options {
@@ -52,12 +64,22 @@ async fn a_stall_costs_one_timeout_per_cooldown_and_recovers() {
         },
     )
     .unwrap();
+    let local = RateLimiter::new(
+        manager(&server, false).await,
+        Options {
+            on_error: OnError::Local,
+            timeout,
+            breaker_cooldown: cooldown,
+            ..Options::default()
+        },
+    )
+    .unwrap();
     let limit = Limit::new(Algorithm::SlidingWindow, 100, "1m").unwrap();
-    assert_eq!(
-        limiter.check("k", &limit, 1).await.unwrap().source,
-        Source::Library
-    );
+    assert_eq!(limiter.check("k", &limit, 1).await.unwrap().source, engine);
     assert!(closed.check("k", &limit, 1).await.unwrap().allowed);
+    // Nothing refills it during the test: its remaining count is exact.
+    let log = Limit::new(Algorithm::SlidingLog, 100, "1h").unwrap();
+    assert_eq!(local.check("l", &log, 1).await.unwrap().source, engine);
 
     server.pause();
     // Each call is bounded by the timeout (generous slack for a loaded machine).
@@ -98,6 +120,14 @@ async fn a_stall_costs_one_timeout_per_cooldown_and_recovers() {
     for _ in 0..4 {
         let error = closed.check("k", &limit, 1).await.unwrap_err();
         assert!(matches!(error, Error::Unavailable(_)), "{error}");
+    }
+    // Deciding in process, with the limit's own count from an empty start.
+    for n in 1..=4 {
+        let d = local.check("l", &log, 1).await.unwrap();
+        assert_eq!(
+            (d.source, d.allowed, d.remaining),
+            (Source::Fallback, true, 100 - n)
+        );
     }
     // A call that decides nothing is told too, whatever on_error.
     assert!(matches!(
