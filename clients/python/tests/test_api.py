@@ -24,8 +24,9 @@ from redis_ratelimit import (  # the README's import lines, as a user writes the
     RateLimiter,
     RateLimitUnavailable,
 )
-from redis_ratelimit._core import Breaker, parse_decision, parse_multi
-from redis_ratelimit._headers import hash_tag, http_answer
+from redis_ratelimit._engine import Breaker
+from redis_ratelimit._wire import parse_decision, parse_multi
+from redis_ratelimit._http import hash_tag, http_answer
 from redis_ratelimit.asgi import RateLimitMiddleware
 from redis_ratelimit.fastapi import RateLimit
 from redis_ratelimit.flask import RateLimit as FlaskRateLimit
@@ -253,7 +254,7 @@ def test_the_limiters_refuse_the_other_kind_of_client(module_server):
 def test_what_counts_as_unavailable():
     from redis._parsers.base import BaseParser  # how redis-py turns error replies into exceptions
 
-    from redis_ratelimit._core import unavailable
+    from redis_ratelimit._wire import unavailable
 
     parse = BaseParser.parse_error
     for reply in ["LOADING Redis is loading the dataset in memory", "OOM command not allowed when used memory > 'maxmemory'.",

@@ -1,5 +1,5 @@
 """Decisions without a round trip where it is safe: the denial cache and the batches' state.
-No I/O: the core (`_core.py`) asks them what it may answer locally and tells them what Redis
+No I/O: the engine (`_engine.py`) asks them what it may answer locally and tells them what Redis
 answered. Times are ms on the limiter's clock (monotonic, or the calls' `at`)."""
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """`RateLimiter` (redis-py's sync client) and `AsyncRateLimiter` (`redis.asyncio`): thin runners
-of the core's plans, one method each per operation."""
+of the engine's plans (`_engine.py`), one method each per operation.
+
+The operations' methods are shared at run time (`_Common`: each returns what `_run` gives, a
+value for `RateLimiter`, an awaitable for `AsyncRateLimiter`); under `TYPE_CHECKING` each
+limiter declares them with its own types, which type checkers read (py.typed)."""
 
 from __future__ import annotations
 
@@ -9,12 +13,12 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import redis
 import redis.asyncio
 
-from ._core import Call, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
+from ._engine import Call, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
 from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimited, RateLimitUnavailable
 
 log = logging.getLogger("redis_ratelimit")
@@ -24,6 +28,8 @@ _timeout = getattr(asyncio, "timeout", None)
 #: What `from_url` waits for Redis (connect and each reply), in seconds: a gateway's limiter
 #: must not add more than this to a request when Redis stalls.
 DEFAULT_TIMEOUT = 0.1
+#: A policy's definition as `policies.get` returns it.
+PolicyFields = Dict[str, Union[str, int]]
 #: `from_url`'s client, made at the first call.
 _LATER = object()
 _LIMITER_OPTIONS = (
@@ -131,9 +137,9 @@ class _Common:
         return self._guard(self._core.load_library())
 
 
-class Policies:
-    """`limiter.policies`: the server's named limits (the module's `RATELIMIT.POLICY`). With
-    `AsyncRateLimiter` each method returns an awaitable."""
+class _PolicyMethods:
+    """`limiter.policies`: the server's named limits (the module's `RATELIMIT.POLICY`), one body
+    per method for both limiters (each returns what the limiter's `_run` gives)."""
 
     def __init__(self, limiter: _Common):
         self._limiter = limiter
@@ -155,8 +161,26 @@ class Policies:
         return self._limiter._guard(self._limiter._core.policy_list())
 
 
-class AsyncPolicies(Policies):
+class Policies(_PolicyMethods):
+    """`RateLimiter.policies`: the server's named limits (the module's `RATELIMIT.POLICY`)."""
+
+    if TYPE_CHECKING:  # the methods as `RateLimiter.policies` returns them
+
+        def set(self, name: str, limit: Limit, shadow: bool = False) -> None: ...
+        def get(self, name: str) -> Optional[PolicyFields]: ...
+        def delete(self, name: str) -> bool: ...
+        def list(self) -> List[str]: ...
+
+
+class AsyncPolicies(_PolicyMethods):
     """`AsyncRateLimiter.policies`: the same methods, awaited."""
+
+    if TYPE_CHECKING:  # the methods as `AsyncRateLimiter.policies` returns them
+
+        async def set(self, name: str, limit: Limit, shadow: bool = False) -> None: ...
+        async def get(self, name: str) -> Optional[PolicyFields]: ...
+        async def delete(self, name: str) -> bool: ...
+        async def list(self) -> List[str]: ...
 
 
 def _client_kwargs(kwargs: dict) -> Tuple[dict, dict]:
@@ -179,6 +203,21 @@ class RateLimiter(_Common):
     limiter's commands on connections of the limiter's own, made with its settings and bounded
     by `timeout` (the client stays as it is for its other commands).
     """
+
+    if TYPE_CHECKING:  # `_Common`'s methods as this limiter returns them
+
+        def check(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        def peek(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        def refund(self, key: str, limit: LimitSpec, cost: int, *, at: Optional[int] = None) -> Decision: ...
+        def take(self, key: str, limit: LimitSpec, max: int, *, at: Optional[int] = None) -> Decision: ...
+        def check_all(
+            self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1, *, at: Optional[int] = None
+        ) -> MultiDecision: ...
+        def reset(self, *keys: str) -> int: ...
+        def acquire(self, key: str, limit: int, lease: Period, *, id: str, cost: int = 1) -> Decision: ...
+        def release(self, key: str, id: str) -> int: ...
+        def detect_engine(self) -> str: ...
+        def load_library(self) -> None: ...
 
     def __init__(self, client: Any, *, timeout: Optional[float] = None, **options: Any):
         unknown = set(options) - set(_LIMITER_OPTIONS)
@@ -436,6 +475,21 @@ class AsyncRateLimiter(_Common):
     """`RateLimiter` for `redis.asyncio` clients: the same methods and options, awaited, and
     `async with limiter.lease(...)`. timeout: every call is bounded by it (seconds; default the
     client's `socket_timeout`, else `DEFAULT_TIMEOUT`), however the client is configured."""
+
+    if TYPE_CHECKING:  # `_Common`'s methods as this limiter returns them (awaitables)
+
+        async def check(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        async def peek(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        async def refund(self, key: str, limit: LimitSpec, cost: int, *, at: Optional[int] = None) -> Decision: ...
+        async def take(self, key: str, limit: LimitSpec, max: int, *, at: Optional[int] = None) -> Decision: ...
+        async def check_all(
+            self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1, *, at: Optional[int] = None
+        ) -> MultiDecision: ...
+        async def reset(self, *keys: str) -> int: ...
+        async def acquire(self, key: str, limit: int, lease: Period, *, id: str, cost: int = 1) -> Decision: ...
+        async def release(self, key: str, id: str) -> int: ...
+        async def detect_engine(self) -> str: ...
+        async def load_library(self) -> None: ...
 
     def __init__(self, client: Any, *, timeout: Optional[float] = None, **options: Any):
         unknown = set(options) - set(_LIMITER_OPTIONS)

@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Union
 
 from starlette.requests import Request
 
-from ._headers import http_answer, refusal_body
+from ._http import http_answer, refusal_body
 from ._limiter import AsyncRateLimiter
 from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 

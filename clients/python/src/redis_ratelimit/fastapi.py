@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 from fastapi import HTTPException, Request, Response
 
-from ._headers import hash_tag, http_answer, refusal_body
+from ._http import hash_tag, http_answer, refusal_body
 from ._limiter import AsyncRateLimiter
 from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 from .asgi import CostFunc, KeyFunc, SkipFunc, _maybe_await, request_key

@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 
 from flask import Flask, Response, g, jsonify, request
 
-from ._headers import http_answer, refusal_body
+from ._http import http_answer, refusal_body
 from ._limiter import RateLimiter
 from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 
