@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Set, Tuple, Union, cast
 
 import redis
 
@@ -220,7 +220,7 @@ class Core:
         self.engine: Optional[str] = "module" if engine == "module" else None
         self._library_ready = False
         self._policies: Dict[str, Tuple[float, Optional[Definition]]] = {}
-        self._warned: set = set()
+        self._warned: Set[Union[str, Tuple[str, str]]] = set()
         self._code: Optional[str] = None
         self.cache = DenialCache(denial_cache) if denial_cache else None
         self.batches = Batches()
@@ -244,8 +244,7 @@ class Core:
         else:
             why = "engine='library'" if self.mode == "library" else "the server has no module"
             log.info(
-                "redis_ratelimit: engine: the Functions library '%s' (FCALL ratelimit_*, keys under "
-                "'%s'): %s",
+                "redis_ratelimit: engine: the Functions library '%s' (FCALL ratelimit_*, keys under '%s'): %s",
                 LIBRARY_NAME,
                 self.prefix,
                 why,
@@ -354,8 +353,7 @@ class Core:
                 return reply, "module"
         if args is None:
             raise redis.ResponseError(
-                "no such policy: the Functions library has no policies (give the Policy a "
-                "fallback=Limit(...))"
+                "no such policy: the Functions library has no policies (give the Policy a fallback=Limit(...))"
             )
         # Loaded (and said so) before the engine is announced: the log reads in order.
         yield from self.ensure_library()
@@ -427,10 +425,14 @@ class Core:
         if not match:
             return False
         for spec in specs:
-            if isinstance(spec, Policy) and spec.name == match.group(1) and spec.fallback:
-                if self._policies.get(spec.name, (0, None))[1] is not None:
-                    self._policies[spec.name] = (self.clock(), None)
-                    return True
+            if (
+                isinstance(spec, Policy)
+                and spec.name == match.group(1)
+                and spec.fallback
+                and self._policies.get(spec.name, (0, None))[1] is not None
+            ):
+                self._policies[spec.name] = (self.clock(), None)
+                return True
         return False
 
     # -- the calls -----------------------------------------------------------------------
@@ -513,7 +515,7 @@ class Core:
                         for key, s in zip(keys, shadows)
                         if s is not None
                     )
-                    replies = yield Transaction(peeks + (module,))
+                    replies = yield Transaction((*peeks, module))
                     verdicts = iter(not parse_decision(r, "module").allowed for r in replies[:-1])
                     flags = [next(verdicts) if s is not None else False for s in shadows]
                     return parse_multi(replies[-1], "module", periods, flags, cost)
@@ -651,7 +653,7 @@ class Core:
         """check, peek, refund or take (`cost`: its max), with the denial cache, the batches
         and the local fallback."""
         if self.direct_ok(verb, spec):
-            return self._direct(verb, key, spec, cost, at)
+            return self._direct(verb, key, cast(Limit, spec), cost, at)
         return self._request(verb, key, spec, cost, at)
 
     def direct_ok(self, verb: str, spec: LimitSpec) -> bool:
@@ -676,14 +678,16 @@ class Core:
             _amount(cost, "max", 1) if take else check_cost(cost)
         if at is not None:
             check_at(at)
-        args = (COMMANDS[verb], key, *limit._words, "MAX" if take else "COST", str(cost))  # type: ignore[attr-defined]
+        args = (COMMANDS[verb], key, *limit._words, "MAX" if take else "COST", str(cost))
         if at is not None:
             args += ("AT", str(at))
         return args
 
     def direct_refused(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Decision:
         """`_direct`'s answer when the breaker lets no call through."""
-        decision = self._fail(None, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+        decision: Decision = self._fail(
+            None, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost
+        )
         self._count(decision.source)
         return decision
 
@@ -692,15 +696,19 @@ class Core:
         self.breaker.success()
         stats = self.stats
         stats["module"] = stats.get("module", 0) + 1
-        return parse_decision(reply, "module", limit._period_ms, False, cost, verb == "TAKE")  # type: ignore[attr-defined]
+        return parse_decision(reply, "module", limit._period_ms, False, cost, verb == "TAKE")
 
-    def direct_error(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int], error: Exception) -> Optional[Decision]:
+    def direct_error(
+        self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int], error: Exception
+    ) -> Optional[Decision]:
         """`_direct`'s outcome of a failed command: Redis unavailable gives `on_error`'s decision
         (or raises `RateLimitUnavailable`); None: the module is gone, ask `_request` (engine
         "auto"); any other error reply is the caller's and is raised."""
         if unavailable(error):
             self.breaker.failure()
-            decision = self._fail(error, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+            decision: Decision = self._fail(
+                error, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost
+            )
             self._count(decision.source)
             return decision
         self.breaker.success()  # Redis answered
@@ -719,7 +727,7 @@ class Core:
         try:
             reply = yield Call(args)
             done = True
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - direct_error sorts it: on_error's answer, or raised
             done = True
             decision = self.direct_error(verb, key, limit, cost, at, error)
             if decision is None:
@@ -760,7 +768,12 @@ class Core:
                 lambda: self._local(verb, key, spec, cost, at),
                 cost,
             )
-        if self.cache is not None and verb in ("CHECK", "TAKE") and decision.source in SERVERS and self._cacheable(spec):
+        if (
+            self.cache is not None
+            and verb in ("CHECK", "TAKE")
+            and decision.source in SERVERS
+            and self._cacheable(spec)
+        ):
             self.cache.put(where, asked, decision, now)
         self._count(decision.source)
         return decision
@@ -799,9 +812,15 @@ class Core:
                 # The TAKE in flight did not end within this call's timeout: Redis did not
                 # answer in time, for this call too (a CHECK of its own would wait once more,
                 # and a CHECK whose caller then goes away loses its unit).
-                return (yield from self.guarded(
-                    _no_answer("the batch's TAKE in flight did not end in time"), limit.period_ms, True,
-                    lambda: self._local("CHECK", key, limit, cost, at), cost))
+                return (
+                    yield from self.guarded(
+                        _no_answer("the batch's TAKE in flight did not end in time"),
+                        limit.period_ms,
+                        True,
+                        lambda: self._local("CHECK", key, limit, cost, at),
+                        cost,
+                    )
+                )
         short = 0
         try:
             if leftover:
@@ -961,14 +980,19 @@ class Core:
         if shadow and not allowed and verb in ("CHECK", "TAKE"):
             rejected, allowed, retry = True, True, 0
             granted = cost
-        return Decision(bool(allowed), limit_, remaining, retry, reset, delay, "fallback", rejected, limit.period_ms, granted)
+        return Decision(
+            bool(allowed), limit_, remaining, retry, reset, delay, "fallback", rejected, limit.period_ms, granted
+        )
 
-    def local_check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int, at: Optional[int]) -> Optional[MultiDecision]:
+    def local_check_all(
+        self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int, at: Optional[int]
+    ) -> Optional[MultiDecision]:
         """check_all in process, all or nothing (None: some limit has nothing to decide with)."""
         if self.local is None:
             return None
-        limits = [self.local_limit(spec)[0] for _, spec in pairs]
-        if any(limit is None for limit in limits):
+        known = [self.local_limit(spec)[0] for _, spec in pairs]
+        limits = [limit for limit in known if limit is not None]
+        if len(limits) < len(known):
             return None
         now = at if at is not None else int(time.time() * 1000)
         keys = [key for key, _ in pairs]
@@ -982,12 +1006,19 @@ class Core:
         least = min(each, key=lambda d: d.remaining)
         retry = -1 if any(d.retry_after_ms < 0 for d in each) else max(d.retry_after_ms for d in each)
         return MultiDecision(
-            all(d.allowed for d in each), least.limit, least.remaining, retry,
-            max(d.reset_after_ms for d in each), max(d.delay_ms for d in each), "fallback", False, each,
+            all(d.allowed for d in each),
+            least.limit,
+            least.remaining,
+            retry,
+            max(d.reset_after_ms for d in each),
+            max(d.delay_ms for d in each),
+            "fallback",
+            False,
+            each,
         )
 
 
 def _no_answer(why: str) -> Plan:
     """A plan that fails as a call without a reply in time does."""
+    yield from ()  # (a generator)
     raise redis.TimeoutError(why)
-    yield  # a generator

@@ -13,7 +13,20 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import redis
 import redis.asyncio
@@ -63,7 +76,7 @@ class _Common:
 
     @property
     def engine(self) -> Optional[str]:
-        """"module" or "library" once a call has found out (None before)."""
+        """ "module" or "library" once a call has found out (None before)."""
         return self._core.engine
 
     @property
@@ -107,7 +120,9 @@ class _Common:
         cluster the keys need one hash tag): a `MultiDecision`."""
         pairs = list(pairs)
         core = self._core
-        plan = core.guarded(core.check_all(pairs, cost, at), 0, True, lambda: core.local_check_all(pairs, cost, at), cost)
+        plan = core.guarded(
+            core.check_all(pairs, cost, at), 0, True, lambda: core.local_check_all(pairs, cost, at), cost
+        )
         return self._run(_multi_on_error(plan, len(pairs)))
 
     def reset(self, *keys: str) -> Any:
@@ -183,7 +198,7 @@ class AsyncPolicies(_PolicyMethods):
         async def list(self) -> List[str]: ...
 
 
-def _client_kwargs(kwargs: dict) -> Tuple[dict, dict]:
+def _client_kwargs(kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     limiter = {k: kwargs.pop(k) for k in list(kwargs) if k in _LIMITER_OPTIONS}
     return limiter, kwargs
 
@@ -236,20 +251,23 @@ class RateLimiter(_Common):
         #: connections itself, else None (execute_command).
         self._direct = None if pool is None else (pool, _connection_getter(pool))
         #: Threads reading batch TAKE replies that came after their caller's timeout.
-        self._late: set = set()
+        self._late: Set[threading.Thread] = set()
         self._sweeper: Optional[threading.Thread] = None
         self._sweep_wake = threading.Condition()
         self._sleep_until = 0.0
         self._closed = False
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "RateLimiter":
+    def from_url(
+        cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any
+    ) -> "RateLimiter":
         """A limiter on a client of its own: `timeout` bounds the connection and every reply,
         and a timeout is not retried (the breaker takes over). Other keyword arguments go to the
         limiter if they are its options, else to `redis.Redis.from_url`."""
         options, client_kwargs = _client_kwargs(dict(kwargs))
         client_kwargs.setdefault("socket_timeout", timeout)
         client_kwargs.setdefault("socket_connect_timeout", timeout)
+        client: Any
         if cluster:
             client = redis.RedisCluster.from_url(url, **client_kwargs)
         else:
@@ -346,6 +364,7 @@ class RateLimiter(_Common):
         client's `socket_timeout` fires: the connection stays open, and a thread reads the late
         reply (for `op.late`) before giving the connection back (redis-py drops a timed-out
         connection, and the reply with it)."""
+        assert self._direct is not None and op.late is not None  # (only then is it called)
         pool, get = self._direct
         conn = get()
         try:
@@ -378,13 +397,16 @@ class RateLimiter(_Common):
                     except redis.TimeoutError:
                         if time.monotonic() < deadline:
                             continue
-                        log.warning("redis_ratelimit: a batch TAKE had no reply within %.3g s: what it may "
-                                    "have granted stays consumed in Redis", LATE_REPLY_WAIT)
+                        log.warning(
+                            "redis_ratelimit: a batch TAKE had no reply within %.3g s: what it may "
+                            "have granted stays consumed in Redis",
+                            LATE_REPLY_WAIT,
+                        )
                         conn.disconnect()
                         return
                     except redis.ResponseError:
                         return
-                    except BaseException:
+                    except BaseException:  # noqa: BLE001 - any other end: the connection is not reused
                         conn.disconnect()
                         return
                 late(reply)
@@ -404,10 +426,10 @@ class RateLimiter(_Common):
             return self._run(core.request(verb, key, limit, cost, at))
         # `Core._direct` as `_execute` runs it with `_perform`'s `Call`, without a plan: the
         # same breaker, `on_error`, statistics and errors.
-        args = core.direct_args(verb, key, limit, cost, at)  # type: ignore[arg-type]
+        args = core.direct_args(verb, key, limit, cost, at)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
         breaker = core.breaker
         if not breaker.allow():
-            return core.direct_refused(verb, key, limit, cost, at)  # type: ignore[arg-type]
+            return core.direct_refused(verb, key, limit, cost, at)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
         stats = core.stats
         stats["commands"] = stats.get("commands", 0) + 1
         pool, get = direct
@@ -420,16 +442,16 @@ class RateLimiter(_Common):
             finally:
                 pool.release(conn)
             done = True
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - direct_error sorts it: on_error's answer, or raised
             done = True
-            decision = core.direct_error(verb, key, limit, cost, at, error)  # type: ignore[arg-type]
+            decision = core.direct_error(verb, key, limit, cost, at, error)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
             if decision is None:
                 return self._run(core._request(verb, key, limit, cost, at))
             return decision
         finally:
             if not done:
                 breaker.abandon()
-        return core.direct_reply(verb, limit, cost, reply)  # type: ignore[arg-type]
+        return core.direct_reply(verb, limit, cost, reply)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
 
     def _run(self, plan: Plan) -> Any:
         try:
@@ -449,11 +471,13 @@ class RateLimiter(_Common):
             reply, error = None, None
             try:
                 reply = self._perform(op)
-            except Exception as e:  # thrown into the plan, which decides
+            except Exception as e:  # noqa: BLE001 - thrown into the plan, which decides
                 error = e
 
     @contextlib.contextmanager
-    def lease(self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None) -> Iterator[Decision]:
+    def lease(
+        self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None
+    ) -> Iterator[Decision]:
         """Holds a lease for the block (a random id unless `id`): `RateLimited` if refused;
         released when the block ends, however it ends (an unreachable Redis is logged: the lease
         expires by itself)."""
@@ -506,16 +530,18 @@ class AsyncRateLimiter(_Common):
         self.policies = AsyncPolicies(self)
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_when = 0.0
-        self._sweeps: set = set()
+        self._sweeps: Set["asyncio.Task[None]"] = set()
         #: Batch TAKEs still awaited after their caller stopped waiting (their grants land late).
-        self._late: set = set()
+        self._late: Set["asyncio.Future[Any]"] = set()
         #: (pool, get_connection) once the client is known, () for execute_command.
         self._direct: Any = None
         #: Whether the client's own timeouts bound a command within `timeout` (None: not known).
         self._bounds: Optional[bool] = None
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
+    def from_url(
+        cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any
+    ) -> "AsyncRateLimiter":
         """As `RateLimiter.from_url`, with a `redis.asyncio` client."""
         options, client_kwargs = _client_kwargs(dict(kwargs))
         client_kwargs.setdefault("socket_timeout", timeout)
@@ -606,7 +632,7 @@ class AsyncRateLimiter(_Common):
         # The common case (the module's one command on the client's own connection, whose
         # timeouts bound it) in one coroutine, without a plan: what `_execute` would run.
         if self._bounds and core.direct_ok(verb, limit):
-            return self._direct_request(verb, key, limit, cost, at)  # type: ignore[arg-type]
+            return self._direct_request(verb, key, limit, cost, at)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
         return self._execute(core.request(verb, key, limit, cost, at), True)
 
     async def _direct_request(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Any:
@@ -631,7 +657,7 @@ class AsyncRateLimiter(_Common):
             finally:
                 await pool.release(conn)
             done = True
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - direct_error sorts it: on_error's answer, or raised
             done = True
             if isinstance(error, asyncio.TimeoutError):
                 timeout = redis.TimeoutError(f"no reply within {self.timeout} s")
@@ -705,7 +731,7 @@ class AsyncRateLimiter(_Common):
                         continue
                     error = redis.TimeoutError(f"no reply within {self.timeout} s")
                     error.__cause__ = e
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - thrown into the plan, which decides
                     error = e
         finally:
             plan.close()  # cancelled mid-plan: the breaker forgets the probe
@@ -724,21 +750,24 @@ class AsyncRateLimiter(_Common):
             kwargs = direct[0].connection_kwargs if direct else {}
             read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
             limit = self.timeout
-            bounds = self._bounds = bool(direct) and read is not None and connect is not None and (
-                read <= limit and connect <= limit)
+            bounds = self._bounds = (
+                bool(direct) and read is not None and connect is not None and (read <= limit and connect <= limit)
+            )
         return bounds
 
     async def _keep_reply(self, op: Call) -> Any:
         """`op` in a task of its own, which neither the caller's cancellation nor its timeout
         cancels: if the caller stops waiting, the reply still comes (within `LATE_REPLY_WAIT`)
         and goes to `op.late`."""
+        late = op.late
+        assert late is not None  # (only then is it called)
         task = asyncio.ensure_future(asyncio.wait_for(self._perform(op), LATE_REPLY_WAIT))
         try:
             return await asyncio.wait_for(asyncio.shield(task), self.timeout)
         except BaseException:
             if not task.done() or (not task.cancelled() and task.exception() is None):
                 self._late.add(task)
-                task.add_done_callback(lambda done: self._landed(done, op.late))
+                task.add_done_callback(lambda done: self._landed(done, late))
             raise
 
     def _landed(self, task: "asyncio.Future[Any]", late: Callable[[Any], None]) -> None:
@@ -750,11 +779,16 @@ class AsyncRateLimiter(_Common):
             late(task.result())
             self._schedule()
         elif not isinstance(error, redis.ResponseError):
-            log.warning("redis_ratelimit: a batch TAKE had no reply (%s: %s): what it may have granted "
-                        "stays consumed in Redis", type(error).__name__, error)
+            log.warning(
+                "redis_ratelimit: a batch TAKE had no reply (%s: %s): what it may have granted stays consumed in Redis",
+                type(error).__name__,
+                error,
+            )
 
     @contextlib.asynccontextmanager
-    async def lease(self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None) -> AsyncIterator[Decision]:
+    async def lease(
+        self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None
+    ) -> AsyncIterator[Decision]:
         """As `RateLimiter.lease`: `async with limiter.lease(key, 2, "30s") as decision: ...`."""
         lease_id = id or uuid.uuid4().hex
         decision = await self.acquire(key, limit, lease, id=lease_id, cost=cost)
@@ -852,7 +886,9 @@ def _bounded_sender(client: Any, timeout: float) -> Tuple[Any, Any, Any]:
             "redis_ratelimit: %s sends the limiter's commands itself and its socket_timeout (or "
             "socket_connect_timeout) is not set or above the limiter's timeout (%.3g s): a "
             "stalled Redis makes a call wait that long; give the client socket_timeout=%.3g",
-            type(client).__name__, timeout, timeout,
+            type(client).__name__,
+            timeout,
+            timeout,
         )
     return client, None, None
 
@@ -864,7 +900,8 @@ def _connection_getter(pool: Any) -> Callable[[], Any]:
     parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
     if parameter is not None and parameter.default is inspect.Parameter.empty:
         return lambda: pool.get_connection("RATELIMIT.CHECK")
-    return pool.get_connection
+    getter: Callable[[], Any] = pool.get_connection
+    return getter
 
 
 def _direct_async(client: Any) -> Any:
@@ -877,7 +914,9 @@ def _direct_async(client: Any) -> Any:
         and hasattr(client, "connection_pool")
     ):
         return ()
-    retry = client.get_retry() if hasattr(client, "get_retry") else client.connection_pool.connection_kwargs.get("retry")
+    retry = (
+        client.get_retry() if hasattr(client, "get_retry") else client.connection_pool.connection_kwargs.get("retry")
+    )
     if retry is not None and getattr(retry, "_retries", 1) != 0:
         return ()
     pool = client.connection_pool
@@ -897,4 +936,4 @@ def _no_retry(asyncio: bool = False) -> Any:
     return Retry(NoBackoff(), 0)
 
 
-__all__: List[str] = ["RateLimiter", "AsyncRateLimiter", "Policies", "AsyncPolicies"]
+__all__: List[str] = ["AsyncPolicies", "AsyncRateLimiter", "Policies", "RateLimiter"]

@@ -64,20 +64,40 @@ def parse_decision(
     `shadow_rejected` if it was admitted (a refused call admitted nothing)."""
     if isinstance(reply, dict):
         if b"limit" in reply:  # the module's map as redis-py reads it (bytes keys): no copy
-            values = [reply[b"granted" if take else b"allowed"], reply[b"limit"], reply[b"remaining"],
-                      reply[b"retry_after_ms"], reply[b"reset_after_ms"], reply[b"delay_ms"]]
+            values = [
+                reply[b"granted" if take else b"allowed"],
+                reply[b"limit"],
+                reply[b"remaining"],
+                reply[b"retry_after_ms"],
+                reply[b"reset_after_ms"],
+                reply[b"delay_ms"],
+            ]
         else:
             named = {(k.decode() if type(k) is bytes else k): v for k, v in reply.items()}
             values = [named["granted" if take and field == "allowed" else field] for field in FIELDS]
     else:
         values = reply
     first, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (
-        int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(values[4]), int(values[5]))
+        int(values[0]),
+        int(values[1]),
+        int(values[2]),
+        int(values[3]),
+        int(values[4]),
+        int(values[5]),
+    )
     granted = first if take else (cost if first else 0)
     allowed = granted > 0 if take else bool(first)
     return new_decision(
-        allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source,
-        enforced_refused and allowed, period, granted,
+        allowed,
+        limit,
+        remaining,
+        retry_after_ms,
+        reset_after_ms,
+        delay_ms,
+        source,
+        enforced_refused and allowed,
+        period,
+        granted,
     )
 
 
