@@ -47,6 +47,8 @@ from ._wire import (
     duration_word,
     library_code,
     library_functions,
+    pack,
+    pack_parts,
     parse_decision,
     parse_multi,
     reply_fields,
@@ -682,6 +684,30 @@ class Core:
         if at is not None:
             args += ("AT", str(at))
         return args
+
+    def direct_packed(
+        self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int], encoding: Tuple[str, str]
+    ) -> bytes:
+        """`direct_args`' command, checked the same, RESP-encoded as redis-py's `send_command`
+        would send it (the key by the client's `encoding`): all but the key is packed once per
+        limit, verb and cost (a runner's fast path sends it with `send_packed_command`)."""
+        if type(key) is not str or not key:
+            check_key(key)
+        take = verb == "TAKE"
+        if type(cost) is not int or not (take <= cost <= MAX_AMOUNT):
+            _amount(cost, "max", 1) if take else check_cost(cost)
+        if at is None:
+            packed = limit._packed
+            parts = packed.get((verb, cost))
+            if parts is None:
+                parts = pack_parts(COMMANDS[verb], (*limit._words, "MAX" if take else "COST", str(cost)))
+                if len(packed) < 64:  # (costs that vary widely are packed each time)
+                    packed[(verb, cost)] = parts
+        else:
+            check_at(at)
+            words = (*limit._words, "MAX" if take else "COST", str(cost), "AT", str(at))
+            parts = pack_parts(COMMANDS[verb], words)
+        return pack(parts, key.encode(*encoding))
 
     def direct_refused(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Decision:
         """`_direct`'s answer when the breaker lets no call through."""

@@ -250,6 +250,7 @@ class RateLimiter(_Common):
         #: (the pool, its get_connection) where the limiter sends its commands on the pool's
         #: connections itself, else None (execute_command).
         self._direct = None if pool is None else (pool, _connection_getter(pool))
+        self._encoding = _encoding(pool)
         #: Threads reading batch TAKE replies that came after their caller's timeout.
         self._late: Set[threading.Thread] = set()
         self._sweeper: Optional[threading.Thread] = None
@@ -426,7 +427,7 @@ class RateLimiter(_Common):
             return self._run(core.request(verb, key, limit, cost, at))
         # `Core._direct` as `_execute` runs it with `_perform`'s `Call`, without a plan: the
         # same breaker, `on_error`, statistics and errors.
-        args = core.direct_args(verb, key, limit, cost, at)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
+        packed = core.direct_packed(verb, key, limit, cost, at, self._encoding)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
         breaker = core.breaker
         if not breaker.allow():
             return core.direct_refused(verb, key, limit, cost, at)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
@@ -437,7 +438,7 @@ class RateLimiter(_Common):
         try:
             conn = get()
             try:
-                conn.send_command(*args)
+                conn.send_packed_command([packed])  # (what send_command sends, packed once)
                 reply = conn.read_response()
             finally:
                 pool.release(conn)
@@ -537,6 +538,8 @@ class AsyncRateLimiter(_Common):
         self._direct: Any = None
         #: Whether the client's own timeouts bound a command within `timeout` (None: not known).
         self._bounds: Optional[bool] = None
+        #: The direct path's key encoding (the pool's), once known.
+        self._encoding: Optional[Tuple[str, str]] = None
 
     @classmethod
     def from_url(
@@ -639,7 +642,10 @@ class AsyncRateLimiter(_Common):
         """`Core._direct` run as `_execute` runs it on the direct path (`_perform`'s `Call`),
         with the same breaker, `on_error`, statistics and errors."""
         core = self._core
-        args = core.direct_args(verb, key, limit, cost, at)
+        encoding = self._encoding
+        if encoding is None:
+            encoding = self._encoding = _encoding(self._direct[0])
+        packed = core.direct_packed(verb, key, limit, cost, at, encoding)
         breaker = core.breaker
         if not breaker.allow():
             return core.direct_refused(verb, key, limit, cost, at)
@@ -652,7 +658,7 @@ class AsyncRateLimiter(_Common):
             try:
                 # As `_perform`: a failed or cancelled read disconnects the connection
                 # (redis-py), so none goes back with a reply due.
-                await conn.send_command(*args)
+                await conn.send_packed_command([packed])  # (what send_command sends, packed once)
                 reply = await conn.read_response()
             finally:
                 await pool.release(conn)
@@ -902,6 +908,12 @@ def _connection_getter(pool: Any) -> Callable[[], Any]:
         return lambda: pool.get_connection("RATELIMIT.CHECK")
     getter: Callable[[], Any] = pool.get_connection
     return getter
+
+
+def _encoding(pool: Any) -> Tuple[str, str]:
+    """How a pool's connections encode a str argument (redis-py's `Encoder`)."""
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    return kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
 
 
 def _direct_async(client: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 #: The module's rate-limit algorithms (docs/commands.md), in its own order.
 ALGORITHMS = (
@@ -91,6 +91,7 @@ class Limit:
     if TYPE_CHECKING:  # set by __post_init__, not fields at run time (see there)
         _period_ms: int = field(init=False, repr=False, compare=False)
         _words: Tuple[str, ...] = field(init=False, repr=False, compare=False)
+        _packed: Dict[Tuple[str, int], Tuple[bytes, bytes]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ALGORITHMS:
@@ -114,6 +115,8 @@ class Limit:
         # hashing and repr stay the fields').
         object.__setattr__(self, "_period_ms", period_ms(self.period))
         object.__setattr__(self, "_words", tuple(self.args()))
+        #: The direct path's commands but for their key, RESP-encoded, by (verb, cost) (`_wire.pack`).
+        object.__setattr__(self, "_packed", {})
 
     @property
     def period_ms(self) -> int:

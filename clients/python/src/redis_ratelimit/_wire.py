@@ -128,6 +128,18 @@ def parse_multi(
     )
 
 
+def pack_parts(command: str, words: Sequence[str]) -> Tuple[bytes, bytes]:
+    """A command whose second word (the key) is left out, RESP-encoded as redis-py sends it:
+    (the array's header and first word, every word after the key). The words are ASCII."""
+    head = b"*%d\r\n$%d\r\n%s\r\n" % (len(words) + 2, len(command), command.encode())
+    return head, b"".join(b"$%d\r\n%s\r\n" % (len(w), w.encode()) for w in words)
+
+
+def pack(parts: Tuple[bytes, bytes], key: bytes) -> bytes:
+    """The whole command of `pack_parts`, with its key (encoded as the client encodes it)."""
+    return b"%s$%d\r\n%s\r\n%s" % (parts[0], len(key), key, parts[1])
+
+
 def library_code() -> str:
     """The package's copy of lua-reference/functions/ratelimit.lua."""
     return resources.files(__package__).joinpath("ratelimit.lua").read_text(encoding="utf-8")
