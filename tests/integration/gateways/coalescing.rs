@@ -55,7 +55,7 @@ fn burst_admits_exactly_the_limit<G: Gateway>(edit: &[(&str, &str)]) -> Option<u
     if !G::available() {
         return None;
     }
-    let server = Server::start();
+    let mut server = Server::start();
     let mut edit = edit.to_vec();
     edit.push(CALM);
     let proxy = G::start(server.port(), &edit);
@@ -64,7 +64,14 @@ fn burst_admits_exactly_the_limit<G: Gateway>(edit: &[(&str, &str)]) -> Option<u
     assert_eq!(warm.status, 200, "{warm:?}");
     let mut client = server.client();
     let before = connections(&mut client);
-    let responses = burst(proxy.port, "/api/x", &[("X-API-Key", "burst")]);
+    // Redis stopped for the first 300 ms of the burst: its requests pile up in the proxy, all
+    // waiting at once (within the 2 s timeout).
+    server.pause();
+    let port = proxy.port;
+    let clients = thread::spawn(move || burst(port, "/api/x", &[("X-API-Key", "burst")]));
+    thread::sleep(Duration::from_millis(300));
+    server.resume();
+    let responses = clients.join().expect("the burst");
     let opened = connections(&mut client) - before;
     let mut admitted = 0;
     let mut refused = 0;
