@@ -14,7 +14,7 @@ local M = {}
 
 local format, match, gmatch, lower, sub, byte, find = string.format, string.match,
   string.gmatch, string.lower, string.sub, string.byte, string.find
-local concat, floor = table.concat, math.floor
+local concat, floor, max = table.concat, math.floor, math.max
 
 M.LIBRARY_NAME = "ratelimit"
 
@@ -289,7 +289,14 @@ end
 --- Reads one RESP2 reply from the string `buf` at `pos`, whole: the reply (as read_reply gives
 --- it) and the position after it; nil when `buf` ends before the reply does (more to receive);
 --- nil, nil and a message for what is no RESP.
+local SIX = "^%*6\r\n" .. string.rep(":(%-?%d+)\r\n", 6) .. "()"
 local function parse(buf, pos)
+  if byte(buf, pos + 1) == 54 and byte(buf, pos) == 42 then -- "*6": a decision, most likely
+    local a, b, c, d, e, f, at = match(buf, SIX, pos)
+    if a then
+      return { tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e), tonumber(f) }, at
+    end
+  end
   local e = find(buf, "\r\n", pos, true)
   if not e then return nil end
   local kind = byte(buf, pos)
@@ -495,12 +502,12 @@ end
 
 function Limiter:send_and_read(sock, payload, n, deadline)
   local env = self.env
-  sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
+  sock:settimeout_ms(max(1, deadline - env.now_ms()))
   local ok, err = sock:send(payload)
   if not ok then return nil, err end
   local replies = {}
   for i = 1, n do
-    if i > 1 then sock:settimeout_ms(math.max(1, deadline - env.now_ms())) end
+    if i > 1 then sock:settimeout_ms(max(1, deadline - env.now_ms())) end
     local reply, rerr = M.read_reply(sock)
     if reply == nil then return nil, rerr end
     replies[i] = reply
@@ -541,6 +548,7 @@ local function module_command(o, limits, keys, fallback)
   return words
 end
 
+local NO_FALLBACK = {} -- no limit of the call uses a policy's fallback (never written)
 local CHECK = encode("RATELIMIT.CHECK")
 local CHECKALL = encode("RATELIMIT.CHECKALL")
 local POLICY = encode("POLICY")
@@ -707,6 +715,7 @@ end
 local function compile(o)
   local plan = { o = o, cost_resp = encode("COST") .. encode(int(o.cost)) }
   for i, l in ipairs(o.limits) do
+    if l.policy then plan.has_policy = true end
     l.where = #o.limits == 1 and "limit" or format("limits[%d]", i)
     if l.policy then l.policy_resp = POLICY .. encode(l.policy) end
     if l.spec then
@@ -802,7 +811,7 @@ function Limiter:decide_plan(plan, keys)
 
   local env = self.env
   local deadline = env.now_ms() + o.timeout_ms
-  local sock, cerr = env.connect(o, deadline - env.now_ms())
+  local sock, cerr = env.connect(o, o.timeout_ms)
   if not sock then
     self:failed(o, cerr)
     return unavailable(o)
@@ -848,15 +857,16 @@ function Limiter:run(plan, sock, limits, keys, deadline)
   local engine = o.engine ~= "auto" and o.engine or self.engines[where] or "module"
   for _ = 1, 3 do
     if engine == "module" then
-      local payload, n, gets, fallback = "", 0, nil, {}
-      local now = env.now_ms()
-      for i = 1, #limits do
+      local payload, n, gets, fallback = nil, 0, nil, NO_FALLBACK
+      local now = plan.has_policy and env.now_ms() or 0
+      for i = 1, plan.has_policy and #limits or 0 do
         local l = limits[i]
         if l.policy then
+          if fallback == NO_FALLBACK then fallback = {} end
           local cached = self.policies[l.policy]
           if not cached or now - cached[1] >= POLICY_REFRESH_MS then
             gets = gets or {}
-            payload = payload .. M.command({ "RATELIMIT.POLICY", "GET", l.policy })
+            payload = (payload or "") .. M.command({ "RATELIMIT.POLICY", "GET", l.policy })
             n = n + 1
             gets[#gets + 1] = l.policy
           end
@@ -864,7 +874,8 @@ function Limiter:run(plan, sock, limits, keys, deadline)
           fallback[i] = cached and cached[2] == false and l.spec ~= nil
         end
       end
-      payload = payload .. module_resp(plan, limits, keys, fallback)
+      local check = module_resp(plan, limits, keys, fallback)
+      payload = payload and payload .. check or check
       local replies, err, counted = self:exchange(sock, payload, n + 1, deadline)
       if not replies then return nil, err, counted end
       local reply = replies[n + 1]
@@ -933,7 +944,7 @@ function Limiter:run(plan, sock, limits, keys, deadline)
       else
         self:use(o, "library", o.engine == "library" and "engine = \"library\""
           or "the server has no module")
-        return self:answer(limits, reply, "library", {})
+        return self:answer(limits, reply, "library", NO_FALLBACK)
           or { config = format("ratelimit: Redis %s gave an unexpected reply to %s", where,
             concat(command, " ")) }
       end
@@ -942,9 +953,51 @@ function Limiter:run(plan, sock, limits, keys, deadline)
   return { config = format("ratelimit: Redis %s: no engine answered", where) }
 end
 
+-- An integer as text: concatenated as it is where both Lua 5.3 (an integer) and LuaJIT (a double,
+-- "%.14g") print it in full, else formatted.
+local function digits(n)
+  if n < 1e14 and n > -1e14 and n == floor(n) then return n end
+  return int(n)
+end
+
+-- The answer to one limit's CHECK: the fields built with as few allocations as can be (the
+-- RateLimit-Policy field kept with the limit for the limit and period it was built for).
+local function answer_one(l, d, period)
+  local limit = d.limit
+  local policy = l.policy_field
+  if not policy or l.policy_field_for ~= limit or l.policy_field_period ~= period then
+    local text = '"' .. l.name .. '";q=' .. int(limit)
+    if period and period > 0 then text = text .. ";w=" .. int(M.ceil_s(period)) end
+    policy = { "RateLimit-Policy", text }
+    l.policy_field, l.policy_field_for, l.policy_field_period = policy, limit, period
+  end
+  local allowed = d.allowed
+  local wait = allowed and d.reset_after_ms or d.retry_after_ms
+  local headers = { policy }
+  if wait >= 0 then
+    headers[2] = { "RateLimit", '"' .. l.name .. '";r=' .. digits(d.remaining) .. ";t="
+      .. digits(floor((wait + 999) / 1000)) }
+  end
+  if allowed then return { status = 200, headers = headers, decision = d } end
+  return M.answer({ { l.name, period, d } })
+end
+
 -- The HTTP answer to a CHECK or CHECKALL reply; nil if the reply is not one.
 function Limiter:answer(limits, reply, source, fallback)
   local n = #limits
+  if n == 1 then
+    local d = M.decision(reply)
+    if not d then return nil end
+    local l = limits[1]
+    local period = l.spec and l.spec.period_ms
+    if l.policy and not fallback[1] and source == "module" then
+      local cached = self.policies[l.policy]
+      period = cached and cached[2] or nil
+    end
+    local result = answer_one(l, d, period)
+    result.source = source
+    return result
+  end
   local decisions, overall = {}, nil
   if n == 1 then
     decisions[1] = M.decision(reply)
