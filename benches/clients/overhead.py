@@ -15,8 +15,9 @@ Starts its own redis-server (RATELIMIT_SERVER, else the one on PATH) with the mo
 (RATELIMIT_MODULE, default target/release's) on a free loopback port and stops it (on SIGTERM
 too). Each round runs both sides of each case; the table gives the
 median of the rounds in µs per call and the ratio package / raw. Within a round the two sides
-alternate in chunks of 1,000 calls, so that a machine shared with other work loads both alike. Prints a markdown table and
-writes it to OUT/overhead-python.md.
+alternate in chunks of 1,000 calls, so that a machine shared with other work loads both alike;
+each row says the 1-minute load average when its case started and ended. Prints a markdown
+table and writes it to OUT/overhead-python.md.
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ def main() -> int:
                 else:
                     package, plain, close = async_sides(server.url, protocol, loop)
                 ours, theirs = [], []
+                load_start = os.getloadavg()[0]
                 for round_ in range(options.rounds):
                     a, b = one_round(package, plain, options.calls, round_ % 2 == 0)
                     ours.append(a)
@@ -195,9 +197,11 @@ def main() -> int:
                 close()
                 p, r = (statistics.median(w for w, _ in ours), statistics.median(w for w, _ in theirs))
                 pc, rc = (statistics.median(c for _, c in ours), statistics.median(c for _, c in theirs))
-                rows.append((mode, protocol, p, r, pc, rc))
+                load = (load_start, os.getloadavg()[0])
+                rows.append((mode, protocol, p, r, pc, rc, load))
                 print(f"{mode} RESP{protocol}: package {p:.1f} µs, raw {r:.1f} µs, {p / r:.3f}x; "
-                      f"CPU {pc:.1f} vs {rc:.1f} µs, {pc / rc:.3f}x", file=sys.stderr)
+                      f"CPU {pc:.1f} vs {rc:.1f} µs, {pc / rc:.3f}x; load {load[0]:.2f} to {load[1]:.2f}",
+                      file=sys.stderr)
     finally:
         loop.close()
         server.stop()
@@ -206,18 +210,19 @@ def main() -> int:
         f"rounds of {options.calls:,} calls, the two sides alternating in chunks of {CHUNK:,}; Python {sys.version.split()[0]}, "
         f"hiredis {'on' if redis.utils.HIREDIS_AVAILABLE else 'off'}, timeout {TIMEOUT} s, breaker on):",
         "",
-        "| client | protocol | `check` | raw `execute_command` | ratio | `check` CPU | raw CPU | CPU ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| client | protocol | `check` | raw `execute_command` | ratio | `check` CPU | raw CPU | CPU ratio | load |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for mode, protocol, p, r, pc, rc in rows:
+    for mode, protocol, p, r, pc, rc, load in rows:
         name = "RateLimiter" if mode == "sync" else "AsyncRateLimiter"
-        lines.append(f"| {name} ({mode}) | RESP{protocol} | {p:.1f} | {r:.1f} | {p / r:.2f}x "
-                     f"| {pc:.1f} | {rc:.1f} | {pc / rc:.2f}x |")
+        lines.append(f"| {name} ({mode}) | RESP{protocol} | {p:.1f} | {r:.1f} | {p / r:.3f}x "
+                     f"| {pc:.1f} | {rc:.1f} | {pc / rc:.3f}x | {load[0]:.1f} to {load[1]:.1f} |")
     lines += [
         "",
         "Wall time per call, and this process's CPU time per call (the client's own work and its",
         "system calls, without the wait for Redis: on a machine shared with other work it varies",
-        f"less, and its ratio is the stricter one). Load average at the end: {os.getloadavg()[0]:.1f}.",
+        "less, and its ratio is the stricter one). Load: the 1-minute load average when the case",
+        f"started and when it ended (the machine has {os.cpu_count()} CPUs).",
     ]
     table = "\n".join(lines) + "\n"
     print(table, end="")

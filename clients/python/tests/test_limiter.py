@@ -223,6 +223,25 @@ def test_check_all_refused_by_another_limit_is_not_shadow_rejected(module_server
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
+def test_async_check_all_refused_by_another_limit_is_not_shadow_rejected(module_server, key, protocol):
+    # The asyncio twin of the test above (Node's and the Rust crate's rule: the overall decision
+    # is shadow_rejected only when it was admitted).
+    async def main():
+        arl = AsyncRateLimiter(redis.asyncio.Redis(port=module_server.port, protocol=protocol, socket_timeout=10))
+        name = "ar" + str(abs(hash(key)) % 10**8)
+        await arl.policies.set(name, Limit("fixed-window", 1, "1h"), shadow=True)
+        pairs = [(f"{{{key}}}:s", Policy(name)), (f"{{{key}}}:e", Limit("fixed-window", 1, "1h"))]
+        admitted = await arl.check_all(pairs)
+        assert admitted.allowed and not admitted.shadow_rejected
+        refused = await arl.check_all(pairs)
+        assert not refused.allowed and not refused.shadow_rejected
+        assert [(d.allowed, d.shadow_rejected) for d in refused.limits] == [(True, True), (False, False)]
+        await arl.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
 def test_decoded_responses_read_the_same(server, key, protocol):
     rl = RateLimiter(server.client(protocol, decode_responses=True))
     assert rl.detect_engine() == engine_of(server)
