@@ -166,6 +166,8 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	luacheck --no-color --config gateways/.luacheckrc gateways/
 	# Comments name only paths that exist in the repository.
 	bash tests/lint-paths.sh
+	# The Python package: ruff check, ruff format --check, mypy --strict (tools pinned, in target/python-lint).
+	bash clients/python/lint.sh
 
 fmt: ## Format the code (the workspace and fuzz/)
 	cargo fmt --all
