@@ -164,6 +164,8 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	luacheck --no-color lua-reference/
 	# The gateways' Lua (NGINX, HAProxy and their shared core), under their own globals.
 	luacheck --no-color --config gateways/.luacheckrc gateways/
+	# The Node package: tsc --noEmit (strict) and eslint with typescript-eslint's type-checked rules.
+	bash clients/node/scripts/lint.sh
 	# Comments name only paths that exist in the repository.
 	bash tests/lint-paths.sh
 
