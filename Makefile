@@ -164,10 +164,12 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	luacheck --no-color lua-reference/
 	# The gateways' Lua (NGINX, HAProxy and their shared core), under their own globals.
 	luacheck --no-color --config gateways/.luacheckrc gateways/
-	# The Node package: tsc --noEmit (strict) and eslint with typescript-eslint's type-checked rules.
-	bash clients/node/scripts/lint.sh
 	# Comments name only paths that exist in the repository.
 	bash tests/lint-paths.sh
+	# The Python package: ruff check, ruff format --check, mypy --strict (tools pinned, in target/python-lint).
+	bash clients/python/lint.sh
+	# The Node package: tsc --noEmit (strict) and eslint with typescript-eslint's type-checked rules.
+	bash clients/node/scripts/lint.sh
 
 fmt: ## Format the code (the workspace and fuzz/)
 	cargo fmt --all

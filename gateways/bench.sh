@@ -5,7 +5,11 @@
 # loaded by wrk over 16 connections; and one Redis round trip of that CHECK alone
 # (redis-benchmark, one connection). Prints a Markdown table.
 #
-#   bash gateways/bench.sh            (DURATION=10s CONNECTIONS=16 by default)
+#   bash gateways/bench.sh            (DURATION=5s CONNECTIONS=16 ROUNDS=3 by default)
+#
+# The six cases run one after another in each of ROUNDS rounds (interleaved, so that a change of
+# the machine's load falls on all of them alike); the table gives each column's median over the
+# rounds, and ROUNDS_DETAIL=1 prints every round's row too (on stderr).
 #
 # Needs nginx, libnginx-mod-http-lua, haproxy, wrk, redis-server, redis-tools (installed with
 # apt-get where missing, as root) and the module (RATELIMIT_MODULE, default the release build).
@@ -13,7 +17,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODULE=${RATELIMIT_MODULE:-$ROOT/target/release/libredis_ratelimit.so}
-DURATION=${DURATION:-10s}
+DURATION=${DURATION:-5s}
+ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${CONNECTIONS:-16}
 [ -f "$MODULE" ] || { echo "bench.sh: no module at $MODULE (make build)" >&2; exit 1; }
 
@@ -181,10 +186,9 @@ measure() {
 RTT=$(redis-benchmark -p "$REDIS_PORT" -c 1 -n 20000 --precision 3 --csv \
   RATELIMIT.CHECK rtt sliding-window 1000000000 1m | awk -F'"' 'NR == 2 { printf "%d µs, p99 %d", $10 * 1000, $14 * 1000 }')
 
-echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs."
-echo
-echo "| proxy (1 worker) | requests/s, $CONNECTIONS connections | p99 (µs), $CONNECTIONS connections | proxy CPU µs/request | redis-server CPU µs/request | p50 / p99 (µs), 1 connection |"
-echo "|---|---|---|---|---|---|"
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+CASES=()
 for proxy in nginx haproxy; do
   if [ $proxy = nginx ]; then
     ports=("$NGINX_PLAIN" "$NGINX_LIMITED" "$NGINX_OWN"); own="limit_req"
@@ -193,12 +197,35 @@ for proxy in nginx haproxy; do
     ports=("$HAPROXY_PLAIN" "$HAPROXY_LIMITED" "$HAPROXY_OWN"); own="stick table"
     pids=("${HAPROXY_PIDS[@]}")
   fi
-  for i in 0 1 2; do
-    what=("no limiter" "redis-ratelimit" "$own")
-    read -r rps p99 cpu rcpu p50_1 p99_1 < <(measure "${ports[$i]}" "${pids[$i]}")
-    echo "| $proxy, ${what[$i]} | $rps | $p99 | $cpu | $rcpu | $p50_1 / $p99_1 |"
+  what=("no limiter" "redis-ratelimit" "$own")
+  for i in 0 1 2; do CASES+=("$proxy, ${what[$i]}|${ports[$i]}|${pids[$i]}"); done
+done
+
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+for round in $(seq 1 "$ROUNDS"); do
+  for c in "${!CASES[@]}"; do
+    IFS='|' read -r name port pid <<<"${CASES[$c]}"
+    measure "$port" "$pid" >>"$WORK/case.$c"
+    [ -z "${ROUNDS_DETAIL:-}" ] || echo "round $round | $name | $(tail -n1 "$WORK/case.$c")" >&2
   done
+done
+
+echo "Load average before: $LOAD_BEFORE on $(nproc) CPUs; medians of $ROUNDS interleaved rounds of $DURATION per case."
+echo
+echo "| proxy (1 worker) | requests/s, $CONNECTIONS connections | p99 (µs), $CONNECTIONS connections | proxy CPU µs/request | redis-server CPU µs/request | p50 / p99 (µs), 1 connection |"
+echo "|---|---|---|---|---|---|"
+declare -A RPS P50 P99
+for c in "${!CASES[@]}"; do
+  IFS='|' read -r name _ _ <<<"${CASES[$c]}"
+  col() { awk -v k="$1" '{ print $k }' "$WORK/case.$c" | median; }
+  RPS[$c]=$(col 1); P50[$c]=$(col 5); P99[$c]=$(col 6)
+  echo "| $name | ${RPS[$c]} | $(col 2) | $(col 3) | $(col 4) | ${P50[$c]} / ${P99[$c]} |"
 done
 echo
 echo "One Redis round trip of RATELIMIT.CHECK (redis-benchmark, 1 connection): p50 $RTT µs."
+for p in 0 3; do
+  name=${CASES[$p]%%,*}
+  awk -v n="$name" -v a="${RPS[$p]}" -v b="${RPS[$((p + 1))]}" -v p50a="${P50[$p]}" -v p50b="${P50[$((p + 1))]}" \
+    -v p99a="${P99[$p]}" -v p99b="${P99[$((p + 1))]}" 'BEGIN { printf "%s: with the limiter %.2fx the requests/s without it; over 1 connection it adds %d µs to the p50, %d µs to the p99.\n", n, b / a, p50b - p50a, p99b - p99a }'
+done
 echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg)."

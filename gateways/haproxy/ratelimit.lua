@@ -162,26 +162,34 @@ local function the_limiter()
   return limiter
 end
 
--- The call's options for this transaction: the rule's, with the keys read from the request.
-local function call_options(rule, txn)
-  local o = rule.opts
-  if o.limits then
-    for i, entry in ipairs(o.limits) do entry.key = rule.sources[i](txn) end
-  else
-    o.key = rule.sources[1](txn)
-  end
-  return o
+-- The rule's plan (its options checked and encoded once, again if configure changed them).
+local function plan_of(rule, lim)
+  if rule.plan and rule.plan_under == lim.defaults then return rule.plan end
+  local plan, err = lim:plan(rule.opts)
+  if not plan then return nil, err end
+  rule.plan, rule.plan_under = plan, lim.defaults
+  return plan
 end
 
 local function action(txn, name)
   local rule = rules[name]
+  local lim = the_limiter()
   if not rule then
-    the_limiter():once("err", "ratelimit: http-request lua.ratelimit " .. tostring(name)
+    lim:once("err", "ratelimit: http-request lua.ratelimit " .. tostring(name)
       .. ": no such rule (ratelimit.rule(\"" .. tostring(name) .. "\", {...}) in a lua-load file)")
     return txn:done(txn:reply{ status = 500, body = core_.CONFIG_BODY,
       headers = { ["content-type"] = { "application/json" } } })
   end
-  local result = the_limiter():decide(call_options(rule, txn))
+  local plan, err = plan_of(rule, lim)
+  local result
+  if plan then
+    local sources, keys = rule.sources, {}
+    for i = 1, #sources do keys[i] = sources[i](txn) end
+    result = lim:decide_plan(plan, keys)
+  else
+    lim:once("err", "ratelimit: configuration: " .. err)
+    result = { status = 500, headers = {}, body = core_.CONFIG_BODY }
+  end
   if not result then return end
   if result.status == 200 then
     if result.headers[1] then txn:set_priv(result.headers) end

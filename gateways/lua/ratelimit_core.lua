@@ -12,9 +12,9 @@
 
 local M = {}
 
-local format, match, gmatch, lower, sub, byte = string.format, string.match, string.gmatch,
-  string.lower, string.sub, string.byte
-local concat, floor = table.concat, math.floor
+local format, match, gmatch, lower, sub, byte, find = string.format, string.match,
+  string.gmatch, string.lower, string.sub, string.byte, string.find
+local concat, floor, max = table.concat, math.floor, math.max
 
 M.LIBRARY_NAME = "ratelimit"
 
@@ -26,6 +26,10 @@ local UNITS = { [""] = 1, ms = 1, s = 1000, m = 60000, h = 3600000, d = 86400000
 local NAME_PATTERN = "^[A-Za-z0-9_.%-]+$"
 
 local function int(n) return format("%d", n) end
+
+--- One word of a command as a RESP2 bulk string.
+local function encode(word) return "$" .. #word .. "\r\n" .. word .. "\r\n" end
+M.encode = encode
 
 --- ms as whole seconds, rounded up.
 function M.ceil_s(ms) return floor((ms + 999) / 1000) end
@@ -76,7 +80,10 @@ function M.parse_limit(text)
     if not words[i + 1] then return nil, format("'%s': %s needs a value", text, words[i]) end
     i = i + 2
   end
-  local spec = { words = words, period_ms = period, text = text }
+  local resp = {}
+  for k = 1, #words do resp[k] = encode(words[k]) end
+  local spec = { words = words, period_ms = period, text = text, resp = concat(resp),
+    nwords = #words }
   specs[text] = spec
   return spec
 end
@@ -234,10 +241,7 @@ end
 --- A command as RESP2 (an array of bulk strings).
 function M.command(words)
   local out = { "*", int(#words), "\r\n" }
-  for i = 1, #words do
-    local word = words[i]
-    out[#out + 1] = "$" .. int(#word) .. "\r\n" .. word .. "\r\n"
-  end
+  for i = 1, #words do out[#out + 1] = encode(words[i]) end
   return concat(out)
 end
 
@@ -281,6 +285,50 @@ function M.read_reply(sock)
   end
   return nil, "protocol error: unexpected reply " .. line
 end
+
+--- Reads one RESP2 reply from the string `buf` at `pos`, whole: the reply (as read_reply gives
+--- it) and the position after it; nil when `buf` ends before the reply does (more to receive);
+--- nil, nil and a message for what is no RESP.
+local SIX = "^%*6\r\n" .. string.rep(":(%-?%d+)\r\n", 6) .. "()"
+local function parse(buf, pos)
+  if byte(buf, pos + 1) == 54 and byte(buf, pos) == 42 then -- "*6": a decision, most likely
+    local a, b, c, d, e, f, at = match(buf, SIX, pos)
+    if a then
+      return { tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e), tonumber(f) }, at
+    end
+  end
+  local e = find(buf, "\r\n", pos, true)
+  if not e then return nil end
+  local kind = byte(buf, pos)
+  if kind == 58 then -- ':'
+    local n = tonumber(sub(buf, pos + 1, e - 1))
+    if not n then return nil, nil, "protocol error: integer " .. sub(buf, pos + 1, e - 1) end
+    return n, e + 2
+  elseif kind == 42 then -- '*'
+    local n = tonumber(sub(buf, pos + 1, e - 1))
+    if not n then return nil, nil, "protocol error: array " .. sub(buf, pos + 1, e - 1) end
+    if n < 0 then return false, e + 2 end
+    local out, at = {}, e + 2
+    for i = 1, n do
+      local value, next_at, err = parse(buf, at)
+      if next_at == nil then return nil, nil, err end
+      out[i], at = value, next_at
+    end
+    return out, at
+  elseif kind == 36 then -- '$'
+    local n = tonumber(sub(buf, pos + 1, e - 1))
+    if not n then return nil, nil, "protocol error: bulk " .. sub(buf, pos + 1, e - 1) end
+    if n < 0 then return false, e + 2 end
+    if #buf < e + 3 + n then return nil end
+    return sub(buf, e + 2, e + 1 + n), e + 4 + n
+  elseif kind == 43 then -- '+'
+    return sub(buf, pos + 1, e - 1), e + 2
+  elseif kind == 45 then -- '-'
+    return setmetatable({ message = sub(buf, pos + 1, e - 1) }, ERROR_MT), e + 2
+  end
+  return nil, nil, "protocol error: unexpected reply " .. sub(buf, pos, e - 1)
+end
+M.parse = parse
 
 -- Decisions and the HTTP answer ----------------------------------------------------------------
 
@@ -423,33 +471,43 @@ local function unavailable_reply(replies)
   return nil
 end
 
--- One round trip: `commands` pipelined, their replies read, every operation bounded by what is
--- left of the deadline. Answers the replies, or nil and the transport's error.
+-- One round trip: `commands` (word lists, or RESP text already) pipelined, their replies read,
+-- every operation bounded by what is left of the deadline. Answers the replies, or nil, the
+-- transport's error and whether the breaker has counted it already (a failed batch of NGINX's
+-- pipeline counts once, for all the calls in it).
 function Limiter:round_trip(sock, commands, deadline)
   local payload = {}
-  for i = 1, #commands do payload[i] = M.command(commands[i]) end
-  local replies, err
+  for i = 1, #commands do
+    local command = commands[i]
+    payload[i] = type(command) == "string" and command or M.command(command)
+  end
+  return self:exchange(sock, concat(payload), #commands, deadline)
+end
+
+-- `payload` (RESP text of `n` commands) sent, the n replies read.
+function Limiter:exchange(sock, payload, n, deadline)
+  local replies, err, counted
   if sock.exchange then
     -- The proxy's own pipeline (NGINX: concurrent calls share one round trip).
-    replies, err = sock:exchange(concat(payload), #commands, deadline)
+    replies, err, counted = sock:exchange(payload, n, deadline)
   else
-    replies, err = self:send_and_read(sock, payload, #commands, deadline)
+    replies, err = self:send_and_read(sock, payload, n, deadline)
   end
   if replies then
     local busy = unavailable_reply(replies)
     if busy then return nil, busy end
   end
-  return replies, err
+  return replies, err, counted
 end
 
 function Limiter:send_and_read(sock, payload, n, deadline)
   local env = self.env
-  sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
-  local ok, err = sock:send(concat(payload))
+  sock:settimeout_ms(max(1, deadline - env.now_ms()))
+  local ok, err = sock:send(payload)
   if not ok then return nil, err end
   local replies = {}
   for i = 1, n do
-    sock:settimeout_ms(math.max(1, deadline - env.now_ms()))
+    if i > 1 then sock:settimeout_ms(max(1, deadline - env.now_ms())) end
     local reply, rerr = M.read_reply(sock)
     if reply == nil then return nil, rerr end
     replies[i] = reply
@@ -465,19 +523,20 @@ local function function_not_found(reply)
   return M.is_error(reply) and match(lower(reply.message), "function not found") ~= nil
 end
 
--- The module's command for the call's limits.
-local function module_command(o, keys_limits)
-  local n = #keys_limits
+-- The call's limits with a key (`limits[i]` with `keys[i]`) and whether each uses its policy's
+-- fallback (`fallback[i]`), as the words of the module's command (for messages).
+local function module_command(o, limits, keys, fallback)
+  local n = #limits
   local words
   if n == 1 then
-    words = { "RATELIMIT.CHECK", keys_limits[1].key }
+    words = { "RATELIMIT.CHECK", keys[1] }
   else
     words = { "RATELIMIT.CHECKALL", int(n) }
-    for i = 1, n do words[#words + 1] = keys_limits[i].key end
+    for i = 1, n do words[#words + 1] = keys[i] end
   end
   for i = 1, n do
-    local l = keys_limits[i]
-    if l.use_fallback or not l.policy then
+    local l = limits[i]
+    if fallback[i] or not l.policy then
       for _, w in ipairs(l.spec.words) do words[#words + 1] = w end
     else
       words[#words + 1] = "POLICY"
@@ -489,13 +548,49 @@ local function module_command(o, keys_limits)
   return words
 end
 
--- The library's FCALL for the call's limits (policies by their fallbacks), or nil and why not.
-local function library_command(o, keys_limits)
-  local n = #keys_limits
-  local words = { "FCALL", n == 1 and "ratelimit_check" or "ratelimit_checkall", int(n) }
-  for i = 1, n do words[#words + 1] = o.prefix .. keys_limits[i].key end
+local NO_FALLBACK = {} -- no limit of the call uses a policy's fallback (never written)
+local CHECK = encode("RATELIMIT.CHECK")
+local CHECKALL = encode("RATELIMIT.CHECKALL")
+local POLICY = encode("POLICY")
+
+-- The same as RESP, from the pieces the plan encoded once.
+local function module_resp(plan, limits, keys, fallback)
+  local n = #limits
+  local l = limits[1]
+  if n == 1 and not (l.policy and not fallback[1]) then
+    -- The common call: one inline limit.
+    local key = keys[1]
+    return l.check_head .. "$" .. #key .. "\r\n" .. key .. "\r\n" .. l.check_tail
+  end
+  local parts, count
+  if n == 1 then
+    parts, count = { "", CHECK, encode(keys[1]) }, 2
+  else
+    parts, count = { "", CHECKALL, encode(int(n)) }, 2 + n
+    for i = 1, n do parts[#parts + 1] = encode(keys[i]) end
+  end
   for i = 1, n do
-    local l = keys_limits[i]
+    l = limits[i]
+    if fallback[i] or not l.policy then
+      parts[#parts + 1] = l.spec.resp
+      count = count + l.spec.nwords
+    else
+      parts[#parts + 1] = l.policy_resp
+      count = count + 2
+    end
+  end
+  parts[#parts + 1] = plan.cost_resp
+  parts[1] = "*" .. (count + 2) .. "\r\n"
+  return concat(parts)
+end
+
+-- The library's FCALL for the call's limits (policies by their fallbacks), or nil and why not.
+local function library_command(o, limits, keys)
+  local n = #limits
+  local words = { "FCALL", n == 1 and "ratelimit_check" or "ratelimit_checkall", int(n) }
+  for i = 1, n do words[#words + 1] = o.prefix .. keys[i] end
+  for i = 1, n do
+    local l = limits[i]
     if not l.spec then
       return nil, format("ratelimit: policy '%s' on the Functions library: the library has no "
         .. "policies; give it a fallback = \"algorithm limit period\"", l.policy)
@@ -512,9 +607,9 @@ end
 function Limiter:ensure_library(o, sock, deadline)
   local where = o.redis.text
   if self.library_ready[where] then return true end
-  local replies, err = self:round_trip(sock,
+  local replies, err, counted = self:round_trip(sock,
     { { "FUNCTION", "LIST", "LIBRARYNAME", M.LIBRARY_NAME } }, deadline)
-  if not replies then return nil, err end
+  if not replies then return nil, err, counted end
   local present = false
   if type(replies[1]) == "table" then
     for _, library in ipairs(replies[1]) do
@@ -534,8 +629,8 @@ function Limiter:ensure_library(o, sock, deadline)
         .. "library '%s': load one (redis-cli -x FUNCTION LOAD < ratelimit.lua), or give the "
         .. "library's file as library = \"/path/to/ratelimit.lua\"", where, M.LIBRARY_NAME)
     end
-    replies, err = self:round_trip(sock, { { "FUNCTION", "LOAD", code } }, deadline)
-    if not replies then return nil, err end
+    replies, err, counted = self:round_trip(sock, { { "FUNCTION", "LOAD", code } }, deadline)
+    if not replies then return nil, err, counted end
     if M.is_error(replies[1]) and not match(replies[1].message, "already exists") then
       return false, format("ratelimit: FUNCTION LOAD of the library on %s: %s", where,
         replies[1].message)
@@ -569,32 +664,159 @@ local function unavailable(o)
   return { status = 200, headers = {}, source = "error" }
 end
 
+local function misconfigured() return { status = 500, headers = {}, body = M.CONFIG_BODY,
+  source = "config" } end
+
+-- Plans: a call's options checked once and what its commands need encoded once, kept per
+-- distinct options (the keys apart, read per request).
+
+-- The options that make a plan (a call's `key`s are not among them).
+local PLAN_FIELDS = { "limit", "policy", "fallback", "name", "redis", "timeout_ms", "on_error",
+  "engine", "prefix", "breaker_cooldown_ms", "cost", "password" }
+local ENTRY_FIELDS = { "limit", "policy", "fallback", "name" }
+local MAX_PLANS = 1000 -- distinct option sets kept (beyond: checked at each call)
+local PER_TEXT = 8 -- option sets kept per limit text
+
+local function snapshot(opts)
+  local snap = {}
+  for i = 1, #PLAN_FIELDS do snap[PLAN_FIELDS[i]] = opts[PLAN_FIELDS[i]] end
+  if opts.limits ~= nil then
+    snap.limits = {}
+    for i, entry in ipairs(opts.limits) do
+      local copy = {}
+      for k = 1, #ENTRY_FIELDS do copy[ENTRY_FIELDS[k]] = entry[ENTRY_FIELDS[k]] end
+      snap.limits[i] = copy
+    end
+  end
+  return snap
+end
+
+-- Whether `opts` gives the options `snap` was taken of (keys aside).
+local function same(snap, opts)
+  for i = 1, #PLAN_FIELDS do
+    local f = PLAN_FIELDS[i]
+    if opts[f] ~= snap[f] then return false end
+  end
+  local limits, want = opts.limits, snap.limits
+  if want == nil then return limits == nil end
+  if type(limits) ~= "table" or #limits ~= #want or opts.key ~= nil then return false end
+  for i = 1, #want do
+    local entry, w = limits[i], want[i]
+    if type(entry) ~= "table" then return false end
+    for k = 1, #ENTRY_FIELDS do
+      local f = ENTRY_FIELDS[k]
+      if entry[f] ~= w[f] then return false end
+    end
+  end
+  return true
+end
+
+-- The plan of checked options `o`: what each limit's command needs, encoded.
+local function compile(o)
+  local plan = { o = o, cost_resp = encode("COST") .. encode(int(o.cost)) }
+  for i, l in ipairs(o.limits) do
+    if l.policy then plan.has_policy = true end
+    l.where = #o.limits == 1 and "limit" or format("limits[%d]", i)
+    if l.policy then l.policy_resp = POLICY .. encode(l.policy) end
+    if l.spec then
+      l.check_head = "*" .. (l.spec.nwords + 4) .. "\r\n" .. CHECK
+      l.check_tail = l.spec.resp .. plan.cost_resp
+    end
+  end
+  return plan
+end
+
+--- The plan of a call's options (checked as M.options checks them; kept per distinct options),
+--- or nil and what is wrong with them.
+function Limiter:plan(opts)
+  if type(opts) ~= "table" then return nil, "takes a table of options" end
+  if self.plans_under ~= self.defaults then
+    self.plans, self.plans_n, self.plans_under = {}, 0, self.defaults
+  end
+  local limits = opts.limits
+  local text = opts.limit or opts.policy
+  if limits ~= nil then
+    text = type(limits) == "table" and type(limits[1]) == "table"
+      and (limits[1].limit or limits[1].policy) or nil
+  end
+  local kept = type(text) == "string" and self.plans[text]
+  if kept then
+    for i = 1, #kept do
+      if same(kept[i].snap, opts) then return kept[i] end
+    end
+  end
+  local o, err = M.options(opts, self.defaults)
+  if not o then return nil, err end
+  local plan = compile(o)
+  if type(text) == "string" and self.plans_n < MAX_PLANS and (not kept or #kept < PER_TEXT) then
+    plan.snap = snapshot(opts)
+    if not kept then
+      kept = {}
+      self.plans[text] = kept
+    end
+    kept[#kept + 1] = plan
+    self.plans_n = self.plans_n + 1
+  end
+  return plan
+end
+
 --- Decides a request. Answers nil when no limit applies (no key), else { status, headers, body,
 --- source } where source is "module", "library", "error" (Redis unavailable: status 200 with no
 --- headers when failing open, 503 closed) or "config" (a mistake in the configuration, logged:
 --- status 500).
 function Limiter:decide(opts)
-  local o, err = M.options(opts, self.defaults)
-  if not o then
+  local plan, err = self:plan(opts)
+  if not plan then
     self:once("err", "ratelimit: configuration: " .. err)
-    return { status = 500, headers = {}, body = M.CONFIG_BODY, source = "config" }
+    return misconfigured()
   end
-  local keyed = {}
-  for i = 1, #o.limits do
-    local l = o.limits[i]
-    if l.key ~= nil and l.key ~= "" then keyed[#keyed + 1] = l end
+  local keys
+  if opts.limits then
+    keys = {}
+    for i = 1, #plan.o.limits do keys[i] = opts.limits[i].key end
+  else
+    keys = { opts.key }
   end
-  if #keyed == 0 then return nil end
+  return self:decide_plan(plan, keys)
+end
+
+--- Decides a request by a plan (Limiter:plan) and the key of each of its limits (nil or "" for a
+--- limit that does not apply): as decide.
+function Limiter:decide_plan(plan, keys)
+  local o = plan.o
+  local all = o.limits
+  local limits, with = all, keys
+  for i = 1, #all do
+    local key = keys[i]
+    if key ~= nil and type(key) ~= "string" then
+      self:once("err", format("ratelimit: configuration: %s: key must be a string (nil or \"\" "
+        .. "leaves the request unlimited), not a %s", all[i].where, type(key)))
+      return misconfigured()
+    end
+    if key == nil or key == "" then limits = nil end
+  end
+  if not limits then
+    -- Some limits without a key: the others only.
+    limits, with = {}, {}
+    for i = 1, #all do
+      local key = keys[i]
+      if key ~= nil and key ~= "" then
+        limits[#limits + 1] = all[i]
+        with[#with + 1] = key
+      end
+    end
+    if #limits == 0 then return nil end
+  end
   if self:breaker_open(o) then return unavailable(o) end
 
   local env = self.env
   local deadline = env.now_ms() + o.timeout_ms
-  local sock, cerr = env.connect(o, deadline - env.now_ms())
+  local sock, cerr = env.connect(o, o.timeout_ms)
   if not sock then
     self:failed(o, cerr)
     return unavailable(o)
   end
-  local result, rerr = self:run(o, sock, keyed, deadline)
+  local result, rerr, counted = self:run(plan, sock, limits, with, deadline)
   if result == nil and sock:reused() > 0 and rerr ~= "timeout" and not sock.exchange then
     -- A pooled connection the server closed meanwhile (a restart): once more on a new one.
     env.close(sock)
@@ -603,25 +825,26 @@ function Limiter:decide(opts)
       self:failed(o, cerr)
       return unavailable(o)
     end
-    result, rerr = self:run(o, sock, keyed, deadline)
+    result, rerr, counted = self:run(plan, sock, limits, with, deadline)
   end
   if result == nil then
     env.close(sock)
-    self:failed(o, rerr)
+    if not counted then self:failed(o, rerr) end
     return unavailable(o)
   end
   env.keep(sock)
   self:succeeded(o)
   if result.config then
     self:once("err", result.config)
-    return { status = 500, headers = {}, body = M.CONFIG_BODY, source = "config" }
+    return misconfigured()
   end
   return result
 end
 
-
--- The call on a connected socket: an answer, { config = message }, or nil and a transport error.
-function Limiter:run(o, sock, keyed, deadline)
+-- The call on a connected socket: an answer, { config = message }, or nil, a transport error and
+-- whether the breaker counted it.
+function Limiter:run(plan, sock, limits, keys, deadline)
+  local o = plan.o
   local env = self.env
   local where = o.redis.text
   if o.password and sock:reused() == 0 and not sock.exchange then
@@ -634,27 +857,28 @@ function Limiter:run(o, sock, keyed, deadline)
   local engine = o.engine ~= "auto" and o.engine or self.engines[where] or "module"
   for _ = 1, 3 do
     if engine == "module" then
-      local commands, gets = {}, {}
-      local now = env.now_ms()
-      for i = 1, #keyed do
-        local l = keyed[i]
-        local cached = l.policy and self.policies[l.policy]
-        if l.policy and (not cached or now - cached[1] >= POLICY_REFRESH_MS) then
-          commands[#commands + 1] = { "RATELIMIT.POLICY", "GET", l.policy }
-          gets[#gets + 1] = l.policy
+      local payload, n, gets, fallback = nil, 0, nil, NO_FALLBACK
+      local now = plan.has_policy and env.now_ms() or 0
+      for i = 1, plan.has_policy and #limits or 0 do
+        local l = limits[i]
+        if l.policy then
+          if fallback == NO_FALLBACK then fallback = {} end
+          local cached = self.policies[l.policy]
+          if not cached or now - cached[1] >= POLICY_REFRESH_MS then
+            gets = gets or {}
+            payload = (payload or "") .. M.command({ "RATELIMIT.POLICY", "GET", l.policy })
+            n = n + 1
+            gets[#gets + 1] = l.policy
+          end
+          -- A policy the server lacks: its fallback, if it has one (the server says which).
+          fallback[i] = cached and cached[2] == false and l.spec ~= nil
         end
       end
-      for i = 1, #keyed do
-        local l = keyed[i]
-        local cached = l.policy and self.policies[l.policy]
-        -- A policy the server lacks: its fallback, if it has one (the server says which).
-        l.use_fallback = l.policy and cached and cached[2] == false and l.spec ~= nil
-      end
-      local check = module_command(o, keyed)
-      commands[#commands + 1] = check
-      local replies, err = self:round_trip(sock, commands, deadline)
-      if not replies then return nil, err end
-      local reply = replies[#replies]
+      local check = module_resp(plan, limits, keys, fallback)
+      payload = payload and payload .. check or check
+      local replies, err, counted = self:exchange(sock, payload, n + 1, deadline)
+      if not replies then return nil, err, counted end
+      local reply = replies[n + 1]
       if unknown_command(replies[1]) or unknown_command(reply) then
         if o.engine == "module" then
           local said = unknown_command(reply) and reply or replies[1]
@@ -663,7 +887,7 @@ function Limiter:run(o, sock, keyed, deadline)
         end
         engine = "library"
       else
-        for i = 1, #gets do
+        for i = 1, gets and #gets or 0 do
           local def = replies[i]
           local period = false
           if type(def) == "table" then
@@ -674,8 +898,8 @@ function Limiter:run(o, sock, keyed, deadline)
           self.policies[gets[i]] = { now, period }
           if period == false then
             local has_fallback = false
-            for j = 1, #keyed do
-              if keyed[j].policy == gets[i] and keyed[j].spec then has_fallback = true end
+            for j = 1, #limits do
+              if limits[j].policy == gets[i] and limits[j].spec then has_fallback = true end
             end
             if has_fallback then
               self:once("warn", format("ratelimit: Redis %s has no policy '%s': using its "
@@ -686,30 +910,31 @@ function Limiter:run(o, sock, keyed, deadline)
         if M.is_error(reply) then
           local missing = match(reply.message, "no such policy '([^']*)'")
           local retry = false
-          for j = 1, #keyed do
-            if missing and keyed[j].policy == missing and keyed[j].spec
-              and not keyed[j].use_fallback then
+          for j = 1, #limits do
+            if missing and limits[j].policy == missing and limits[j].spec and not fallback[j] then
               self.policies[missing] = { now, false }
               retry = true
             end
           end
           if not retry then
             return { config = format("ratelimit: Redis %s answered %s to %s", where,
-              reply.message, concat(check, " ")) }
+              reply.message, concat(module_command(o, limits, keys, fallback), " ")) }
           end
         else
           self:use(o, "module")
-          return self:answer(keyed, reply, "module", where, check)
+          return self:answer(limits, reply, "module", fallback)
+            or { config = format("ratelimit: Redis %s gave an unexpected reply to %s", where,
+              concat(module_command(o, limits, keys, fallback), " ")) }
         end
       end
     else
-      local ok, err = self:ensure_library(o, sock, deadline)
-      if ok == nil then return nil, err end
+      local ok, err, counted = self:ensure_library(o, sock, deadline)
+      if ok == nil then return nil, err, counted end
       if ok == false then return { config = err } end
-      local command, why = library_command(o, keyed)
+      local command, why = library_command(o, limits, keys)
       if not command then return { config = why } end
-      local replies, rerr = self:round_trip(sock, { command }, deadline)
-      if not replies then return nil, rerr end
+      local replies, rerr, rcounted = self:round_trip(sock, { command }, deadline)
+      if not replies then return nil, rerr, rcounted end
       local reply = replies[1]
       if function_not_found(reply) then
         self.library_ready[where] = nil -- flushed meanwhile: load it again, once
@@ -719,37 +944,80 @@ function Limiter:run(o, sock, keyed, deadline)
       else
         self:use(o, "library", o.engine == "library" and "engine = \"library\""
           or "the server has no module")
-        return self:answer(keyed, reply, "library", where, command)
+        return self:answer(limits, reply, "library", NO_FALLBACK)
+          or { config = format("ratelimit: Redis %s gave an unexpected reply to %s", where,
+            concat(command, " ")) }
       end
     end
   end
   return { config = format("ratelimit: Redis %s: no engine answered", where) }
 end
 
--- The HTTP answer to a CHECK or CHECKALL reply.
-function Limiter:answer(keyed, reply, source, where, command)
-  local decisions, overall = {}, nil
-  if #keyed == 1 then
-    decisions[1] = M.decision(reply)
-  elseif type(reply) == "table" then
-    overall = M.decision(reply[1])
-    for i = 1, #keyed do decisions[i] = M.decision(reply[i + 1]) end
+-- An integer as text: concatenated as it is where both Lua 5.3 (an integer) and LuaJIT (a double,
+-- "%.14g") print it in full, else formatted.
+local function digits(n)
+  if n < 1e14 and n > -1e14 and n == floor(n) then return n end
+  return int(n)
+end
+
+-- The answer to one limit's CHECK: the fields built with as few allocations as can be (the
+-- RateLimit-Policy field kept with the limit for the limit and period it was built for).
+local function answer_one(l, d, period)
+  local limit = d.limit
+  local policy = l.policy_field
+  if not policy or l.policy_field_for ~= limit or l.policy_field_period ~= period then
+    local text = '"' .. l.name .. '";q=' .. int(limit)
+    if period and period > 0 then text = text .. ";w=" .. int(M.ceil_s(period)) end
+    policy = { "RateLimit-Policy", text }
+    l.policy_field, l.policy_field_for, l.policy_field_period = policy, limit, period
   end
-  local limits = {}
-  for i = 1, #keyed do
-    local l = keyed[i]
-    if not decisions[i] or (#keyed > 1 and not overall) then
-      return { config = format("ratelimit: Redis %s gave an unexpected reply to %s", where,
-        concat(command, " ")) }
-    end
+  local allowed = d.allowed
+  local wait = allowed and d.reset_after_ms or d.retry_after_ms
+  local headers = { policy }
+  if wait >= 0 then
+    headers[2] = { "RateLimit", '"' .. l.name .. '";r=' .. digits(d.remaining) .. ";t="
+      .. digits(floor((wait + 999) / 1000)) }
+  end
+  if allowed then return { status = 200, headers = headers, decision = d } end
+  return M.answer({ { l.name, period, d } })
+end
+
+-- The HTTP answer to a CHECK or CHECKALL reply; nil if the reply is not one.
+function Limiter:answer(limits, reply, source, fallback)
+  local n = #limits
+  if n == 1 then
+    local d = M.decision(reply)
+    if not d then return nil end
+    local l = limits[1]
     local period = l.spec and l.spec.period_ms
-    if l.policy and not l.use_fallback and source == "module" then
+    if l.policy and not fallback[1] and source == "module" then
       local cached = self.policies[l.policy]
       period = cached and cached[2] or nil
     end
-    limits[i] = { l.name, period, decisions[i] }
+    local result = answer_one(l, d, period)
+    result.source = source
+    return result
   end
-  local result = M.answer(limits, overall)
+  local decisions, overall = {}, nil
+  if n == 1 then
+    decisions[1] = M.decision(reply)
+  elseif type(reply) == "table" then
+    overall = M.decision(reply[1])
+    if not overall then return nil end
+    for i = 1, n do decisions[i] = M.decision(reply[i + 1]) end
+  end
+  local items = {}
+  for i = 1, n do
+    local l = limits[i]
+    if not decisions[i] then return nil end
+    local period = l.spec and l.spec.period_ms
+    if l.policy and not fallback[i] and source == "module" then
+      local cached = self.policies[l.policy]
+      period = cached and cached[2] or nil
+    end
+    items[i] = { l.name, period, decisions[i] }
+  end
+  local result = M.answer(items, overall)
   result.source = source
   return result
 end

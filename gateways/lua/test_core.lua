@@ -60,6 +60,43 @@ eq(#words, 3, "command words")
 eq(words[2], "k y", "a word with a space")
 eq(words[3], "", "an empty word")
 
+-- The reader over a buffer: replies whole, or nil while the buffer ends before the reply does.
+local text = arr({ int(1), bulk("a\r\nb"), "$-1\r\n", "+OK\r\n", arr({ int(-5) }) })
+  .. six(1, 100, 99, -1, 60000, 0) .. "-ERR x\r\n" .. bulk("xyz")
+local value, at = core.parse(text, 1)
+eq(value[2], "a\r\nb", "parse: bulk with CRLF inside")
+eq(value[3], false, "parse: nil bulk")
+eq(value[5][1], -5, "parse: nested array")
+value, at = core.parse(text, at)
+eq(#value, 6, "parse: a decision")
+eq(value[2], 100, "parse: its limit")
+eq(value[4], -1, "parse: a negative integer")
+value, at = core.parse(text, at)
+eq(core.is_error(value), true, "parse: an error reply")
+value, at = core.parse(text, at)
+eq(value, "xyz", "parse: a bulk string")
+eq(at, #text + 1, "parse: the end")
+-- Every cut inside a reply leaves it incomplete: nil, and no error.
+local starts, from = {}, 1
+while from <= #text do
+  starts[#starts + 1] = from
+  local _, next_at = core.parse(text, from)
+  from = next_at
+end
+for i, first in ipairs(starts) do
+  local stop = starts[i + 1] or #text + 1
+  for cut = first, stop - 2 do
+    local part, part_at, perr = core.parse(text:sub(1, cut), first)
+    eq(part == nil and part_at == nil and perr == nil, true, "parse: a cut at " .. cut)
+  end
+end
+local bad, bad_at, bad_err = core.parse("?x\r\n", 1)
+eq(bad == nil and bad_at == nil, true, "parse: not RESP")
+eq(bad_err:find("protocol error", 1, true) ~= nil, true, bad_err)
+eq(core.parse("*6\r\n:1\r\n:2\r\n", 1), nil, "parse: a decision cut short")
+value = core.parse("*6\r\n:1\r\n$1\r\nx\r\n:3\r\n:4\r\n:5\r\n:6\r\n", 1)
+eq(value[2], "x", "parse: six items that are not all integers")
+
 -- Periods and limits.
 eq(core.period_ms("1m"), 60000, "1m")
 eq(core.period_ms("1M"), 60000, "1M: a minute")
@@ -135,7 +172,7 @@ local function fake(handler)
   local log, sent = {}, {}
   local store = { values = {} }
   function store:get(name) return self.values[name] end
-  function store:set(name, value) self.values[name] = value end
+  function store:set(name, v) self.values[name] = v end
   function store:add(name)
     if self.values[name] then return false end
     self.values[name] = true

@@ -10,6 +10,7 @@
 -- `lua_shared_dict ratelimit 1m`, so all workers share it.
 
 local core = require("ratelimit_core")
+local sub = string.sub
 
 local M = {}
 
@@ -47,24 +48,81 @@ local function store()
 end
 
 -- The pipeline: the calls a worker makes to one server at the same time share a round trip.
--- The first call with none in flight sends its commands and reads its replies on a pooled
--- cosocket; calls that come meanwhile queue up, and when it is done a timer sends all of them in
--- one write and reads their replies in order (and again while more queue up). A batch that fails
--- fails each of its calls (the breaker then stops the next ones).
+-- A call that finds no round trip in flight leads: it takes every call queued meanwhile (itself
+-- first), sends all their commands in one write on a pooled cosocket, reads all the replies
+-- (whole, from as few receives as the kernel hands them in) and wakes each call with its own;
+-- then it hands the lead to the first call queued during its round trip, which does the same.
+-- Every call waits at most until its own deadline: a leader's socket times out at the leader's,
+-- a queued call's semaphore at its own. A batch that fails fails each of its calls, and the
+-- breaker counts it once.
 local semaphore = require("ngx.semaphore")
+local core_parse = core.parse
 
-local channels = {} -- "host:port" -> { queue = {...}, busy = bool, until_ms = when it is stale }
--- How long past its calls' deadlines a batch may keep the pipeline before it is deemed gone.
+local channels = {} -- "host:port" -> { queue, leading, until_ms }
+-- How long past its deadline a leader may keep the lead before it is deemed gone (its request
+-- ended under it): the next call then leads.
 local STALE_MS = 1000
+local RECEIVE_MAX = 65536
+-- Semaphores of calls that ended as they should (count back to 0), for the next calls.
+local spare, spare_n = {}, 0
 
--- A cosocket in the shape the core reads from.
-local Raw = {}
-Raw.__index = Raw
-function Raw:receive(pattern) return self.sock:receive(pattern) end
+local function new_sema()
+  if spare_n > 0 then
+    local sema = spare[spare_n]
+    spare[spare_n] = nil
+    spare_n = spare_n - 1
+    return sema
+  end
+  return semaphore.new()
+end
 
--- Sends the jobs' payloads in one write and reads each job's replies into job.replies; true, or
--- nil, the transport's error (the connection is then closed) and whether it came from the pool.
--- fresh: past the pool (whose connection was dead), into a pool of its own name.
+-- Reads the replies of `jobs` (job.n each) into job.replies from `sock`; true, or nil and the
+-- transport's error.
+local function read_replies(sock, jobs, deadline, auth)
+  local buf, pos = "", 1
+  local function more()
+    sock:settimeout(math.max(1, deadline - ngx.now() * 1000))
+    local data, err = sock:receiveany(RECEIVE_MAX)
+    if not data then return nil, err end
+    buf = pos > #buf and data or sub(buf, pos) .. data
+    pos = 1
+    return true
+  end
+  -- One reply: the value, or nil and the error.
+  local function reply()
+    while true do
+      local value, next_at, perr = core_parse(buf, pos)
+      if next_at then
+        pos = next_at
+        return value
+      end
+      if perr then return nil, perr end
+      local ok, err = more()
+      if not ok then return nil, err end
+    end
+  end
+  local auth_error
+  if auth then
+    local value, err = reply()
+    if value == nil then return nil, err end
+    -- Every call's first reply says it: the core logs it as a configuration error.
+    if core.is_error(value) then auth_error = value end
+  end
+  for i = 1, #jobs do
+    local job, replies = jobs[i], {}
+    for k = 1, job.n do
+      local value, err = reply()
+      if value == nil then return nil, err end
+      replies[k] = auth_error or value
+    end
+    job.replies = replies
+  end
+  return true
+end
+
+-- Sends the jobs' payloads in one write and reads their replies; true, or nil, the transport's
+-- error and whether the connection came from the pool. fresh: past the pool (whose connection
+-- was dead), into a pool of its own name.
 local function attempt(o, jobs, deadline, fresh)
   local remaining = math.max(1, deadline - ngx.now() * 1000)
   local sock = ngx.socket.tcp()
@@ -74,38 +132,20 @@ local function attempt(o, jobs, deadline, fresh)
   if not ok then return nil, "connect: " .. tostring(err) end
   local pooled = (sock:getreusedtimes() or 0) > 0
   local auth = o.password and not pooled
-  local parts = {}
-  if auth then parts[1] = core.command({ "AUTH", o.password }) end
-  for i = 1, #jobs do parts[#parts + 1] = jobs[i].payload end
-  ok, err = sock:send(table.concat(parts))
+  local payload
+  if #jobs == 1 and not auth then
+    payload = jobs[1].payload
+  else
+    local parts = {}
+    if auth then parts[1] = core.command({ "AUTH", o.password }) end
+    for i = 1, #jobs do parts[#parts + 1] = jobs[i].payload end
+    payload = table.concat(parts)
+  end
+  ok, err = sock:send(payload)
+  if ok then ok, err = read_replies(sock, jobs, deadline, auth) end
   if not ok then
     sock:close()
     return nil, err, pooled
-  end
-  local raw = setmetatable({ sock = sock }, Raw)
-  if auth then
-    local reply, rerr = core.read_reply(raw)
-    if reply == nil then
-      sock:close()
-      return nil, rerr, pooled
-    end
-    if core.is_error(reply) then
-      -- Every job's first reply says it: the core logs it as a configuration error.
-      for i = 1, #jobs do jobs[i].auth_error = reply end
-    end
-  end
-  for i = 1, #jobs do
-    local job, replies = jobs[i], {}
-    for k = 1, job.n do
-      sock:settimeout(math.max(1, deadline - ngx.now() * 1000))
-      local reply, rerr = core.read_reply(raw)
-      if reply == nil then
-        sock:close()
-        return nil, rerr, pooled
-      end
-      replies[k] = job.auth_error or reply
-    end
-    job.replies = replies
   end
   sock:setkeepalive(KEEPALIVE_MS)
   return true
@@ -120,36 +160,42 @@ local function flush(o, jobs, deadline)
   return ok, err
 end
 
--- Flushes `jobs`, then wakes each of them but `own`.
-local function serve(o, jobs, own)
-  local deadline = 0
-  for i = 1, #jobs do deadline = math.max(deadline, jobs[i].deadline) end
-  local ran, ok, err = pcall(flush, o, jobs, deadline)
+-- The lead goes to the first call still waiting in the queue, if any.
+local function hand_over(ch)
+  local queue = ch.queue
+  for i = 1, #queue do
+    local job = queue[i]
+    if not job.gone then
+      job.lead = true
+      ch.until_ms = job.deadline + STALE_MS
+      job.sema:post(1)
+      return
+    end
+  end
+  ch.queue = {}
+  ch.leading = false
+end
+
+-- `me` leads: the queue (me among it) in one round trip, each call woken with its replies.
+local function lead(o, ch, me)
+  local batch = ch.queue
+  ch.queue = {}
+  local jobs = {}
+  for i = 1, #batch do
+    if not batch[i].gone then jobs[#jobs + 1] = batch[i] end
+  end
+  local ran, ok, err = pcall(flush, o, jobs, me.deadline)
   if not ran then ok, err = nil, "internal error: " .. tostring(ok) end
   for i = 1, #jobs do
     local job = jobs[i]
-    if not ok then job.err = err end
-    if job ~= own then job.sema:post(1) end
-  end
-end
-
--- While calls are queued: one batch after another, in a timer (a request of its own).
-local function drain(premature, o, ch)
-  if premature then
-    for _, job in ipairs(ch.queue) do
-      job.err = "nginx is exiting"
-      job.sema:post(1)
+    if not ok then
+      job.err = err
+      -- The breaker counts a batch once: by its leader.
+      job.counted = job ~= me
     end
-    ch.queue, ch.busy = {}, false
-    return
+    if job ~= me then job.sema:post(1) end
   end
-  while ch.queue[1] do
-    local jobs = ch.queue
-    ch.queue = {}
-    ch.until_ms = ngx.now() * 1000 + o.timeout_ms * 2 + STALE_MS
-    serve(o, jobs, nil)
-  end
-  ch.busy = false
+  hand_over(ch)
 end
 
 local Pipe = {}
@@ -160,38 +206,46 @@ function Pipe:exchange(payload, n, deadline)
   local o = self.o
   local ch = channels[o.redis.text]
   if not ch then
-    ch = { queue = {}, busy = false }
+    ch = { queue = {}, leading = false, until_ms = 0 }
     channels[o.redis.text] = ch
   end
   local job = { payload = payload, n = n, deadline = deadline }
+  local queue = ch.queue
+  queue[#queue + 1] = job
   local now = ngx.now() * 1000
-  -- A sender gone without finishing (its request ended under it): the next call sends.
-  if ch.busy and now > ch.until_ms then
+  if ch.leading and now > ch.until_ms then
     log("err", "ratelimit: a pipeline to " .. o.redis.text .. " was left busy: resumed")
-    ch.busy = false
+    ch.leading = false
   end
-  if not ch.busy then
-    ch.busy = true
-    ch.until_ms = now + o.timeout_ms * 2 + STALE_MS
-    serve(o, { job }, job)
-    if ch.queue[1] then
-      local ok, err = ngx.timer.at(0, drain, o, ch)
-      if not ok then
-        log("err", "ratelimit: no timer for the pipeline (" .. tostring(err) .. "): this "
-          .. "request sends the queued calls")
-        drain(false, o, ch)
-      end
-    else
-      ch.busy = false
-    end
+  if not ch.leading then
+    ch.leading = true
+    ch.until_ms = deadline + STALE_MS
+    lead(o, ch, job)
   else
-    job.sema = semaphore.new()
-    ch.queue[#ch.queue + 1] = job
-    local ok = job.sema:wait(math.max(0.001, (deadline - ngx.now() * 1000) / 1000))
-    if not ok then return nil, "timeout" end
+    local sema = new_sema()
+    job.sema = sema
+    local ok = sema:wait(math.max(0.001, (deadline - now) / 1000))
+    if job.lead then
+      if ok and ngx.now() * 1000 < deadline then
+        lead(o, ch, job)
+      else
+        -- Too late to lead: the next one does.
+        job.gone = true
+        job.err = job.err or "timeout"
+        hand_over(ch)
+      end
+    elseif not ok and not job.replies then
+      -- Its deadline passed first: the call fails (its leader still reads its reply, if sent).
+      job.gone = true
+      return nil, "timeout"
+    end
+    if ok and spare_n < 64 then
+      spare_n = spare_n + 1
+      spare[spare_n] = sema
+    end
   end
   if job.replies then return job.replies end
-  return nil, job.err
+  return nil, job.err, job.counted
 end
 
 local env = {

@@ -24,8 +24,9 @@ from redis_ratelimit import (  # the README's import lines, as a user writes the
     RateLimiter,
     RateLimitUnavailable,
 )
-from redis_ratelimit._core import Breaker, parse_decision, parse_multi
-from redis_ratelimit._headers import hash_tag, http_answer
+from redis_ratelimit._engine import Breaker, Core
+from redis_ratelimit._wire import parse_decision, parse_multi
+from redis_ratelimit._http import hash_tag, http_answer
 from redis_ratelimit.asgi import RateLimitMiddleware
 from redis_ratelimit.fastapi import RateLimit
 from redis_ratelimit.flask import RateLimit as FlaskRateLimit
@@ -253,7 +254,7 @@ def test_the_limiters_refuse_the_other_kind_of_client(module_server):
 def test_what_counts_as_unavailable():
     from redis._parsers.base import BaseParser  # how redis-py turns error replies into exceptions
 
-    from redis_ratelimit._core import unavailable
+    from redis_ratelimit._wire import unavailable
 
     parse = BaseParser.parse_error
     for reply in ["LOADING Redis is loading the dataset in memory", "OOM command not allowed when used memory > 'maxmemory'.",
@@ -266,3 +267,29 @@ def test_what_counts_as_unavailable():
     for reply in ["ERR unknown algorithm 'x'", "WRONGTYPE Operation against a key holding the wrong kind of value",
                   "NOPERM this user has no permissions", "ERR no such policy 'api'"]:
         assert not unavailable(parse(reply)), reply
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_the_direct_paths_packed_command_is_what_redis_py_sends(encoding):
+    # The fast path sends its command packed by the package (all but the key packed once per
+    # limit, verb and cost): byte for byte what redis-py's send_command packs, sync and asyncio.
+    import redis.connection
+
+    core = Core()
+    limits = [Limit("gcra", 10, "1s"), Limit("token-bucket", 5, "250ms", burst=7, block="1m"),
+              Limit("sliding-log", 10**12, 3_600_000)]
+    keys = ["k", "user:é", "{tag}:" + "x" * 300]
+    calls = [("CHECK", 1, None), ("CHECK", 0, None), ("PEEK", 3, None), ("REFUND", 2, None),
+             ("TAKE", 9, None), ("CHECK", 1, 1_700_000_000_000)]
+    for pack in (redis.connection.Connection(encoding=encoding).pack_command,
+                 redis.asyncio.Connection(encoding=encoding).pack_command):
+        for limit in limits:
+            for key in keys:
+                for verb, cost, at in calls * 2:  # the second time from the limit's cache
+                    words = core.direct_args(verb, key, limit, cost, at)
+                    want = b"".join(bytes(part) for part in pack(*words))
+                    assert core.direct_packed(verb, key, limit, cost, at, (encoding, "strict")) == want
+    with pytest.raises(TypeError):
+        core.direct_packed("CHECK", "", limits[0], 1, None, ("utf-8", "strict"))
+    with pytest.raises(ValueError):
+        core.direct_packed("TAKE", "k", limits[0], 0, None, ("utf-8", "strict"))

@@ -8,6 +8,7 @@
 //! The scenarios are the same for both proxies (this file); nginx.rs and haproxy.rs say how each
 //! starts.
 
+mod coalescing;
 mod haproxy;
 mod nginx;
 

@@ -1,5 +1,5 @@
 """Decisions without a round trip where it is safe: the denial cache and the batches' state.
-No I/O: the core (`_core.py`) asks them what it may answer locally and tells them what Redis
+No I/O: the engine (`_engine.py`) asks them what it may answer locally and tells them what Redis
 answered. Times are ms on the limiter's clock (monotonic, or the calls' `at`)."""
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ class Batches:
             while self._real_ends and (now_ms is None or self._real_ends[0] <= now_ms):
                 heapq.heappop(self._real_ends)
             while self._ends and (now_ms is None or self._ends[0][0] <= now_ms):
-                until, _, batch = heapq.heappop(self._ends)
+                _, _, batch = heapq.heappop(self._ends)
                 with batch.lock:
                     if batch.held and (now_ms is None or batch.until <= now_ms):
                         found.append((batch, batch.held))

@@ -1,5 +1,9 @@
 """`RateLimiter` (redis-py's sync client) and `AsyncRateLimiter` (`redis.asyncio`): thin runners
-of the core's plans, one method each per operation."""
+of the engine's plans (`_engine.py`), one method each per operation.
+
+The operations' methods are shared at run time (`_Common`: each returns what `_run` gives, a
+value for `RateLimiter`, an awaitable for `AsyncRateLimiter`); under `TYPE_CHECKING` each
+limiter declares them with its own types, which type checkers read (py.typed)."""
 
 from __future__ import annotations
 
@@ -9,12 +13,25 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import redis
 import redis.asyncio
 
-from ._core import Call, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
+from ._engine import Call, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
 from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimited, RateLimitUnavailable
 
 log = logging.getLogger("redis_ratelimit")
@@ -24,6 +41,8 @@ _timeout = getattr(asyncio, "timeout", None)
 #: What `from_url` waits for Redis (connect and each reply), in seconds: a gateway's limiter
 #: must not add more than this to a request when Redis stalls.
 DEFAULT_TIMEOUT = 0.1
+#: A policy's definition as `policies.get` returns it.
+PolicyFields = Dict[str, Union[str, int]]
 #: `from_url`'s client, made at the first call.
 _LATER = object()
 _LIMITER_OPTIONS = (
@@ -57,7 +76,7 @@ class _Common:
 
     @property
     def engine(self) -> Optional[str]:
-        """"module" or "library" once a call has found out (None before)."""
+        """ "module" or "library" once a call has found out (None before)."""
         return self._core.engine
 
     @property
@@ -101,7 +120,9 @@ class _Common:
         cluster the keys need one hash tag): a `MultiDecision`."""
         pairs = list(pairs)
         core = self._core
-        plan = core.guarded(core.check_all(pairs, cost, at), 0, True, lambda: core.local_check_all(pairs, cost, at), cost)
+        plan = core.guarded(
+            core.check_all(pairs, cost, at), 0, True, lambda: core.local_check_all(pairs, cost, at), cost
+        )
         return self._run(_multi_on_error(plan, len(pairs)))
 
     def reset(self, *keys: str) -> Any:
@@ -131,9 +152,9 @@ class _Common:
         return self._guard(self._core.load_library())
 
 
-class Policies:
-    """`limiter.policies`: the server's named limits (the module's `RATELIMIT.POLICY`). With
-    `AsyncRateLimiter` each method returns an awaitable."""
+class _PolicyMethods:
+    """`limiter.policies`: the server's named limits (the module's `RATELIMIT.POLICY`), one body
+    per method for both limiters (each returns what the limiter's `_run` gives)."""
 
     def __init__(self, limiter: _Common):
         self._limiter = limiter
@@ -155,11 +176,29 @@ class Policies:
         return self._limiter._guard(self._limiter._core.policy_list())
 
 
-class AsyncPolicies(Policies):
+class Policies(_PolicyMethods):
+    """`RateLimiter.policies`: the server's named limits (the module's `RATELIMIT.POLICY`)."""
+
+    if TYPE_CHECKING:  # the methods as `RateLimiter.policies` returns them
+
+        def set(self, name: str, limit: Limit, shadow: bool = False) -> None: ...
+        def get(self, name: str) -> Optional[PolicyFields]: ...
+        def delete(self, name: str) -> bool: ...
+        def list(self) -> List[str]: ...
+
+
+class AsyncPolicies(_PolicyMethods):
     """`AsyncRateLimiter.policies`: the same methods, awaited."""
 
+    if TYPE_CHECKING:  # the methods as `AsyncRateLimiter.policies` returns them
 
-def _client_kwargs(kwargs: dict) -> Tuple[dict, dict]:
+        async def set(self, name: str, limit: Limit, shadow: bool = False) -> None: ...
+        async def get(self, name: str) -> Optional[PolicyFields]: ...
+        async def delete(self, name: str) -> bool: ...
+        async def list(self) -> List[str]: ...
+
+
+def _client_kwargs(kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     limiter = {k: kwargs.pop(k) for k in list(kwargs) if k in _LIMITER_OPTIONS}
     return limiter, kwargs
 
@@ -180,6 +219,21 @@ class RateLimiter(_Common):
     by `timeout` (the client stays as it is for its other commands).
     """
 
+    if TYPE_CHECKING:  # `_Common`'s methods as this limiter returns them
+
+        def check(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        def peek(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        def refund(self, key: str, limit: LimitSpec, cost: int, *, at: Optional[int] = None) -> Decision: ...
+        def take(self, key: str, limit: LimitSpec, max: int, *, at: Optional[int] = None) -> Decision: ...
+        def check_all(
+            self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1, *, at: Optional[int] = None
+        ) -> MultiDecision: ...
+        def reset(self, *keys: str) -> int: ...
+        def acquire(self, key: str, limit: int, lease: Period, *, id: str, cost: int = 1) -> Decision: ...
+        def release(self, key: str, id: str) -> int: ...
+        def detect_engine(self) -> str: ...
+        def load_library(self) -> None: ...
+
     def __init__(self, client: Any, *, timeout: Optional[float] = None, **options: Any):
         unknown = set(options) - set(_LIMITER_OPTIONS)
         if unknown:
@@ -196,21 +250,25 @@ class RateLimiter(_Common):
         #: (the pool, its get_connection) where the limiter sends its commands on the pool's
         #: connections itself, else None (execute_command).
         self._direct = None if pool is None else (pool, _connection_getter(pool))
+        self._encoding = _encoding(pool)
         #: Threads reading batch TAKE replies that came after their caller's timeout.
-        self._late: set = set()
+        self._late: Set[threading.Thread] = set()
         self._sweeper: Optional[threading.Thread] = None
         self._sweep_wake = threading.Condition()
         self._sleep_until = 0.0
         self._closed = False
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "RateLimiter":
+    def from_url(
+        cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any
+    ) -> "RateLimiter":
         """A limiter on a client of its own: `timeout` bounds the connection and every reply,
         and a timeout is not retried (the breaker takes over). Other keyword arguments go to the
         limiter if they are its options, else to `redis.Redis.from_url`."""
         options, client_kwargs = _client_kwargs(dict(kwargs))
         client_kwargs.setdefault("socket_timeout", timeout)
         client_kwargs.setdefault("socket_connect_timeout", timeout)
+        client: Any
         if cluster:
             client = redis.RedisCluster.from_url(url, **client_kwargs)
         else:
@@ -307,6 +365,7 @@ class RateLimiter(_Common):
         client's `socket_timeout` fires: the connection stays open, and a thread reads the late
         reply (for `op.late`) before giving the connection back (redis-py drops a timed-out
         connection, and the reply with it)."""
+        assert self._direct is not None and op.late is not None  # (only then is it called)
         pool, get = self._direct
         conn = get()
         try:
@@ -339,13 +398,16 @@ class RateLimiter(_Common):
                     except redis.TimeoutError:
                         if time.monotonic() < deadline:
                             continue
-                        log.warning("redis_ratelimit: a batch TAKE had no reply within %.3g s: what it may "
-                                    "have granted stays consumed in Redis", LATE_REPLY_WAIT)
+                        log.warning(
+                            "redis_ratelimit: a batch TAKE had no reply within %.3g s: what it may "
+                            "have granted stays consumed in Redis",
+                            LATE_REPLY_WAIT,
+                        )
                         conn.disconnect()
                         return
                     except redis.ResponseError:
                         return
-                    except BaseException:
+                    except BaseException:  # noqa: BLE001 - any other end: the connection is not reused
                         conn.disconnect()
                         return
                 late(reply)
@@ -365,10 +427,10 @@ class RateLimiter(_Common):
             return self._run(core.request(verb, key, limit, cost, at))
         # `Core._direct` as `_execute` runs it with `_perform`'s `Call`, without a plan: the
         # same breaker, `on_error`, statistics and errors.
-        args = core.direct_args(verb, key, limit, cost, at)  # type: ignore[arg-type]
+        packed = core.direct_packed(verb, key, limit, cost, at, self._encoding)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
         breaker = core.breaker
         if not breaker.allow():
-            return core.direct_refused(verb, key, limit, cost, at)  # type: ignore[arg-type]
+            return core.direct_refused(verb, key, limit, cost, at)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
         stats = core.stats
         stats["commands"] = stats.get("commands", 0) + 1
         pool, get = direct
@@ -376,21 +438,21 @@ class RateLimiter(_Common):
         try:
             conn = get()
             try:
-                conn.send_command(*args)
+                conn.send_packed_command([packed])  # (what send_command sends, packed once)
                 reply = conn.read_response()
             finally:
                 pool.release(conn)
             done = True
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - direct_error sorts it: on_error's answer, or raised
             done = True
-            decision = core.direct_error(verb, key, limit, cost, at, error)  # type: ignore[arg-type]
+            decision = core.direct_error(verb, key, limit, cost, at, error)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
             if decision is None:
                 return self._run(core._request(verb, key, limit, cost, at))
             return decision
         finally:
             if not done:
                 breaker.abandon()
-        return core.direct_reply(verb, limit, cost, reply)  # type: ignore[arg-type]
+        return core.direct_reply(verb, limit, cost, reply)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
 
     def _run(self, plan: Plan) -> Any:
         try:
@@ -410,11 +472,13 @@ class RateLimiter(_Common):
             reply, error = None, None
             try:
                 reply = self._perform(op)
-            except Exception as e:  # thrown into the plan, which decides
+            except Exception as e:  # noqa: BLE001 - thrown into the plan, which decides
                 error = e
 
     @contextlib.contextmanager
-    def lease(self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None) -> Iterator[Decision]:
+    def lease(
+        self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None
+    ) -> Iterator[Decision]:
         """Holds a lease for the block (a random id unless `id`): `RateLimited` if refused;
         released when the block ends, however it ends (an unreachable Redis is logged: the lease
         expires by itself)."""
@@ -437,6 +501,21 @@ class AsyncRateLimiter(_Common):
     `async with limiter.lease(...)`. timeout: every call is bounded by it (seconds; default the
     client's `socket_timeout`, else `DEFAULT_TIMEOUT`), however the client is configured."""
 
+    if TYPE_CHECKING:  # `_Common`'s methods as this limiter returns them (awaitables)
+
+        async def check(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        async def peek(self, key: str, limit: LimitSpec, cost: int = 1, *, at: Optional[int] = None) -> Decision: ...
+        async def refund(self, key: str, limit: LimitSpec, cost: int, *, at: Optional[int] = None) -> Decision: ...
+        async def take(self, key: str, limit: LimitSpec, max: int, *, at: Optional[int] = None) -> Decision: ...
+        async def check_all(
+            self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int = 1, *, at: Optional[int] = None
+        ) -> MultiDecision: ...
+        async def reset(self, *keys: str) -> int: ...
+        async def acquire(self, key: str, limit: int, lease: Period, *, id: str, cost: int = 1) -> Decision: ...
+        async def release(self, key: str, id: str) -> int: ...
+        async def detect_engine(self) -> str: ...
+        async def load_library(self) -> None: ...
+
     def __init__(self, client: Any, *, timeout: Optional[float] = None, **options: Any):
         unknown = set(options) - set(_LIMITER_OPTIONS)
         if unknown:
@@ -452,16 +531,20 @@ class AsyncRateLimiter(_Common):
         self.policies = AsyncPolicies(self)
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_when = 0.0
-        self._sweeps: set = set()
+        self._sweeps: Set["asyncio.Task[None]"] = set()
         #: Batch TAKEs still awaited after their caller stopped waiting (their grants land late).
-        self._late: set = set()
+        self._late: Set["asyncio.Future[Any]"] = set()
         #: (pool, get_connection) once the client is known, () for execute_command.
         self._direct: Any = None
         #: Whether the client's own timeouts bound a command within `timeout` (None: not known).
         self._bounds: Optional[bool] = None
+        #: The direct path's key encoding (the pool's), once known.
+        self._encoding: Optional[Tuple[str, str]] = None
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any) -> "AsyncRateLimiter":
+    def from_url(
+        cls, url: str, *, timeout: float = DEFAULT_TIMEOUT, cluster: bool = False, **kwargs: Any
+    ) -> "AsyncRateLimiter":
         """As `RateLimiter.from_url`, with a `redis.asyncio` client."""
         options, client_kwargs = _client_kwargs(dict(kwargs))
         client_kwargs.setdefault("socket_timeout", timeout)
@@ -552,14 +635,17 @@ class AsyncRateLimiter(_Common):
         # The common case (the module's one command on the client's own connection, whose
         # timeouts bound it) in one coroutine, without a plan: what `_execute` would run.
         if self._bounds and core.direct_ok(verb, limit):
-            return self._direct_request(verb, key, limit, cost, at)  # type: ignore[arg-type]
+            return self._direct_request(verb, key, limit, cost, at)  # type: ignore[arg-type]  # direct_ok: type(limit) is Limit
         return self._execute(core.request(verb, key, limit, cost, at), True)
 
     async def _direct_request(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Any:
         """`Core._direct` run as `_execute` runs it on the direct path (`_perform`'s `Call`),
         with the same breaker, `on_error`, statistics and errors."""
         core = self._core
-        args = core.direct_args(verb, key, limit, cost, at)
+        encoding = self._encoding
+        if encoding is None:
+            encoding = self._encoding = _encoding(self._direct[0])
+        packed = core.direct_packed(verb, key, limit, cost, at, encoding)
         breaker = core.breaker
         if not breaker.allow():
             return core.direct_refused(verb, key, limit, cost, at)
@@ -572,12 +658,12 @@ class AsyncRateLimiter(_Common):
             try:
                 # As `_perform`: a failed or cancelled read disconnects the connection
                 # (redis-py), so none goes back with a reply due.
-                await conn.send_command(*args)
+                await conn.send_packed_command([packed])  # (what send_command sends, packed once)
                 reply = await conn.read_response()
             finally:
                 await pool.release(conn)
             done = True
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - direct_error sorts it: on_error's answer, or raised
             done = True
             if isinstance(error, asyncio.TimeoutError):
                 timeout = redis.TimeoutError(f"no reply within {self.timeout} s")
@@ -651,7 +737,7 @@ class AsyncRateLimiter(_Common):
                         continue
                     error = redis.TimeoutError(f"no reply within {self.timeout} s")
                     error.__cause__ = e
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - thrown into the plan, which decides
                     error = e
         finally:
             plan.close()  # cancelled mid-plan: the breaker forgets the probe
@@ -670,21 +756,24 @@ class AsyncRateLimiter(_Common):
             kwargs = direct[0].connection_kwargs if direct else {}
             read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
             limit = self.timeout
-            bounds = self._bounds = bool(direct) and read is not None and connect is not None and (
-                read <= limit and connect <= limit)
+            bounds = self._bounds = (
+                bool(direct) and read is not None and connect is not None and (read <= limit and connect <= limit)
+            )
         return bounds
 
     async def _keep_reply(self, op: Call) -> Any:
         """`op` in a task of its own, which neither the caller's cancellation nor its timeout
         cancels: if the caller stops waiting, the reply still comes (within `LATE_REPLY_WAIT`)
         and goes to `op.late`."""
+        late = op.late
+        assert late is not None  # (only then is it called)
         task = asyncio.ensure_future(asyncio.wait_for(self._perform(op), LATE_REPLY_WAIT))
         try:
             return await asyncio.wait_for(asyncio.shield(task), self.timeout)
         except BaseException:
             if not task.done() or (not task.cancelled() and task.exception() is None):
                 self._late.add(task)
-                task.add_done_callback(lambda done: self._landed(done, op.late))
+                task.add_done_callback(lambda done: self._landed(done, late))
             raise
 
     def _landed(self, task: "asyncio.Future[Any]", late: Callable[[Any], None]) -> None:
@@ -696,11 +785,16 @@ class AsyncRateLimiter(_Common):
             late(task.result())
             self._schedule()
         elif not isinstance(error, redis.ResponseError):
-            log.warning("redis_ratelimit: a batch TAKE had no reply (%s: %s): what it may have granted "
-                        "stays consumed in Redis", type(error).__name__, error)
+            log.warning(
+                "redis_ratelimit: a batch TAKE had no reply (%s: %s): what it may have granted stays consumed in Redis",
+                type(error).__name__,
+                error,
+            )
 
     @contextlib.asynccontextmanager
-    async def lease(self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None) -> AsyncIterator[Decision]:
+    async def lease(
+        self, key: str, limit: int, lease: Period, *, cost: int = 1, id: Optional[str] = None
+    ) -> AsyncIterator[Decision]:
         """As `RateLimiter.lease`: `async with limiter.lease(key, 2, "30s") as decision: ...`."""
         lease_id = id or uuid.uuid4().hex
         decision = await self.acquire(key, limit, lease, id=lease_id, cost=cost)
@@ -798,7 +892,9 @@ def _bounded_sender(client: Any, timeout: float) -> Tuple[Any, Any, Any]:
             "redis_ratelimit: %s sends the limiter's commands itself and its socket_timeout (or "
             "socket_connect_timeout) is not set or above the limiter's timeout (%.3g s): a "
             "stalled Redis makes a call wait that long; give the client socket_timeout=%.3g",
-            type(client).__name__, timeout, timeout,
+            type(client).__name__,
+            timeout,
+            timeout,
         )
     return client, None, None
 
@@ -810,7 +906,14 @@ def _connection_getter(pool: Any) -> Callable[[], Any]:
     parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
     if parameter is not None and parameter.default is inspect.Parameter.empty:
         return lambda: pool.get_connection("RATELIMIT.CHECK")
-    return pool.get_connection
+    getter: Callable[[], Any] = pool.get_connection
+    return getter
+
+
+def _encoding(pool: Any) -> Tuple[str, str]:
+    """How a pool's connections encode a str argument (redis-py's `Encoder`)."""
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    return kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
 
 
 def _direct_async(client: Any) -> Any:
@@ -823,7 +926,9 @@ def _direct_async(client: Any) -> Any:
         and hasattr(client, "connection_pool")
     ):
         return ()
-    retry = client.get_retry() if hasattr(client, "get_retry") else client.connection_pool.connection_kwargs.get("retry")
+    retry = (
+        client.get_retry() if hasattr(client, "get_retry") else client.connection_pool.connection_kwargs.get("retry")
+    )
     if retry is not None and getattr(retry, "_retries", 1) != 0:
         return ()
     pool = client.connection_pool
@@ -843,4 +948,4 @@ def _no_retry(asyncio: bool = False) -> Any:
     return Retry(NoBackoff(), 0)
 
 
-__all__: List[str] = ["RateLimiter", "AsyncRateLimiter", "Policies", "AsyncPolicies"]
+__all__: List[str] = ["AsyncPolicies", "AsyncRateLimiter", "Policies", "RateLimiter"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, TypeVar
 
 from ._types import Limit
 
@@ -23,6 +23,7 @@ _U64_MAX = 2**64 - 1
 Fields = Tuple[bool, int, int, int, int, int]
 #: (L, P, C): limit, period in ms, capacity
 Params = Tuple[int, int, int]
+_R = TypeVar("_R")
 
 
 def _ceil(a: int, b: int) -> int:
@@ -35,8 +36,14 @@ def _u64(value: int) -> int:
 
 def _reply(fields: Fields) -> Fields:
     allowed, limit, remaining, retry, reset, delay = fields
-    return (allowed, min(limit, _I64_MAX), min(remaining, _I64_MAX), min(retry, _I64_MAX),
-            min(reset, _I64_MAX), min(delay, _I64_MAX))
+    return (
+        allowed,
+        min(limit, _I64_MAX),
+        min(remaining, _I64_MAX),
+        min(retry, _I64_MAX),
+        min(reset, _I64_MAX),
+        min(delay, _I64_MAX),
+    )
 
 
 def params_of(limit: Limit) -> Params:
@@ -250,7 +257,19 @@ class _Gcra:
         return (allowed, capacity, remaining, retry, _u64(_ceil(after, limit)), 0), after
 
 
-_FIXED = {
+class _Algorithm(Protocol):
+    """What `check` and `refund` ask of an algorithm of fixed state (its state: an int or a
+    tuple of them, by algorithm)."""
+
+    def fresh(self, p: Params, t: int) -> Any: ...
+    def advance(self, state: Any, p: Params, last: int, t: int) -> Any: ...
+    def refund(self, state: Any, p: Params, cost: int) -> Any: ...
+    def is_fresh(self, state: Any, p: Params) -> bool: ...
+    def carry(self, state: Any, old: Params, new: Params, t: int) -> Any: ...
+    def decide(self, state: Any, p: Params, cost: int, t: int) -> Tuple[Fields, Any]: ...
+
+
+_FIXED: Dict[str, _Algorithm] = {
     "token-bucket": _TokenBucket,
     "leaky-bucket": _LeakyBucket,
     "fixed-window": _FixedWindow,
@@ -264,7 +283,7 @@ class Stored:
     time (`last`), the state then, and the end of a penalty block (0: none). A sliding log's
     state is its runs `[[timestamp, count], ...]`, oldest first."""
 
-    __slots__ = ("algorithm", "params", "last", "state", "blocked_until")
+    __slots__ = ("algorithm", "blocked_until", "last", "params", "state")
 
     def __init__(self, algorithm: str, params: Params, last: int, state: Any, blocked_until: int = 0):
         self.algorithm = algorithm
@@ -315,7 +334,9 @@ def _slid_out(stored: Stored, p: Params, t: int) -> Optional[int]:
     return gone
 
 
-def _log_check(stored: Optional[Stored], p: Params, cost: int, now: int, commit: bool) -> Tuple[Fields, int, Optional[Stored]]:
+def _log_check(
+    stored: Optional[Stored], p: Params, cost: int, now: int, commit: bool
+) -> Tuple[Fields, int, Optional[Stored]]:
     limit, period, _ = p
     t = max(now, stored.last) if stored is not None else now
     gone = _slid_out(stored, p, t) if stored is not None else None
@@ -381,7 +402,9 @@ def _log_refund(stored: Stored, cost: int, t: int) -> str:
 # -- one call --------------------------------------------------------------------------------
 
 
-def check(stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: int, commit: bool) -> Tuple[Fields, int, Optional[Stored]]:
+def check(
+    stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: int, commit: bool
+) -> Tuple[Fields, int, Optional[Stored]]:
     """The decision at `t = max(now, last)` and, when it consumed and `commit`, the limiter to
     store (None: nothing written)."""
     if stored is not None and stored.algorithm != algorithm:
@@ -408,8 +431,9 @@ def _blocked_answer(own: Fields, until: int, t: int) -> Fields:
     return (False, own[1], 0, retry, max(own[4], left), 0)
 
 
-def check_blocking(stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: int, commit: bool,
-                   block_ms: Optional[int]) -> Tuple[Fields, Optional[Stored]]:
+def check_blocking(
+    stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: int, commit: bool, block_ms: Optional[int]
+) -> Tuple[Fields, Optional[Stored]]:
     """`check` with the key's block and the call's BLOCK; the limiter to store (`stored` itself
     when a block started on it), None when nothing is written."""
     if stored is not None:
@@ -427,7 +451,9 @@ def check_blocking(stored: Optional[Stored], algorithm: str, p: Params, cost: in
     return fields, written
 
 
-def refund(stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: int) -> Tuple[Fields, Optional[Stored], bool]:
+def refund(
+    stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: int
+) -> Tuple[Fields, Optional[Stored], bool]:
     """(the PEEK of COST 0 right after, the limiter to keep, whether the key is deleted)."""
     if stored is None:
         fields, _ = check_blocking(None, algorithm, p, 0, now, False, None)
@@ -454,8 +480,9 @@ def refund(stored: Optional[Stored], algorithm: str, p: Params, cost: int, now: 
     return fields, after, outcome == "emptied"
 
 
-def take(stored: Optional[Stored], algorithm: str, p: Params, most: int, now: int,
-         block_ms: Optional[int]) -> Tuple[int, Fields, Optional[Stored]]:
+def take(
+    stored: Optional[Stored], algorithm: str, p: Params, most: int, now: int, block_ms: Optional[int]
+) -> Tuple[int, Fields, Optional[Stored]]:
     """RATELIMIT.TAKE: (the grant g, the fields of CHECK COST max(g, 1), the limiter to store),
     but a leaky bucket's `delay_ms` for g > 1 is the wait of the last granted unit."""
 
@@ -481,7 +508,7 @@ def take(stored: Optional[Stored], algorithm: str, p: Params, most: int, now: in
         last_unit_delay = check_blocking(copy, algorithm, p, granted - 1, now, False, block_ms)[0][4]
     fields, written = check_blocking(stored, algorithm, p, max(granted, 1), now, True, block_ms)
     if last_unit_delay is not None:
-        fields = fields[:5] + (last_unit_delay,)
+        fields = (*fields[:5], last_unit_delay)
     return granted, fields, written
 
 
@@ -504,7 +531,7 @@ class LocalLimiter:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def _run(self, key: str, now_ms: int, call: Callable[[Optional[Stored]], Tuple[Any, Optional[Stored], bool]]) -> Any:
+    def _run(self, key: str, now_ms: int, call: Callable[[Optional[Stored]], Tuple[_R, Optional[Stored], bool]]) -> _R:
         with self._lock:
             self._newest = max(self._newest, now_ms)
             stored = self._keys.get(key)
@@ -556,4 +583,4 @@ class LocalLimiter:
             return sum(self._keys.pop(key, None) is not None for key in keys)
 
 
-__all__ = ["LocalLimiter", "AlgorithmMismatch"]
+__all__ = ["AlgorithmMismatch", "LocalLimiter"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime
 import re
-from dataclasses import dataclass
-from typing import List, Optional, Union
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 #: The module's rate-limit algorithms (docs/commands.md), in its own order.
 ALGORITHMS = (
@@ -48,9 +48,7 @@ def period_ms(value: Period, what: str = "period") -> int:
             )
         ms = int(match.group(1)) * _UNITS_MS[(match.group(2) or "ms").lower()]
     else:
-        raise TypeError(
-            f"{what} must be a str like '1m', an int of ms or a timedelta, not {type(value).__name__}"
-        )
+        raise TypeError(f"{what} must be a str like '1m', an int of ms or a timedelta, not {type(value).__name__}")
     if not 1 <= ms <= MAX_PERIOD_MS:
         raise ValueError(f"{what} must be from 1 ms to 3650 days, not {value!r}")
     return ms
@@ -90,20 +88,20 @@ class Limit:
     block: Optional[Period] = None
     batch: Optional[Period] = None
     batch_max: Optional[int] = None
+    if TYPE_CHECKING:  # set by __post_init__, not fields at run time (see there)
+        _period_ms: int = field(init=False, repr=False, compare=False)
+        _words: Tuple[str, ...] = field(init=False, repr=False, compare=False)
+        _packed: Dict[Tuple[str, int], Tuple[bytes, bytes]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ALGORITHMS:
-            raise ValueError(
-                f"unknown algorithm {self.algorithm!r}: expected one of {', '.join(ALGORITHMS)}"
-            )
+            raise ValueError(f"unknown algorithm {self.algorithm!r}: expected one of {', '.join(ALGORITHMS)}")
         object.__setattr__(self, "algorithm", self.algorithm.lower())
         _amount(self.limit, "limit")
         period_ms(self.period)
         if self.burst is not None:
             if self.algorithm not in BURST_ALGORITHMS:
-                raise ValueError(
-                    f"burst applies only to {', '.join(BURST_ALGORITHMS)}, not {self.algorithm}"
-                )
+                raise ValueError(f"burst applies only to {', '.join(BURST_ALGORITHMS)}, not {self.algorithm}")
             _amount(self.burst, "burst")
         if self.block is not None:
             period_ms(self.block, "block")
@@ -117,11 +115,13 @@ class Limit:
         # hashing and repr stay the fields').
         object.__setattr__(self, "_period_ms", period_ms(self.period))
         object.__setattr__(self, "_words", tuple(self.args()))
+        #: The direct path's commands but for their key, RESP-encoded, by (verb, cost) (`_wire.pack`).
+        object.__setattr__(self, "_packed", {})
 
     @property
     def period_ms(self) -> int:
         """The period in ms."""
-        return self._period_ms  # type: ignore[attr-defined, no-any-return]
+        return self._period_ms
 
     @property
     def block_ms(self) -> Optional[int]:
@@ -173,9 +173,7 @@ class Policy:
 
     def __init__(self, name: str, *, fallback: Optional[Limit] = None) -> None:
         if not isinstance(name, str) or not _POLICY_NAME.match(name):
-            raise ValueError(
-                f"policy name must be 1 to 64 characters of A-Z, a-z, 0-9, '_', '-' and '.', not {name!r}"
-            )
+            raise ValueError(f"policy name must be 1 to 64 characters of A-Z, a-z, 0-9, '_', '-' and '.', not {name!r}")
         if fallback is not None and not isinstance(fallback, Limit):
             raise TypeError(f"fallback must be a Limit, not {type(fallback).__name__}")
         object.__setattr__(self, "name", name)
@@ -226,16 +224,31 @@ _new = object.__new__
 
 
 def new_decision(
-    allowed: bool, limit: int, remaining: int, retry_after_ms: int, reset_after_ms: int, delay_ms: int,
-    source: str, shadow_rejected: bool, period_ms: int, granted: int,
+    allowed: bool,
+    limit: int,
+    remaining: int,
+    retry_after_ms: int,
+    reset_after_ms: int,
+    delay_ms: int,
+    source: str,
+    shadow_rejected: bool,
+    period_ms: int,
+    granted: int,
 ) -> Decision:
     """`Decision(...)`, made without the frozen dataclass's field-by-field `__init__` (the hot
     path makes one per call): the same value, still frozen."""
     decision = _new(Decision)
     decision.__dict__.update(
-        allowed=allowed, limit=limit, remaining=remaining, retry_after_ms=retry_after_ms,
-        reset_after_ms=reset_after_ms, delay_ms=delay_ms, source=source, shadow_rejected=shadow_rejected,
-        period_ms=period_ms, granted=granted,
+        allowed=allowed,
+        limit=limit,
+        remaining=remaining,
+        retry_after_ms=retry_after_ms,
+        reset_after_ms=reset_after_ms,
+        delay_ms=delay_ms,
+        source=source,
+        shadow_rejected=shadow_rejected,
+        period_ms=period_ms,
+        granted=granted,
     )
     return decision
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 from starlette.requests import Request
 
-from ._headers import http_answer, refusal_body
+from ._http import http_answer, refusal_body
 from ._limiter import AsyncRateLimiter
 from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 
@@ -146,7 +146,7 @@ class RateLimitMiddleware:
         return http_answer([(self.name, refunded)])[1]
 
 
-def _raw(headers: Dict[str, str]) -> List[tuple]:
+def _raw(headers: Dict[str, str]) -> List[Tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
@@ -157,4 +157,4 @@ async def _send_json(send: Any, status: int, body: Any, headers: Dict[str, str])
     await send({"type": "http.response.body", "body": data})
 
 
-__all__ = ["RateLimitMiddleware", "Decision", "client_address"]
+__all__ = ["Decision", "RateLimitMiddleware", "client_address"]

@@ -11,11 +11,11 @@ cost refunded when a later one refuses.
 
 # No `from __future__ import annotations` here: FastAPI reads `__call__`'s annotations
 # (Request, Response) at run time, and cannot resolve them as strings on Python 3.9.
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from fastapi import HTTPException, Request, Response
 
-from ._headers import hash_tag, http_answer, refusal_body
+from ._http import hash_tag, http_answer, refusal_body
 from ._limiter import AsyncRateLimiter
 from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 from .asgi import CostFunc, KeyFunc, SkipFunc, _maybe_await, request_key
@@ -87,7 +87,7 @@ class RateLimit:
         return overall if isinstance(overall, Decision) else None
 
 
-async def _decide(work: List[Tuple[RateLimit, str, int]]) -> Tuple[int, dict, Any, "RateLimit"]:
+async def _decide(work: List[Tuple[RateLimit, str, int]]) -> Tuple[int, Dict[str, str], Any, "RateLimit"]:
     """(status, headers, the overall decision, the first limit that refused or the first)."""
     limiter = work[0][0].limiter
     same_limiter = all(w[0].limiter is limiter for w in work)

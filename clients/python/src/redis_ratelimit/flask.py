@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 
 from flask import Flask, Response, g, jsonify, request
 
-from ._headers import http_answer, refusal_body
+from ._http import http_answer, refusal_body
 from ._limiter import RateLimiter
 from ._types import Decision, LimitSpec, RateLimitUnavailable, check_spec
 
@@ -94,7 +94,12 @@ class RateLimit:
         app.after_request(self._after_request)
 
     def limit(
-        self, limit: LimitSpec, *, key: Optional[KeyFunc] = None, name: Optional[str] = None, cost: Union[int, Callable[[Any], int]] = 1
+        self,
+        limit: LimitSpec,
+        *,
+        key: Optional[KeyFunc] = None,
+        name: Optional[str] = None,
+        cost: Union[int, Callable[[Any], int]] = 1,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """A view's own limit (checked after the app-wide one) on `key(request)`; by default (and
         where `key` answers None) the extension's key, or the client's address, prefixed with
@@ -150,7 +155,7 @@ class RateLimit:
         decisions: List[Tuple[str, Decision]] = g.setdefault("ratelimit", [])
         decisions.append((name, decision))
         g.setdefault("ratelimit_refunds", []).append((key, limit, weight, name))
-        status, headers = http_answer([(name, decision)])
+        status, _ = http_answer([(name, decision)])
         if status == 429:
             response = jsonify(refusal_body(name, decision))
             response.status_code = 429

@@ -1,65 +1,68 @@
-"""The one core of both limiters: which commands a call sends, and what their replies mean.
+"""The sans-IO engine of both limiters: which commands a call sends, and what their replies mean.
 
-It does no I/O. Each operation is a generator that yields what to send (`Call`, `Transaction`,
-`LoadLibrary`) and receives the reply (or the error, thrown in), then returns a typed result;
-`RateLimiter` runs it with a redis-py client, `AsyncRateLimiter` with an asyncio one. Engine
-detection, the Functions library's loading, policies' fallbacks, shadow detection, the breaker
-and `on_error` all live here, once.
+It does no I/O. Each operation is a generator (a plan) that yields what to send (`Call`,
+`Transaction`, `LoadLibrary`) and receives the reply (or the error, thrown in), then returns a
+typed result; `RateLimiter` runs it with a redis-py client, `AsyncRateLimiter` with an asyncio
+one (`_limiter.py`). Engine detection, the Functions library's loading, policies' fallbacks,
+shadow detection, the breaker and `on_error` all live here, once; the commands' words and the
+replies' reading in `_wire.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from dataclasses import replace
-from fractions import Fraction
-import re
 import threading
 import time
-from dataclasses import dataclass, field
-from importlib import resources
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Set, Tuple, Union, cast
 
 import redis
 
 from ._clientside import Batch, Batches, DenialCache, Flight, target
 from ._local import AlgorithmMismatch, LocalLimiter
 from ._types import (
-    BURST_ALGORITHMS,
+    MAX_AMOUNT,
     Decision,
     Limit,
     LimitSpec,
-    MAX_AMOUNT,
     MultiDecision,
     Policy,
     RateLimitUnavailable,
-    check_cost,
     _amount,
+    check_cost,
     check_spec,
-    new_decision,
     period_ms,
+)
+from ._wire import (
+    COMMANDS,
+    FUNCTIONS,
+    LIBRARY_NAME,
+    NO_SUCH_POLICY,
+    Definition,
+    as_text,
+    check_at,
+    check_key,
+    check_lease_id,
+    duration_word,
+    library_code,
+    library_functions,
+    pack,
+    pack_parts,
+    parse_decision,
+    parse_multi,
+    reply_fields,
+    spec_period,
+    unavailable,
+    unknown_command,
 )
 
 log = logging.getLogger("redis_ratelimit")
 
-FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms")
-LIBRARY_NAME = "ratelimit"
 ENGINES = ("auto", "module", "library")
 #: The sources of decisions Redis made.
 SERVERS = ("module", "library")
 ON_ERROR = ("open", "closed", "local")
-#: Error replies that mean the server cannot serve now (not the caller's mistake).
-_UNAVAILABLE_REPLIES = ("BUSY ", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "READONLY")
-_UNAVAILABLE_TYPES: Tuple[type, ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    asyncio.TimeoutError,
-    OSError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-)
 
 
 @dataclass(frozen=True)
@@ -108,96 +111,10 @@ Op = Union[Call, Transaction, ListLibrary, LoadLibrary, Join]
 Plan = Generator[Op, Any, Any]
 
 
-def unavailable(error: BaseException) -> bool:
-    """Whether `error` means Redis is down, refuses or did not answer in time (rather than an
-    error reply to a bad call)."""
-    if isinstance(error, _UNAVAILABLE_TYPES):
-        return True
-    if isinstance(error, redis.ResponseError):
-        text = str(error)
-        return text.startswith(_UNAVAILABLE_REPLIES) or getattr(error, "status_code", None) in (
-            "OOM",
-            "LOADING",
-        )
-    return False
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _pairs(reply: Any) -> Dict[str, Any]:
-    """A field/value reply (a flat list under RESP2, a map under RESP3) as a dict of str keys."""
-    items = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
-    return {_text(k): _text(v) for k, v in items}
-
-
-def parse_decision(
-    reply: Any, source: str, period: int = 0, enforced_refused: bool = False, cost: int = 0, take: bool = False
-) -> Decision:
-    """One decision from a RESP3 map (`allowed`, or TAKE's `granted`) or six integers (RESP2,
-    the library). `granted`: TAKE's first field; else `cost` when allowed, 0 when not.
-    `enforced_refused`: a shadow policy's enforcement refused the call, so it is
-    `shadow_rejected` if it was admitted (a refused call admitted nothing)."""
-    if isinstance(reply, dict):
-        if b"limit" in reply:  # the module's map as redis-py reads it (bytes keys): no copy
-            values = [reply[b"granted" if take else b"allowed"], reply[b"limit"], reply[b"remaining"],
-                      reply[b"retry_after_ms"], reply[b"reset_after_ms"], reply[b"delay_ms"]]
-        else:
-            named = {(k.decode() if type(k) is bytes else k): v for k, v in reply.items()}
-            values = [named["granted" if take and field == "allowed" else field] for field in FIELDS]
-    else:
-        values = reply
-    first, limit, remaining, retry_after_ms, reset_after_ms, delay_ms = (
-        int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(values[4]), int(values[5]))
-    granted = first if take else (cost if first else 0)
-    allowed = granted > 0 if take else bool(first)
-    return new_decision(
-        allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, source,
-        enforced_refused and allowed, period, granted,
-    )
-
-
-def parse_multi(
-    reply: Any, source: str, periods: Sequence[int], shadow: Sequence[bool] = (), cost: int = 0
-) -> MultiDecision:
-    """A CHECKALL reply (RESP2: the overall decision then one per key; RESP3: the overall map
-    with its `limits`)."""
-    if isinstance(reply, dict):
-        named = {_text(k): v for k, v in reply.items()}
-        overall, each = named, list(named["limits"])
-    else:
-        overall, each = reply[0], list(reply[1:])
-    shadow = list(shadow) or [False] * len(each)
-    limits = [parse_decision(r, source, p, s, cost) for r, p, s in zip(each, periods, shadow)]
-    top = parse_decision(overall, source)
-    return MultiDecision(
-        top.allowed,
-        top.limit,
-        top.remaining,
-        top.retry_after_ms,
-        top.reset_after_ms,
-        top.delay_ms,
-        source,
-        # (A refused call admitted nothing: never shadow_rejected.)
-        top.allowed and any(d.shadow_rejected for d in limits),
-        limits,
-    )
-
-
 def error_decision(period: int = 0, granted: int = 0) -> Decision:
     """What `on_error="open"` answers: admitted (`granted` the cost asked), every number 0,
     `source="error"`."""
     return Decision(True, 0, 0, 0, 0, 0, "error", False, period, granted)
-
-
-def library_code() -> str:
-    """The package's copy of lua-reference/functions/ratelimit.lua."""
-    return resources.files(__package__).joinpath("ratelimit.lua").read_text(encoding="utf-8")
-
-
-def library_functions(code: str) -> List[str]:
-    return re.findall(r"function_name\s*=\s*'([a-z_]+)'", code)
 
 
 class Breaker:
@@ -265,44 +182,6 @@ class Breaker:
             self.probing = False
 
 
-class _Definition:
-    """A policy as the server defines it (`RATELIMIT.POLICY GET`), as far as calls need it."""
-
-    def __init__(self, fields: Dict[str, Any]):
-        self.fields = fields
-        self.algorithm = fields["algorithm"]
-        self.shadow = fields.get("mode") == "shadow"
-        self.period_ms = int(fields.get("period_ms", fields.get("lease_ms", 0)))
-
-    def limit(self) -> Optional[Limit]:
-        """The same limit as a `Limit` (None for a concurrency policy)."""
-        try:
-            burst = int(self.fields["burst"]) if self.algorithm in BURST_ALGORITHMS else None
-            block = int(self.fields.get("block_ms") or 0) or None
-            return Limit(self.algorithm, int(self.fields["limit"]), self.period_ms, burst=burst, block=block)
-        except (KeyError, ValueError, TypeError):
-            return None
-
-    def inline(self) -> List[str]:
-        """The same limit as inline arguments (to PEEK what enforcement would answer)."""
-        words = [self.algorithm, str(self.fields["limit"]), f"{self.period_ms}ms"]
-        if self.algorithm in BURST_ALGORITHMS:
-            words += ["BURST", str(self.fields["burst"])]
-        if int(self.fields.get("block_ms") or 0) > 0:
-            words += ["BLOCK", f"{self.fields['block_ms']}ms"]
-        return words
-
-
-_COMMANDS = {verb: f"RATELIMIT.{verb}" for verb in ("CHECK", "PEEK", "REFUND", "TAKE")}
-_FUNCTIONS = {
-    "CHECK": "ratelimit_check",
-    "PEEK": "ratelimit_peek",
-    "REFUND": "ratelimit_refund",
-    "TAKE": "ratelimit_take",
-}
-_NO_SUCH_POLICY = re.compile(r"no such policy '([^']*)'")
-
-
 class Core:
     """The state and the plans shared by `RateLimiter` and `AsyncRateLimiter`."""
 
@@ -342,8 +221,8 @@ class Core:
         #: "module" or "library" once known.
         self.engine: Optional[str] = "module" if engine == "module" else None
         self._library_ready = False
-        self._policies: Dict[str, Tuple[float, Optional[_Definition]]] = {}
-        self._warned: set = set()
+        self._policies: Dict[str, Tuple[float, Optional[Definition]]] = {}
+        self._warned: Set[Union[str, Tuple[str, str]]] = set()
         self._code: Optional[str] = None
         self.cache = DenialCache(denial_cache) if denial_cache else None
         self.batches = Batches()
@@ -367,8 +246,7 @@ class Core:
         else:
             why = "engine='library'" if self.mode == "library" else "the server has no module"
             log.info(
-                "redis_ratelimit: engine: the Functions library '%s' (FCALL ratelimit_*, keys under "
-                "'%s'): %s",
+                "redis_ratelimit: engine: the Functions library '%s' (FCALL ratelimit_*, keys under '%s'): %s",
                 LIBRARY_NAME,
                 self.prefix,
                 why,
@@ -383,7 +261,7 @@ class Core:
     def _libraries(self, reply: Any) -> List[Optional[Dict[str, Any]]]:
         """FUNCTION LIST's `ratelimit` library per node (one node, or a cluster's dict of them):
         its fields, or None where it is missing."""
-        if isinstance(reply, dict) and reply and not any(_text(k) == "library_name" for k in reply):
+        if isinstance(reply, dict) and reply and not any(as_text(k) == "library_name" for k in reply):
             replies = list(reply.values())  # a cluster: one reply per primary
         else:
             replies = [reply]
@@ -391,7 +269,7 @@ class Core:
         for libraries in replies:
             mine = None
             for library in libraries or []:
-                fields = _pairs(library)
+                fields = reply_fields(library)
                 if fields.get("library_name") == LIBRARY_NAME:
                     mine = fields
             found.append(mine)
@@ -410,7 +288,7 @@ class Core:
             if library is None:
                 load = load or "loaded"
                 continue
-            names = {_pairs(f).get("name") for f in library.get("functions") or []}
+            names = {reply_fields(f).get("name") for f in library.get("functions") or []}
             if not wanted <= names:
                 load = "replaced an older"
             elif library.get("library_code") != self.code:
@@ -443,7 +321,7 @@ class Core:
                 yield Call(("RATELIMIT.POLICY", "LIST"))
                 self._use("module")
             except redis.RedisError as error:  # a cluster client: RedisError
-                if not _unknown_command(error):
+                if not unknown_command(error):
                     raise
                 self.engine = "library"
         if self.engine == "library" or self.mode == "library":
@@ -468,7 +346,7 @@ class Core:
             try:
                 reply = yield Call(module, None if late is None else lambda reply: late(reply, "module"))
             except redis.RedisError as error:  # a cluster client: RedisError
-                if self.mode == "module" or not _unknown_command(error):
+                if self.mode == "module" or not unknown_command(error):
                     raise
                 self.engine = "library"
             else:
@@ -477,8 +355,7 @@ class Core:
                 return reply, "module"
         if args is None:
             raise redis.ResponseError(
-                "no such policy: the Functions library has no policies (give the Policy a "
-                "fallback=Limit(...))"
+                "no such policy: the Functions library has no policies (give the Policy a fallback=Limit(...))"
             )
         # Loaded (and said so) before the engine is announced: the log reads in order.
         yield from self.ensure_library()
@@ -509,13 +386,13 @@ class Core:
         try:
             reply = yield Call(("RATELIMIT.POLICY", "GET", policy.name))
         except redis.RedisError as error:  # a cluster client: RedisError
-            if self.mode == "module" or not _unknown_command(error):
+            if self.mode == "module" or not unknown_command(error):
                 raise
             self.engine = "library"  # announced once the library is ready
             return None
         if self.engine is None:
             self._use("module")
-        definition = None if reply is None else _Definition(_pairs(reply))
+        definition = None if reply is None else Definition(reply_fields(reply))
         self._policies[policy.name] = (self.clock(), definition)
         return definition
 
@@ -546,14 +423,18 @@ class Core:
 
     def _forget(self, error: redis.ResponseError, specs: Sequence[LimitSpec]) -> bool:
         """After `no such policy` (deleted since it was read): forget it; whether to retry."""
-        match = _NO_SUCH_POLICY.search(str(error))
+        match = NO_SUCH_POLICY.search(str(error))
         if not match:
             return False
         for spec in specs:
-            if isinstance(spec, Policy) and spec.name == match.group(1) and spec.fallback:
-                if self._policies.get(spec.name, (0, None))[1] is not None:
-                    self._policies[spec.name] = (self.clock(), None)
-                    return True
+            if (
+                isinstance(spec, Policy)
+                and spec.name == match.group(1)
+                and spec.fallback
+                and self._policies.get(spec.name, (0, None))[1] is not None
+            ):
+                self._policies[spec.name] = (self.clock(), None)
+                return True
         return False
 
     # -- the calls -----------------------------------------------------------------------
@@ -569,11 +450,11 @@ class Core:
     ) -> Plan:
         """CHECK, PEEK, REFUND or TAKE (`cost`: its MAX) of `key` against `spec`, at the
         server's time or `AT at`; `late(reply, source)`: see `Call.late`."""
-        _key(key)
+        check_key(key)
         check_spec(spec)
         check_cost(cost, 1 if verb == "TAKE" else 0)
         check_at(at)
-        function = _FUNCTIONS[verb]
+        function = FUNCTIONS[verb]
         take = verb == "TAKE"
         for attempt in (0, 1):
             module_args, library_args, period, shadow = yield from self._resolve(spec)
@@ -609,7 +490,7 @@ class Core:
         for pair in pairs:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise TypeError("check_all takes a list of (key, limit) pairs")
-            _key(pair[0])
+            check_key(pair[0])
             check_spec(pair[1])
         check_cost(cost)
         check_at(at)
@@ -636,7 +517,7 @@ class Core:
                         for key, s in zip(keys, shadows)
                         if s is not None
                     )
-                    replies = yield Transaction(peeks + (module,))
+                    replies = yield Transaction((*peeks, module))
                     verdicts = iter(not parse_decision(r, "module").allowed for r in replies[:-1])
                     flags = [next(verdicts) if s is not None else False for s in shadows]
                     return parse_multi(replies[-1], "module", periods, flags, cost)
@@ -647,19 +528,19 @@ class Core:
                     raise
 
     def acquire(self, key: str, limit: int, lease: Any, lease_id: str, cost: int) -> Plan:
-        _key(key)
+        check_key(key)
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"a concurrency limit is an int, not {type(limit).__name__}")
         lease_ms = period_ms(lease, "lease")
-        _lease_id(lease_id)
+        check_lease_id(lease_id)
         check_cost(cost, 1)
-        args = [str(limit), _word(lease), "ID", lease_id, "COST", str(cost)]
+        args = [str(limit), duration_word(lease), "ID", lease_id, "COST", str(cost)]
         reply, source = yield from self._call(("RATELIMIT.ACQUIRE", key, *args), "ratelimit_acquire", [key], args)
         return parse_decision(reply, source, lease_ms, False, cost)
 
     def release(self, key: str, lease_id: str) -> Plan:
-        _key(key)
-        _lease_id(lease_id)
+        check_key(key)
+        check_lease_id(lease_id)
         args = ["ID", lease_id]
         reply, _ = yield from self._call(("RATELIMIT.RELEASE", key, *args), "ratelimit_release", [key], args)
         return int(reply)
@@ -668,7 +549,7 @@ class Core:
         if not keys:
             raise ValueError("reset needs at least one key")
         for key in keys:
-            _key(key)
+            check_key(key)
         reply, _ = yield from self._call(("RATELIMIT.RESET", *keys), "ratelimit_reset", keys, [])
         return int(reply)
 
@@ -687,7 +568,7 @@ class Core:
         reply = yield Call(("RATELIMIT.POLICY", "GET", name))
         if reply is None:
             return None
-        return {k: (int(v) if isinstance(v, int) else v) for k, v in _pairs(reply).items()}
+        return {k: (int(v) if isinstance(v, int) else v) for k, v in reply_fields(reply).items()}
 
     def policy_delete(self, name: str) -> Plan:
         Policy(name)
@@ -697,7 +578,7 @@ class Core:
 
     def policy_list(self) -> Plan:
         reply = yield Call(("RATELIMIT.POLICY", "LIST"))
-        return [_text(name) for name in reply]
+        return [as_text(name) for name in reply]
 
     # -- errors --------------------------------------------------------------------------
 
@@ -774,7 +655,7 @@ class Core:
         """check, peek, refund or take (`cost`: its max), with the denial cache, the batches
         and the local fallback."""
         if self.direct_ok(verb, spec):
-            return self._direct(verb, key, spec, cost, at)
+            return self._direct(verb, key, cast(Limit, spec), cost, at)
         return self._request(verb, key, spec, cost, at)
 
     def direct_ok(self, verb: str, spec: LimitSpec) -> bool:
@@ -793,20 +674,46 @@ class Core:
         """The checked arguments and the module's command of `_direct` (a runner's fast path
         sends them itself, then gives the outcome to `direct_reply` or `direct_error`)."""
         if type(key) is not str or not key:
-            _key(key)
+            check_key(key)
         take = verb == "TAKE"
         if type(cost) is not int or not (take <= cost <= MAX_AMOUNT):
             _amount(cost, "max", 1) if take else check_cost(cost)
         if at is not None:
             check_at(at)
-        args = (_COMMANDS[verb], key, *limit._words, "MAX" if take else "COST", str(cost))  # type: ignore[attr-defined]
+        args = (COMMANDS[verb], key, *limit._words, "MAX" if take else "COST", str(cost))
         if at is not None:
             args += ("AT", str(at))
         return args
 
+    def direct_packed(
+        self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int], encoding: Tuple[str, str]
+    ) -> bytes:
+        """`direct_args`' command, checked the same, RESP-encoded as redis-py's `send_command`
+        would send it (the key by the client's `encoding`): all but the key is packed once per
+        limit, verb and cost (a runner's fast path sends it with `send_packed_command`)."""
+        if type(key) is not str or not key:
+            check_key(key)
+        take = verb == "TAKE"
+        if type(cost) is not int or not (take <= cost <= MAX_AMOUNT):
+            _amount(cost, "max", 1) if take else check_cost(cost)
+        if at is None:
+            packed = limit._packed
+            parts = packed.get((verb, cost))
+            if parts is None:
+                parts = pack_parts(COMMANDS[verb], (*limit._words, "MAX" if take else "COST", str(cost)))
+                if len(packed) < 64:  # (costs that vary widely are packed each time)
+                    packed[(verb, cost)] = parts
+        else:
+            check_at(at)
+            words = (*limit._words, "MAX" if take else "COST", str(cost), "AT", str(at))
+            parts = pack_parts(COMMANDS[verb], words)
+        return pack(parts, key.encode(*encoding))
+
     def direct_refused(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Decision:
         """`_direct`'s answer when the breaker lets no call through."""
-        decision = self._fail(None, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+        decision: Decision = self._fail(
+            None, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost
+        )
         self._count(decision.source)
         return decision
 
@@ -815,19 +722,23 @@ class Core:
         self.breaker.success()
         stats = self.stats
         stats["module"] = stats.get("module", 0) + 1
-        return parse_decision(reply, "module", limit._period_ms, False, cost, verb == "TAKE")  # type: ignore[attr-defined]
+        return parse_decision(reply, "module", limit._period_ms, False, cost, verb == "TAKE")
 
-    def direct_error(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int], error: Exception) -> Optional[Decision]:
+    def direct_error(
+        self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int], error: Exception
+    ) -> Optional[Decision]:
         """`_direct`'s outcome of a failed command: Redis unavailable gives `on_error`'s decision
         (or raises `RateLimitUnavailable`); None: the module is gone, ask `_request` (engine
         "auto"); any other error reply is the caller's and is raised."""
         if unavailable(error):
             self.breaker.failure()
-            decision = self._fail(error, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost)
+            decision: Decision = self._fail(
+                error, limit.period_ms, True, lambda: self._local(verb, key, limit, cost, at), cost
+            )
             self._count(decision.source)
             return decision
         self.breaker.success()  # Redis answered
-        if self.mode == "auto" and _unknown_command(error):
+        if self.mode == "auto" and unknown_command(error):
             return None  # the module is gone (unloaded, another server): find the engine again
         raise error
 
@@ -842,7 +753,7 @@ class Core:
         try:
             reply = yield Call(args)
             done = True
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - direct_error sorts it: on_error's answer, or raised
             done = True
             decision = self.direct_error(verb, key, limit, cost, at, error)
             if decision is None:
@@ -854,7 +765,7 @@ class Core:
         return self.direct_reply(verb, limit, cost, reply)
 
     def _request(self, verb: str, key: str, spec: LimitSpec, cost: int, at: Optional[int] = None) -> Plan:
-        _key(key)
+        check_key(key)
         check_spec(spec)
         if verb == "TAKE":
             _amount(cost, "max", 1)
@@ -883,7 +794,12 @@ class Core:
                 lambda: self._local(verb, key, spec, cost, at),
                 cost,
             )
-        if self.cache is not None and verb in ("CHECK", "TAKE") and decision.source in SERVERS and self._cacheable(spec):
+        if (
+            self.cache is not None
+            and verb in ("CHECK", "TAKE")
+            and decision.source in SERVERS
+            and self._cacheable(spec)
+        ):
             self.cache.put(where, asked, decision, now)
         self._count(decision.source)
         return decision
@@ -922,9 +838,15 @@ class Core:
                 # The TAKE in flight did not end within this call's timeout: Redis did not
                 # answer in time, for this call too (a CHECK of its own would wait once more,
                 # and a CHECK whose caller then goes away loses its unit).
-                return (yield from self.guarded(
-                    _no_answer("the batch's TAKE in flight did not end in time"), limit.period_ms, True,
-                    lambda: self._local("CHECK", key, limit, cost, at), cost))
+                return (
+                    yield from self.guarded(
+                        _no_answer("the batch's TAKE in flight did not end in time"),
+                        limit.period_ms,
+                        True,
+                        lambda: self._local("CHECK", key, limit, cost, at),
+                        cost,
+                    )
+                )
         short = 0
         try:
             if leftover:
@@ -1084,14 +1006,19 @@ class Core:
         if shadow and not allowed and verb in ("CHECK", "TAKE"):
             rejected, allowed, retry = True, True, 0
             granted = cost
-        return Decision(bool(allowed), limit_, remaining, retry, reset, delay, "fallback", rejected, limit.period_ms, granted)
+        return Decision(
+            bool(allowed), limit_, remaining, retry, reset, delay, "fallback", rejected, limit.period_ms, granted
+        )
 
-    def local_check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int, at: Optional[int]) -> Optional[MultiDecision]:
+    def local_check_all(
+        self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int, at: Optional[int]
+    ) -> Optional[MultiDecision]:
         """check_all in process, all or nothing (None: some limit has nothing to decide with)."""
         if self.local is None:
             return None
-        limits = [self.local_limit(spec)[0] for _, spec in pairs]
-        if any(limit is None for limit in limits):
+        known = [self.local_limit(spec)[0] for _, spec in pairs]
+        limits = [limit for limit in known if limit is not None]
+        if len(limits) < len(known):
             return None
         now = at if at is not None else int(time.time() * 1000)
         keys = [key for key, _ in pairs]
@@ -1105,54 +1032,19 @@ class Core:
         least = min(each, key=lambda d: d.remaining)
         retry = -1 if any(d.retry_after_ms < 0 for d in each) else max(d.retry_after_ms for d in each)
         return MultiDecision(
-            all(d.allowed for d in each), least.limit, least.remaining, retry,
-            max(d.reset_after_ms for d in each), max(d.delay_ms for d in each), "fallback", False, each,
+            all(d.allowed for d in each),
+            least.limit,
+            least.remaining,
+            retry,
+            max(d.reset_after_ms for d in each),
+            max(d.delay_ms for d in each),
+            "fallback",
+            False,
+            each,
         )
 
 
 def _no_answer(why: str) -> Plan:
     """A plan that fails as a call without a reply in time does."""
+    yield from ()  # (a generator)
     raise redis.TimeoutError(why)
-    yield  # a generator
-
-
-def _unknown_command(error: Exception) -> bool:
-    """The server has no such command (a cluster client says so before sending it)."""
-    text = str(error).lower()
-    return "unknown command" in text or "command doesn't exist in redis commands" in text
-
-
-def check_at(at: object) -> Optional[int]:
-    """`at`: the call's time in ms since the Unix epoch (the module's `AT`), an int from 0 to
-    below 2^53, or None (the server's clock)."""
-    if at is None:
-        return None
-    if isinstance(at, bool) or not isinstance(at, int):
-        raise TypeError(f"at must be an int of ms since the Unix epoch, not {type(at).__name__}")
-    if not 0 <= at < 2**53:
-        raise ValueError(f"at must be from 0 to below 2^53 ms, not {at}")
-    return at
-
-
-def _key(key: object) -> str:
-    if not isinstance(key, str) or not key:
-        raise TypeError(f"a key is a non-empty str, not {key!r}")
-    return key
-
-
-def _lease_id(lease_id: object) -> str:
-    if not isinstance(lease_id, str) or not 1 <= len(lease_id.encode()) <= 128:
-        raise ValueError(f"a lease id is a str of 1 to 128 bytes, not {lease_id!r}")
-    return lease_id
-
-
-def _word(value: Any) -> str:
-    return value.strip() if isinstance(value, str) else f"{period_ms(value)}ms"
-
-
-def spec_period(spec: LimitSpec) -> int:
-    """The period known without asking the server (a Limit's, a Policy's fallback's), else 0."""
-    spec = check_spec(spec)
-    if isinstance(spec, Limit):
-        return spec.period_ms
-    return spec.fallback.period_ms if spec.fallback else 0
