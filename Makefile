@@ -168,6 +168,8 @@ lint: deps ## Check formatting, clippy (every unsafe block with a SAFETY comment
 	bash tests/lint-paths.sh
 	# The Python package: ruff check, ruff format --check, mypy --strict (tools pinned, in target/python-lint).
 	bash clients/python/lint.sh
+	# The Node package: tsc --noEmit (strict) and eslint with typescript-eslint's type-checked rules.
+	bash clients/node/scripts/lint.sh
 
 fmt: ## Format the code (the workspace and fuzz/)
 	cargo fmt --all

@@ -19,7 +19,10 @@ export interface Transport {
   primaries(): Promise<Array<(args: string[]) => Promise<unknown>>>;
 }
 
-type AnyFn = (...args: any[]) => any;
+type AnyFn = (...args: unknown[]) => unknown;
+/** One of an ioredis Cluster's nodes: a Redis client with its address. */
+type IoNode = { call: AnyFn; options: { host: string; port: number } };
+type Nodes = (role: 'master') => IoNode[];
 const isFn = (value: unknown): value is AnyFn => typeof value === 'function';
 
 /** The client's adapter; a TypeError for anything that is neither client. */
@@ -30,7 +33,7 @@ export function transport(client: unknown): Transport {
   }
   // ioredis: `call` on Redis and Cluster; a Cluster has `nodes` and `isCluster`.
   if (isFn(c.call) && isFn(c.sendCommand) && !isFn(c.nodeClient)) {
-    const ioredis = c as { call: AnyFn; isCluster?: boolean; nodes?: AnyFn; slots?: string[][] };
+    const ioredis = c as { call: AnyFn; isCluster?: boolean; nodes?: Nodes; slots?: string[][] };
     const cluster = ioredis.isCluster === true || isFn(ioredis.nodes);
     const call = (target: { call: AnyFn }) => (args: string[]) => target.call(args[0], ...args.slice(1)) as Promise<unknown>;
     const viaCluster = call(ioredis);
@@ -41,7 +44,7 @@ export function transport(client: unknown): Transport {
       ? viaCluster
       : async (args, key) => {
           const owner = key === undefined ? undefined : ioredis.slots?.[slot(key)]?.[0];
-          const node = owner && (ioredis.nodes as AnyFn)('master').find((n: { options: { host: string; port: number } }) => `${n.options.host}:${n.options.port}` === owner);
+          const node = owner && (ioredis.nodes as Nodes)('master').find((n) => `${n.options.host}:${n.options.port}` === owner);
           if (!node) return viaCluster(args);
           try {
             return await call(node)(args);
@@ -54,23 +57,24 @@ export function transport(client: unknown): Transport {
       kind: 'ioredis',
       cluster,
       send,
+      // eslint-disable-next-line @typescript-eslint/require-await -- async: a throw of nodes() rejects, as every call's does
       async primaries() {
         if (!cluster) return [call(ioredis)];
-        return (ioredis.nodes as AnyFn)('master').map((node: { call: AnyFn }) => call(node));
+        return (ioredis.nodes as Nodes)('master').map((node) => call(node));
       },
     };
   }
   // node-redis cluster: `sendCommand(firstKey, isReadonly, args)`, `masters` and `nodeClient`.
   if (isFn(c.sendCommand) && isFn(c.nodeClient)) {
-    const cluster = c as { sendCommand: AnyFn; nodeClient: AnyFn; masters?: unknown[]; getMasters?: AnyFn };
+    const cluster = c as { sendCommand: AnyFn; nodeClient: (master: unknown) => unknown; masters?: unknown[]; getMasters?: () => unknown[] };
     return {
       kind: 'node-redis',
       cluster: true,
-      send: (args, key, readonly) => cluster.sendCommand(key, readonly ?? false, args),
+      send: (args, key, readonly) => cluster.sendCommand(key, readonly ?? false, args) as Promise<unknown>,
       async primaries() {
-        const masters = (cluster.masters ?? (cluster.getMasters as AnyFn)()) as unknown[];
-        const clients = await Promise.all(masters.map((m) => cluster.nodeClient(m)));
-        return clients.map((node: { sendCommand: AnyFn }) => (args: string[]) => node.sendCommand(args) as Promise<unknown>);
+        const masters = cluster.masters ?? (cluster.getMasters as () => unknown[])();
+        const clients = (await Promise.all(masters.map((m) => cluster.nodeClient(m)))) as Array<{ sendCommand: AnyFn }>;
+        return clients.map((node) => (args: string[]) => node.sendCommand(args) as Promise<unknown>);
       },
     };
   }
@@ -78,7 +82,7 @@ export function transport(client: unknown): Transport {
   if (isFn(c.sendCommand)) {
     const redis = c as { sendCommand: AnyFn };
     const send = (args: string[]) => redis.sendCommand(args) as Promise<unknown>;
-    return { kind: 'node-redis', cluster: false, send, primaries: async () => [send] };
+    return { kind: 'node-redis', cluster: false, send, primaries: () => Promise.resolve([send]) };
   }
   throw new TypeError('RateLimiter needs a node-redis client (createClient, createCluster) or an ioredis client (new Redis, new Cluster)');
 }

@@ -20,6 +20,7 @@ type Next = (error?: unknown) => void;
 /** Limits each request (the key of `key(req)`, else the client address `req.ip`), sets the RateLimit headers on every limited
  * answer, answers 429 (with Retry-After and `{ error, policy, retry_after_ms }`) when refused and
  * 503 when Redis is unavailable and onError is `'closed'`; `req.rateLimit` holds the decision. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- the published default: an untyped key(req) reads any field of the framework's request
 export function rateLimit<Req extends Request = any>(options: RateLimitOptions<Req>) {
   // req.ip: the client address as Express's `trust proxy` setting reads it (the socket's peer
   // without it; with it, from X-Forwarded-For as far as the proxies it trusts).
@@ -47,7 +48,7 @@ export function rateLimit<Req extends Request = any>(options: RateLimitOptions<R
 }
 
 declare global {
-  // eslint-disable-next-line @typescript-eslint/no-namespace
+  // eslint-disable-next-line @typescript-eslint/no-namespace -- Express declares its Request in the global namespace Express: only there it merges
   namespace Express {
     interface Request {
       /** The rate-limit decision of redis-ratelimit-client's middleware. */

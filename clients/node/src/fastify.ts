@@ -19,7 +19,8 @@ interface Reply {
   send(body?: unknown): Reply;
 }
 interface Instance {
-  addHook(name: 'onRequest', hook: (request: any, reply: any) => Promise<unknown>): unknown;
+  // never: each hook names the parts of Fastify's request and reply it reads (Request, Reply).
+  addHook(name: 'onRequest', hook: (request: never, reply: never) => Promise<unknown>): unknown;
   decorateRequest?(name: string, value: unknown): unknown;
   hasRequestDecorator?(name: string): boolean;
 }
@@ -31,6 +32,7 @@ interface Instance {
  * decision. */
 export const rateLimit: FastifyPluginAsync<RateLimitOptions<FastifyRequest>> = plugin as unknown as FastifyPluginAsync<RateLimitOptions<FastifyRequest>>;
 
+// eslint-disable-next-line @typescript-eslint/require-await -- Fastify waits on a plugin's promise, or else on a done callback
 async function plugin<Req extends Request>(app: Instance, options: RateLimitOptions<Req>): Promise<void> {
   // request.ip: the client address as Fastify's `trustProxy` option reads it.
   const checked = checkOptions(options, (request: Req) => request.ip, 'Fastify request.ip');

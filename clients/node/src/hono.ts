@@ -37,6 +37,7 @@ const WHERE = "the socket's peer from @hono/node-server, Bun or Deno";
  * socket through @hono/node-server, Bun's, Deno's): the RateLimit headers on every limited answer, 429
  * (with Retry-After and `{ error, policy, retry_after_ms }`) when refused, 503 when Redis is
  * unavailable and onError is `'closed'`; `c.get('rateLimit')` holds the decision. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- the published default: an untyped key(c) reads any field of Hono's context
 export function rateLimit<C extends Context = any>(options: RateLimitOptions<C>) {
   const checked = checkOptions(options, (c: C) => peer(c.env, c.req.raw), WHERE);
   return async function rateLimitMiddleware(c: C, next: () => Promise<void>): Promise<Response | void> {

@@ -43,7 +43,7 @@ export function checkOptions<Req>(options: RateLimitOptions<Req>, address: Addre
 } {
   if (!options || typeof options !== 'object') throw new TypeError('rateLimit needs { limiter, limit }');
   const { limiter, key, skip, cost = 1, ipv6Subnet = 56 } = options;
-  if (!limiter || typeof (limiter as RateLimiter).check !== 'function') throw new TypeError('rateLimit: limiter must be a RateLimiter');
+  if (!limiter || typeof limiter.check !== 'function') throw new TypeError('rateLimit: limiter must be a RateLimiter');
   const spec = checkSpec(options.limit, 'rateLimit: limit');
   if (key !== undefined && typeof key !== 'function') throw new TypeError('rateLimit: key must be a function (req) => string | undefined');
   if (skip !== undefined && typeof skip !== 'function') throw new TypeError('rateLimit: skip must be a function (req) => boolean');
@@ -112,7 +112,7 @@ function ipv6Groups(text: string): number[] | null {
   if (head === null || tail === null) return null;
   if (halves.length === 1) return head.length === 8 ? head : null;
   if (head.length + tail.length > 7) return null;
-  return [...head, ...new Array(8 - head.length - tail.length).fill(0), ...tail];
+  return [...head, ...new Array<number>(8 - head.length - tail.length).fill(0), ...tail];
 }
 
 /** RFC 5952 text: lowercase, no leading zeros, the longest run of two or more zero groups as `::`. */

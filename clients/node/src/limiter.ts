@@ -600,6 +600,7 @@ export class RateLimiter {
         try {
           await this.release(key, id);
         } catch (error) {
+          // eslint-disable-next-line no-unsafe-finally -- a release failing for another reason than Redis is the caller's to see, over work's outcome
           if (!(error instanceof RateLimitUnavailable)) throw error;
           this.core.warnOnce(`release:${error.message}`, `ratelimit: the lease ${id} on ${key} was not released (${error.message}); it expires by itself`);
         }
@@ -818,7 +819,7 @@ export class RateLimiter {
           this.deadlines.settled();
           resolve(value);
         },
-        (error) => {
+        (error: unknown) => {
           if (call.settled) return;
           call.settled = true;
           this.deadlines.settled();

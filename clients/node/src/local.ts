@@ -263,7 +263,9 @@ interface Log {
 
 type State = bigint | Counter | Counters | Log;
 
-const FIXED: Partial<Record<Algorithm, FixedSize<any>>> = {
+// Each entry works on its own state, held here as a FixedSize<State> (method parameters are
+// bivariant); each is only ever given the states it made.
+const FIXED: Partial<Record<Algorithm, FixedSize<State>>> = {
   'token-bucket': tokenBucket,
   'leaky-bucket': leakyBucket,
   'fixed-window': fixedWindow,

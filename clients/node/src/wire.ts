@@ -76,7 +76,7 @@ export function pairs(reply: unknown): Record<string, unknown> {
 /** A RESP3 map that the client flattened into `[field, value, ...]` (ioredis 6). */
 function flatMap(reply: unknown): boolean {
   if (!Array.isArray(reply) || reply.length === 0) return false;
-  const first = reply[0];
+  const first: unknown = reply[0];
   if (typeof first === 'number' || typeof first === 'bigint' || typeof first === 'boolean') return false;
   const name = text(first);
   return name === 'allowed' || name === 'granted';
@@ -88,11 +88,12 @@ function flatMap(reply: unknown): boolean {
 export function decision(reply: unknown, source: Source, periodMs: number, cost: number | null = 0): Decision {
   let v0: unknown, v1: unknown, v2: unknown, v3: unknown, v4: unknown, v5: unknown;
   if (Array.isArray(reply) && !flatMap(reply)) {
-    [v0, v1, v2, v3, v4, v5] = reply;
+    [v0, v1, v2, v3, v4, v5] = reply as unknown[];
   } else {
     const first = cost === null ? 'granted' : 'allowed';
     if (reply instanceof Map) {
-      [v0, v1, v2, v3, v4, v5] = [reply.get(first), reply.get('limit'), reply.get('remaining'), reply.get('retry_after_ms'), reply.get('reset_after_ms'), reply.get('delay_ms')];
+      const map = reply as Map<unknown, unknown>;
+      [v0, v1, v2, v3, v4, v5] = [map.get(first), map.get('limit'), map.get('remaining'), map.get('retry_after_ms'), map.get('reset_after_ms'), map.get('delay_ms')];
     }
     if (v0 === undefined) {
       const named = pairs(reply);
@@ -123,7 +124,7 @@ export function multiDecision(reply: unknown, source: Source, periodsMs: number[
   let overall: unknown;
   let limits: unknown[];
   if (Array.isArray(reply) && !flatMap(reply)) {
-    [overall, ...limits] = reply;
+    [overall, ...limits] = reply as unknown[];
   } else {
     const named = pairs(reply);
     overall = named;
