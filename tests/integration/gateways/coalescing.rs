@@ -55,7 +55,7 @@ fn burst_admits_exactly_the_limit<G: Gateway>(edit: &[(&str, &str)]) -> Option<u
     if !G::available() {
         return None;
     }
-    let mut server = Server::start();
+    let server = Server::start();
     let mut edit = edit.to_vec();
     edit.push(CALM);
     let proxy = G::start(server.port(), &edit);
@@ -96,7 +96,7 @@ fn burst_through_a_stall<G: Gateway>(edit: &[(&str, &str)]) {
     if !G::available() {
         return;
     }
-    let mut server = Server::start();
+    let server = Server::start();
     let proxy = G::start(server.port(), edit);
     let key = [("X-API-Key", "stalled")];
     // Decided before (a 50 ms timeout can pass on a loaded machine: then asked again).
