@@ -168,10 +168,13 @@ impl Cost {
         cost_words(self.take, self.cost, self.at)
     }
 
-    /// Appends them to `cmd`.
-    fn write(self, cmd: &mut Cmd) {
-        cmd.arg(if self.take { "MAX" } else { "COST" })
-            .arg(self.cost);
+    /// Appends them to `cmd`; `COST 1`, the module's default, is left out of a CHECK or PEEK
+    /// (`omit_unit`: fewer arguments for Redis to read).
+    fn write(self, cmd: &mut Cmd, omit_unit: bool) {
+        if !(omit_unit && !self.take && self.cost == 1) {
+            cmd.arg(if self.take { "MAX" } else { "COST" })
+                .arg(self.cost);
+        }
         if let Some(at) = self.at {
             cmd.arg("AT").arg(at);
         }
@@ -185,7 +188,7 @@ fn decide_command(verb: &str, key: &str, args: &[String], cost: Cost) -> Cmd {
     let data = name.len() + key.len() + args.iter().map(String::len).sum::<usize>() + 48;
     let mut cmd = Cmd::with_capacity(args.len() + 6, data);
     cmd.arg(name).arg(key).arg(args);
-    cost.write(&mut cmd);
+    cost.write(&mut cmd, verb == "CHECK" || verb == "PEEK");
     cmd
 }
 
@@ -1390,7 +1393,9 @@ impl<C: Connection> Inner<C> {
                     for r in &resolved {
                         words.extend(r.module.iter().flat_map(|w| w.iter()).cloned());
                     }
-                    words.extend(tail.iter().cloned());
+                    // `COST 1` is the module's default: not sent.
+                    let unit = call.cost == 1;
+                    words.extend(tail.iter().skip(if unit { 2 } else { 0 }).cloned());
                     words
                 });
                 let library = resolved.iter().all(|r| r.library.is_some()).then(|| {
@@ -1830,5 +1835,65 @@ mod tests {
         assert_eq!(STATS[Stat::Cache as usize], "cache");
         assert_eq!(STATS[Stat::Taken as usize], "taken");
         assert_eq!(STATS[Stat::Refunded as usize], "refunded");
+    }
+
+    fn sent(cmd: &Cmd) -> String {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                redis::Arg::Cursor => "<cursor>".into(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn a_check_or_peek_of_cost_one_leaves_the_default_out() {
+        let args = ["fixed-window".to_string(), "10".into(), "1m".into()];
+        let cost = |cost, at| Cost {
+            take: false,
+            cost,
+            at,
+        };
+        let cases = [
+            (
+                "CHECK",
+                cost(1, None),
+                "RATELIMIT.CHECK k fixed-window 10 1m",
+            ),
+            ("PEEK", cost(1, None), "RATELIMIT.PEEK k fixed-window 10 1m"),
+            (
+                "CHECK",
+                cost(1, Some(5)),
+                "RATELIMIT.CHECK k fixed-window 10 1m AT 5",
+            ),
+            (
+                "CHECK",
+                cost(2, None),
+                "RATELIMIT.CHECK k fixed-window 10 1m COST 2",
+            ),
+            (
+                "CHECK",
+                cost(0, None),
+                "RATELIMIT.CHECK k fixed-window 10 1m COST 0",
+            ),
+            (
+                "REFUND",
+                cost(1, None),
+                "RATELIMIT.REFUND k fixed-window 10 1m COST 1",
+            ),
+        ];
+        for (verb, cost, want) in cases {
+            assert_eq!(sent(&decide_command(verb, "k", &args, cost)), want);
+        }
+        let take = Cost {
+            take: true,
+            cost: 1,
+            at: None,
+        };
+        assert_eq!(
+            sent(&decide_command("TAKE", "k", &args, take)),
+            "RATELIMIT.TAKE k fixed-window 10 1m MAX 1"
+        );
     }
 }
