@@ -118,6 +118,20 @@ fn haproxy_gives_concurrent_requests_their_own_decisions() {
     super::concurrent_requests_get_their_own_decisions::<Haproxy>();
 }
 
+/// Its processes die with a killed test process (run by haproxy_dies_with_a_killed_test_process;
+/// without it, done at once).
+#[test]
+fn haproxy_holds_a_proxy_until_killed() {
+    super::holds_a_proxy_until_killed::<Haproxy>();
+}
+
+#[test]
+fn haproxy_dies_with_a_killed_test_process() {
+    super::dies_with_a_killed_test_process::<Haproxy>(
+        "gateways::haproxy::haproxy_holds_a_proxy_until_killed",
+    );
+}
+
 /// A rule keyed by a `function(txn)` (rules.lua's "partner": the X-Partner header, lower-cased):
 /// the values it maps to one key share a limit, the others are counted apart, each under the key
 /// the function returns; without the header it returns nil and the request is not limited.

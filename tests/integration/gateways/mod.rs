@@ -1,7 +1,8 @@
 //! The gateways' Lua modules (gateways/nginx, gateways/haproxy) in the real proxies from Debian,
 //! installed here where missing (as `make deps` installs redis-server; skipped with the reason
 //! when apt-get cannot), each started on free loopback ports as a foreground process group that
-//! Drop kills, in front of a stand-in application, against a server the test starts. Every
+//! Drop kills, and a watchdog kills when the test process dies without a Drop (SIGKILL), in front
+//! of a stand-in application, against a server the test starts. Every
 //! proxy runs the configuration its README shows (gateways/*/nginx.conf, haproxy.cfg, rules.lua,
 //! which the README includes word for word), with only its addresses and paths replaced.
 //!
@@ -16,8 +17,9 @@ use crate::common;
 
 use common::Server;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -122,10 +124,65 @@ fn install_dir(proxy: &str) -> PathBuf {
     dir
 }
 
+/// What the watchdog runs: the first line it reads names the process group to watch; at the end
+/// of its input it kills that group. It ignores the terminal's signals (^C reaches the test's
+/// process group, not the proxy's).
+const WATCHDOG: &str = "trap '' INT TERM HUP QUIT; read -r group || exit 0; read -r _; \
+                        kill -s KILL -- \"-$group\"";
+
+/// A proxy's watchdog: `sh` reading a pipe whose one writer is this test process. The kernel
+/// closes that end when this process dies, however it dies (SIGKILL runs no Drop), and the
+/// watchdog then kills the proxy's process group. The proxy's own process has
+/// `PR_SET_PDEATHSIG` (common::spawn_child), but nginx's workers do not: without the watchdog
+/// they outlive their killed master, still serving.
+struct Watchdog {
+    child: Child,
+    pipe: fs::File,
+}
+
+impl Watchdog {
+    fn start() -> Watchdog {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2(2) writes two descriptors into the array of two it is given.
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(rc, 0, "pipe2: {}", io::Error::last_os_error());
+        // SAFETY: two descriptors pipe2 has just opened, owned by nothing else (close-on-exec: no
+        // other child of this process keeps the write end past its exec).
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let child = Command::new("sh")
+            .args(["-c", WATCHDOG, "watchdog"])
+            .stdin(Stdio::from(read_end))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("starting a proxy's watchdog (sh)");
+        Watchdog {
+            child,
+            pipe: fs::File::from(write_end),
+        }
+    }
+
+    /// From now on the group `group` dies with this process.
+    fn watch(&mut self, group: u32) {
+        writeln!(self.pipe, "{group}").expect("writing to the watchdog");
+    }
+}
+
+impl Drop for Watchdog {
+    /// The watchdog stopped before its proxy: it never kills a group after Drop has reaped it.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A proxy: a foreground process leading its own process group (nginx's master and workers),
-/// killed with its group on Drop.
+/// killed with its group on Drop, or by its watchdog when the test process dies without a Drop.
 pub struct Proxy {
     child: Option<Child>,
+    watchdog: Option<Watchdog>,
     /// The port of the limited frontend (the README's 8080).
     pub port: u16,
     dir: PathBuf,
@@ -149,9 +206,12 @@ impl Proxy {
             .stdout(out.try_clone().expect("stdio.log"))
             .stderr(out)
             .process_group(0);
+        let mut watchdog = Watchdog::start();
         let child = common::spawn_child(command).unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        watchdog.watch(child.id());
         let mut proxy = Proxy {
             child: Some(child),
+            watchdog: Some(watchdog),
             port,
             dir,
             log,
@@ -197,10 +257,52 @@ impl Proxy {
     pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
         get(self.port, path, headers)
     }
+
+    /// The processes of its group (nginx's master and workers), each as (pid, start time).
+    pub fn processes(&self) -> Vec<(i32, u64)> {
+        let group = self.child.as_ref().expect("a running proxy").id() as i32;
+        let mut found = Vec::new();
+        for entry in fs::read_dir("/proc").expect("/proc") {
+            let Some(pid) = entry
+                .ok()
+                .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if let Some((_, pgrp, started)) = stat(pid) {
+                if pgrp == group {
+                    found.push((pid, started));
+                }
+            }
+        }
+        found
+    }
+}
+
+/// /proc/`pid`/stat's state, process group and start time (in clock ticks since boot), if the
+/// process exists.
+fn stat(pid: i32) -> Option<(char, i32, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's name, in parentheses (which may hold spaces): fields 3, 4, 5, ...
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let pgrp = fields.get(2)?.parse().ok()?;
+    let started = fields.get(19)?.parse().ok()?;
+    Some((state, pgrp, started))
+}
+
+/// Whether the process `pid` that started at `started` is gone: no such pid, another process of
+/// that pid, or a zombie (whoever inherited it may never reap it: this machine's init does not).
+fn gone((pid, started): (i32, u64)) -> bool {
+    match stat(pid) {
+        None => true,
+        Some((state, _, since)) => state == 'Z' || since != started,
+    }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        drop(self.watchdog.take());
         if let Some(mut child) = self.child.take() {
             let group = child.id() as libc::pid_t;
             // SAFETY: kill(2) with plain integers; the group is the one our child leads (it is not
@@ -695,6 +797,91 @@ pub fn concurrent_requests_get_their_own_decisions<G: Gateway>() {
         assert_eq!(remaining, (0..100).collect::<Vec<u64>>(), "client {client}");
         assert_eq!(refused, 30, "client {client}");
     }
+}
+
+/// The variable that makes `holds_a_proxy_until_killed` hold one: the file to write its
+/// processes into.
+const HOLDER: &str = "RATELIMIT_TEST_PROXY_HOLDER";
+
+/// Run by `dies_with_a_killed_test_process` in a test process of its own (with HOLDER set; at
+/// once done without it): starts a proxy, writes its processes (pid and start time, a line
+/// each) into HOLDER's file, and waits to be killed.
+pub fn holds_a_proxy_until_killed<G: Gateway>() {
+    let Some(path) = std::env::var_os(HOLDER) else {
+        return;
+    };
+    let server = Server::start();
+    let proxy = G::start(server.port(), &[]);
+    // Served: nginx's workers are up (its master listens before it forks them).
+    assert_eq!(proxy.get("/api/x", &[]).status, 200);
+    let lines: String = proxy
+        .processes()
+        .iter()
+        .map(|(pid, started)| format!("{pid} {started}\n"))
+        .collect();
+    let path = PathBuf::from(path);
+    let part = path.with_extension("part");
+    fs::write(&part, lines).expect("writing the processes");
+    fs::rename(&part, &path).expect("renaming the processes' file");
+    loop {
+        thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A test process SIGKILLed (no Drop runs: `cargo test` killed, a CI timeout) takes its proxy's
+/// every process with it within a few seconds: `holder` (the name of the test that calls
+/// holds_a_proxy_until_killed for this proxy, e.g. "gateways::nginx::nginx_holds_...") runs in
+/// a child test process that is then killed.
+pub fn dies_with_a_killed_test_process<G: Gateway>(holder: &str) {
+    if !G::available() {
+        return;
+    }
+    let dir = common::make_temp_dir();
+    let file = dir.join("processes");
+    let out = fs::File::create(dir.join("holder.log")).expect("holder.log");
+    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+    command
+        .args(["--exact", holder, "--nocapture", "--test-threads=1"])
+        .env(HOLDER, &file)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("holder.log"))
+        .stderr(out);
+    let mut child = common::spawn_child(command).expect("starting the holder");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let processes: Vec<(i32, u64)> = loop {
+        if let Ok(text) = fs::read_to_string(&file) {
+            break text
+                .lines()
+                .map(|l| {
+                    let (pid, started) = l.split_once(' ').expect("pid start");
+                    (pid.parse().unwrap(), started.parse().unwrap())
+                })
+                .collect();
+        }
+        if let Some(status) = child.try_wait().expect("the holder") {
+            panic!(
+                "the holder exited ({status}):\n{}",
+                fs::read_to_string(dir.join("holder.log")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "the holder wrote no processes");
+        thread::sleep(Duration::from_millis(20));
+    };
+    // nginx: a master and its workers; HAProxy: one process.
+    assert!(!processes.is_empty(), "no processes of the proxy");
+    assert!(processes.iter().all(|&p| !gone(p)), "{processes:?}");
+    child.kill().expect("SIGKILL to the holder");
+    child.wait().expect("reaping the holder");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes.iter().all(|&p| gone(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "10 s after the test process was killed, its proxy lives on: {:?}",
+            processes.iter().filter(|&&p| !gone(p)).collect::<Vec<_>>()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    common::remove_dir(&dir);
 }
 
 /// The core's own tests (gateways/lua/test_core.lua: the reader, the fields, the options'

@@ -129,3 +129,17 @@ fn nginx_logs_configuration_errors() {
 fn nginx_gives_concurrent_requests_their_own_decisions() {
     super::concurrent_requests_get_their_own_decisions::<Nginx>();
 }
+
+/// Its processes die with a killed test process (run by nginx_dies_with_a_killed_test_process;
+/// without it, done at once).
+#[test]
+fn nginx_holds_a_proxy_until_killed() {
+    super::holds_a_proxy_until_killed::<Nginx>();
+}
+
+#[test]
+fn nginx_dies_with_a_killed_test_process() {
+    super::dies_with_a_killed_test_process::<Nginx>(
+        "gateways::nginx::nginx_holds_a_proxy_until_killed",
+    );
+}
