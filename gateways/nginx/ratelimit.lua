@@ -5,8 +5,8 @@
 --
 -- and header_filter_by_lua_block { require("ratelimit").headers() } to put the RateLimit fields
 -- on the responses it admits. gateways/nginx/README.md has the options and a complete nginx.conf.
--- The calls go over cosockets (non-blocking), pooled with setkeepalive, the concurrent calls of a
--- worker pipelined on one connection; the breaker lives in the shared dict
+-- The calls go over a cosocket (non-blocking) that a background timer of each worker holds open,
+-- the worker's concurrent calls pipelined on that one connection; the breaker lives in the shared dict
 -- `lua_shared_dict ratelimit 1m`, so all workers share it.
 
 local core = require("ratelimit_core")
@@ -15,7 +15,6 @@ local sub = string.sub
 local M = {}
 
 local DICT = "ratelimit"
-local KEEPALIVE_MS = 60000
 
 local function log(level, message)
   local levels = { err = ngx.ERR, warn = ngx.WARN, info = ngx.NOTICE }
@@ -47,22 +46,22 @@ local function store()
   }
 end
 
--- The pipeline: the calls a worker makes to one server at the same time share a round trip.
--- A call that finds no round trip in flight leads: it takes every call queued meanwhile (itself
--- first), sends all their commands in one write on a pooled cosocket, reads all the replies
--- (whole, from as few receives as the kernel hands them in) and wakes each call with its own;
--- then it hands the lead to the first call queued during its round trip, which does the same.
--- Every call waits at most until its own deadline: a leader's socket times out at the leader's,
--- a queued call's semaphore at its own. A batch that fails fails each of its calls, and the
--- breaker counts it once.
+-- The pipeline: one connection per worker and server, held by a background timer (ngx.timer.at:
+-- a cosocket opened there lives as long as the timer, across requests). A call queues its
+-- command and waits on its own semaphore; the timer takes every call queued meanwhile, sends
+-- all their commands in one write, reads all the replies (whole, from as few receives as the
+-- kernel hands them in) and wakes each call with its own; then it takes the calls queued during
+-- that round trip. Every call waits at most until its own deadline. A round trip that fails
+-- fails each of its calls, and the breaker counts it once; the connection is then closed, and
+-- the next round trip opens a new one (once more at once when a connection used before turns
+-- out closed: a restart).
 local semaphore = require("ngx.semaphore")
 local core_parse = core.parse
 
-local channels = {} -- "host:port" -> { queue, leading, until_ms }
--- How long past its deadline a leader may keep the lead before it is deemed gone (its request
--- ended under it): the next call then leads.
-local STALE_MS = 1000
+local channels = {} -- "host:port" -> { queue, wake, idle, running, sock, used }
 local RECEIVE_MAX = 65536
+-- How long the timer waits for calls before it looks whether the worker is exiting.
+local IDLE_WAIT_S = 1
 -- Semaphores of calls that ended as they should (count back to 0), for the next calls.
 local spare, spare_n = {}, 0
 
@@ -120,18 +119,22 @@ local function read_replies(sock, jobs, deadline, auth)
   return true
 end
 
--- Sends the jobs' payloads in one write and reads their replies; true, or nil, the transport's
--- error and whether the connection came from the pool. fresh: past the pool (whose connection
--- was dead), into a pool of its own name.
-local function attempt(o, jobs, deadline, fresh)
-  local remaining = math.max(1, deadline - ngx.now() * 1000)
-  local sock = ngx.socket.tcp()
-  sock:settimeouts(remaining, remaining, remaining)
-  local ok, err = sock:connect(o.redis.host, o.redis.port,
-    fresh and { pool = o.redis.text .. "#fresh" } or nil)
-  if not ok then return nil, "connect: " .. tostring(err) end
-  local pooled = (sock:getreusedtimes() or 0) > 0
-  local auth = o.password and not pooled
+-- Sends the jobs' payloads in one write on the channel's connection (opened first if there is
+-- none) and reads their replies; true, or nil, the transport's error and whether the connection
+-- had served before.
+local function attempt(ch, o, jobs, deadline)
+  local sock, used = ch.sock, ch.used
+  local auth = false
+  if not sock then
+    sock = ngx.socket.tcp()
+    local remaining = math.max(1, deadline - ngx.now() * 1000)
+    sock:settimeouts(remaining, remaining, remaining)
+    local ok, err = sock:connect(o.redis.host, o.redis.port)
+    if not ok then return nil, "connect: " .. tostring(err) end
+    ch.sock, ch.used = sock, false
+    used = false
+    auth = o.password ~= nil
+  end
   local payload
   if #jobs == 1 and not auth then
     payload = jobs[1].payload
@@ -141,61 +144,74 @@ local function attempt(o, jobs, deadline, fresh)
     for i = 1, #jobs do parts[#parts + 1] = jobs[i].payload end
     payload = table.concat(parts)
   end
-  ok, err = sock:send(payload)
+  sock:settimeout(math.max(1, deadline - ngx.now() * 1000))
+  local ok, err = sock:send(payload)
   if ok then ok, err = read_replies(sock, jobs, deadline, auth) end
   if not ok then
     sock:close()
-    return nil, err, pooled
+    ch.sock = nil
+    return nil, err, used
   end
-  sock:setkeepalive(KEEPALIVE_MS)
+  ch.used = true
   return true
 end
 
--- attempt, and once more on a new connection when a pooled one turns out closed (a restart).
-local function flush(o, jobs, deadline)
-  local ok, err, pooled = attempt(o, jobs, deadline, false)
-  if not ok and pooled and err ~= "timeout" then
-    ok, err = attempt(o, jobs, deadline, true)
+-- One round trip for `jobs`, each woken with its replies or the error.
+local function flush(ch, jobs)
+  local deadline = 0
+  for i = 1, #jobs do
+    if jobs[i].deadline > deadline then deadline = jobs[i].deadline end
   end
-  return ok, err
-end
-
--- The lead goes to the first call still waiting in the queue, if any.
-local function hand_over(ch)
-  local queue = ch.queue
-  for i = 1, #queue do
-    local job = queue[i]
-    if not job.gone then
-      job.lead = true
-      ch.until_ms = job.deadline + STALE_MS
-      job.sema:post(1)
-      return
-    end
+  local o = jobs[1].o
+  local ran, ok, err, used = pcall(attempt, ch, o, jobs, deadline)
+  if ran and not ok and used and err ~= "timeout" then
+    ran, ok, err = pcall(attempt, ch, o, jobs, deadline)
   end
-  ch.queue = {}
-  ch.leading = false
-end
-
--- `me` leads: the queue (me among it) in one round trip, each call woken with its replies.
-local function lead(o, ch, me)
-  local batch = ch.queue
-  ch.queue = {}
-  local jobs = {}
-  for i = 1, #batch do
-    if not batch[i].gone then jobs[#jobs + 1] = batch[i] end
+  if not ran then
+    ok, err = nil, "internal error: " .. tostring(ok)
+    if ch.sock then ch.sock:close() end
+    ch.sock = nil
   end
-  local ran, ok, err = pcall(flush, o, jobs, me.deadline)
-  if not ran then ok, err = nil, "internal error: " .. tostring(ok) end
   for i = 1, #jobs do
     local job = jobs[i]
     if not ok then
+      job.replies = nil
       job.err = err
-      -- The breaker counts a batch once: by its leader.
-      job.counted = job ~= me
+      -- The breaker counts a round trip once: by its first call.
+      job.counted = i > 1
     end
-    if job ~= me then job.sema:post(1) end
+    if not job.gone then job.sema:post(1) end
   end
-  hand_over(ch)
+end
+
+-- The timer: round trips as long as there are calls, until the worker exits.
+local function run(premature, ch)
+  if not premature then
+    while not ngx.worker.exiting() do
+      local queue = ch.queue
+      if #queue == 0 then
+        ch.idle = true
+        ch.wake:wait(IDLE_WAIT_S)
+        ch.idle = false
+      else
+        ch.queue = {}
+        local jobs = {}
+        for i = 1, #queue do
+          if not queue[i].gone then jobs[#jobs + 1] = queue[i] end
+        end
+        if jobs[1] then flush(ch, jobs) end
+      end
+    end
+  end
+  ch.running = false
+  if ch.sock then ch.sock:close() end
+  ch.sock = nil
+  local queue = ch.queue
+  ch.queue = {}
+  for i = 1, #queue do
+    queue[i].err = "the worker is exiting"
+    if not queue[i].gone then queue[i].sema:post(1) end
+  end
 end
 
 local Pipe = {}
@@ -206,43 +222,31 @@ function Pipe:exchange(payload, n, deadline)
   local o = self.o
   local ch = channels[o.redis.text]
   if not ch then
-    ch = { queue = {}, leading = false, until_ms = 0 }
+    ch = { queue = {}, wake = semaphore.new(), idle = false, running = false }
     channels[o.redis.text] = ch
   end
-  local job = { payload = payload, n = n, deadline = deadline }
+  if not ch.running then
+    local ok, err = ngx.timer.at(0, run, ch)
+    if not ok then return nil, "ngx.timer.at: " .. tostring(err) end
+    ch.running = true
+  end
+  local sema = new_sema()
+  local job = { payload = payload, n = n, deadline = deadline, o = o, sema = sema }
   local queue = ch.queue
   queue[#queue + 1] = job
-  local now = ngx.now() * 1000
-  if ch.leading and now > ch.until_ms then
-    log("err", "ratelimit: a pipeline to " .. o.redis.text .. " was left busy: resumed")
-    ch.leading = false
+  if ch.idle then
+    ch.idle = false
+    ch.wake:post(1)
   end
-  if not ch.leading then
-    ch.leading = true
-    ch.until_ms = deadline + STALE_MS
-    lead(o, ch, job)
-  else
-    local sema = new_sema()
-    job.sema = sema
-    local ok = sema:wait(math.max(0.001, (deadline - now) / 1000))
-    if job.lead then
-      if ok and ngx.now() * 1000 < deadline then
-        lead(o, ch, job)
-      else
-        -- Too late to lead: the next one does.
-        job.gone = true
-        job.err = job.err or "timeout"
-        hand_over(ch)
-      end
-    elseif not ok and not job.replies then
-      -- Its deadline passed first: the call fails (its leader still reads its reply, if sent).
-      job.gone = true
-      return nil, "timeout"
-    end
-    if ok and spare_n < 64 then
-      spare_n = spare_n + 1
-      spare[spare_n] = sema
-    end
+  local ok = sema:wait(math.max(0.001, (deadline - ngx.now() * 1000) / 1000))
+  if not ok then
+    -- Its deadline passed first: the call fails (the timer still reads its reply, if sent).
+    job.gone = true
+    return nil, "timeout"
+  end
+  if spare_n < 64 then
+    spare_n = spare_n + 1
+    spare[spare_n] = sema
   end
   if job.replies then return job.replies end
   return nil, job.err, job.counted

@@ -1,6 +1,6 @@
 //! Many requests of one proxy worker at once. NGINX coalesces the calls a worker makes to Redis
-//! at the same time (one leader writes every queued call's command in one send and wakes each
-//! with its own reply); HAProxy decides each on a pooled connection of its thread. Either way a
+//! at the same time (its background timer writes every queued call's command in one send and
+//! wakes each with its own reply); HAProxy decides each on a pooled connection of its thread. Either way a
 //! burst at one key admits exactly the limit, and a stalled Redis leaves no request waiting
 //! beyond timeout_ms.
 
