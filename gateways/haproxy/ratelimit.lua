@@ -67,7 +67,8 @@ local env = {
   store = store,
   defaults = {},
   connect = function(o, timeout_ms, fresh)
-    local pool = pools[o.redis.text]
+    local where = core_.connection_key(o)
+    local pool = pools[where]
     if pool and pool[1] and not fresh then
       local conn = pool[#pool]
       pool[#pool] = nil
@@ -78,7 +79,7 @@ local env = {
     sock:settimeout(timeout_ms / 1000)
     local ok, err = sock:connect(o.redis.host, o.redis.port)
     if not ok then return nil, "connect: " .. tostring(err) end
-    return setmetatable({ sock = sock, uses = 0, where = o.redis.text }, Conn)
+    return setmetatable({ sock = sock, uses = 0, where = where }, Conn)
   end,
   keep = function(conn)
     local pool = pools[conn.where]

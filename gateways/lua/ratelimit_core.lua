@@ -383,6 +383,15 @@ function M.answer(limits, overall)
 end
 
 M.UNAVAILABLE_BODY = '{"error": "rate limiter unavailable"}'
+--- The name of the connections (a pool, a channel) a call with options `o` may use: its
+--- server's, and its password's, so a connection authenticated with one password never serves a
+--- call configured with another.
+function M.connection_key(o)
+  local password = o.password
+  if password == nil then return o.redis.text end
+  return o.redis.text .. "\0" .. password
+end
+
 M.CONFIG_BODY = '{"error": "rate limiter misconfigured"}'
 
 -- The limiter ----------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ end
 local semaphore = require("ngx.semaphore")
 local core_parse = core.parse
 
-local channels = {} -- "host:port" -> { queue, wake, idle, running, sock, used }
+local channels = {} -- core.connection_key -> { queue, wake, idle, running, sock, used }
 local RECEIVE_MAX = 65536
 -- How long the timer waits for calls before it looks whether the worker is exiting.
 local IDLE_WAIT_S = 1
@@ -220,10 +220,11 @@ function Pipe.reused() return 1 end
 
 function Pipe:exchange(payload, n, deadline)
   local o = self.o
-  local ch = channels[o.redis.text]
+  local where = core.connection_key(o)
+  local ch = channels[where]
   if not ch then
     ch = { queue = {}, wake = semaphore.new(), idle = false, running = false }
-    channels[o.redis.text] = ch
+    channels[where] = ch
   end
   if not ch.running then
     local ok, err = ngx.timer.at(0, run, ch)

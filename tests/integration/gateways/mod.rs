@@ -652,6 +652,60 @@ pub fn stall_and_kill_of_redis<G: Gateway>() {
     recovered("after the restart");
 }
 
+/// A server with a password: the limits configured with it are decided; a limit configured with
+/// another never rides on a connection the first one authenticated (its requests are a logged
+/// 500, however many calls with the right password came before, in any order).
+pub fn connections_are_kept_apart_by_password<G: Gateway>() {
+    if !G::available() {
+        return;
+    }
+    let server = Server::start();
+    let mut admin = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "s3cret"])
+        .query(&mut admin)
+        .unwrap();
+    let proxy = G::start(
+        server.port(),
+        &[
+            (
+                "timeout_ms = 50",
+                "timeout_ms = 2000, password = \"s3cret\"",
+            ),
+            (
+                "on_error = \"closed\",",
+                "on_error = \"closed\", password = \"wrong\",",
+            ),
+        ],
+    );
+    for round in 0..3u64 {
+        for n in 1..=5u64 {
+            let r = proxy.get("/api/x", &[("X-API-Key", "erin")]);
+            assert_eq!(r.status, 200, "round {round}, request {n}: {r:?}");
+            let field = r.header("RateLimit").expect("RateLimit");
+            let left = 100 - (5 * round + n);
+            assert!(
+                field.starts_with(&format!("\"default\";r={left};")),
+                "{field}"
+            );
+        }
+        for n in 1..=3 {
+            let r = proxy.get("/login", &[]);
+            assert_eq!(r.status, 500, "round {round}, login {n}: {r:?}");
+            assert_eq!(r.body, "{\"error\": \"rate limiter misconfigured\"}");
+        }
+    }
+    let log = proxy.log();
+    assert!(log.contains("WRONGPASS"), "{log}");
+    // Nothing counted for /login: its calls never reached a command.
+    let keys: Vec<String> = redis::cmd("KEYS").arg("login:*").query(&mut admin).unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", ""])
+        .query(&mut admin)
+        .unwrap();
+}
+
 /// On a server without the module the proxy loads the Functions library and answers the same.
 pub fn library_engine_without_the_module<G: Gateway>() {
     if !G::available() {

@@ -116,6 +116,11 @@ fn nginx_bounds_requests_through_a_stall_and_a_kill_of_redis() {
 }
 
 #[test]
+fn nginx_keeps_connections_apart_by_password() {
+    super::connections_are_kept_apart_by_password::<Nginx>();
+}
+
+#[test]
 fn nginx_uses_the_library_without_the_module() {
     super::library_engine_without_the_module::<Nginx>();
 }
