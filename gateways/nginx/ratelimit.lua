@@ -6,8 +6,8 @@
 -- and header_filter_by_lua_block { require("ratelimit").headers() } to put the RateLimit fields
 -- on the responses it admits. gateways/nginx/README.md has the options and a complete nginx.conf.
 -- The calls go over a cosocket (non-blocking) that a background timer of each worker holds open,
--- the worker's concurrent calls pipelined on that one connection; the breaker lives in the shared dict
--- `lua_shared_dict ratelimit 1m`, so all workers share it.
+-- the worker's concurrent calls pipelined on that one connection; the breaker lives in the shared
+-- dict `lua_shared_dict ratelimit 1m`, so all workers share it.
 
 local core = require("ratelimit_core")
 local sub = string.sub
