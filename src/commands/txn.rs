@@ -38,6 +38,7 @@ use redis_ratelimit_core::error;
 use redis_ratelimit_core::policy::Counters;
 use redis_ratelimit_core::value::Refused;
 
+use super::apply::MAX_PAIRS;
 use super::call::Call;
 use crate::api::rm;
 use crate::log::log_warning;
@@ -232,23 +233,53 @@ impl<'c> Txn<'c> {
     /// each key expires, replicates and closes, in order, before anything is counted or
     /// notified (a subscriber to keyspace events may touch any of them).
     pub fn commit_all(mut txns: Vec<Txn<'c>>) {
+        // A batch of plain payload writes, one per key, replicates as one multi-pair `rla`
+        // per `MAX_PAIRS` keys (one RM_Replicate instead of one per key); anything with a
+        // deletion, a verbatim replication or several payloads on a key, one `rla` per write.
+        let batched = txns.len() > 1 && txns.iter().all(Txn::batchable);
         for txn in &mut txns {
-            txn.close();
+            txn.close_into(batched);
+        }
+        if batched {
+            let batch: Vec<_> = txns
+                .iter()
+                .filter(|txn| txn.staged)
+                .filter_map(|txn| Some((txn.name, txn.payload.as_slice()?)))
+                .collect();
+            replicate_batch(txns[0].call, &batch);
         }
         for txn in &mut txns {
             txn.finish();
         }
     }
 
+    /// The transaction's writes replicate as one key-payload pair at most, nothing else.
+    fn batchable(&self) -> bool {
+        !self.replicate_del
+            && !self.verbatim
+            && self
+                .more
+                .as_deref()
+                .is_none_or(|more| more.payloads.is_empty())
+    }
+
     /// Expires (or deletes), replicates, then closes the key.
     #[inline(always)]
     fn close(&mut self) {
+        self.close_into(false);
+    }
+
+    /// [`close`](Txn::close), but with `batched` the one payload of a
+    /// [`batchable`](Txn::batchable) transaction is left for [`commit_all`](Txn::commit_all)
+    /// to replicate with the others.
+    #[inline(always)]
+    fn close_into(&mut self, batched: bool) {
         match self.after {
             After::Nothing => {}
             After::Expire(at_ms) => self.key.expire_at(at_ms),
             After::Delete => self.key.delete(),
         }
-        if self.staged {
+        if self.staged && !batched {
             // The first payload, then the rare ones after it (no iterator over both: every
             // consuming CHECK runs this).
             if let Some(bytes) = self.payload.as_slice() {
@@ -335,6 +366,48 @@ fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]
     };
     if status != raw::REDISMODULE_OK as c_int {
         log_warning("ratelimit: could not replicate a limiter write");
+    }
+}
+
+/// Replicates (and appends to the AOF) the writes of `batch` (key, payload) as
+/// `rla k1 p1 [k2 p2 ...]`, at most [`MAX_PAIRS`] pairs a command (a lone pair as
+/// [`replicate_apply`] does).
+fn replicate_batch(call: &Call, batch: &[(*mut raw::RedisModuleString, &[u8])]) {
+    for chunk in batch.chunks(MAX_PAIRS) {
+        if let [(key, payload)] = chunk {
+            replicate_apply(call, *key, payload);
+            continue;
+        }
+        let mut argv = Vec::with_capacity(2 * chunk.len());
+        for (key, payload) in chunk {
+            argv.push(*key);
+            // SAFETY: the command's context and a buffer valid for the call; freed below.
+            argv.push(unsafe {
+                rm!(RedisModule_CreateString)(
+                    call.ctx,
+                    payload.as_ptr().cast::<std::ffi::c_char>(),
+                    payload.len(),
+                )
+            });
+        }
+        // SAFETY: a registered command; "v" = an array of strings and its length (Redis takes
+        // its own reference to each).
+        let status = unsafe {
+            rm!(RedisModule_Replicate)(
+                call.ctx,
+                APPLY_SHORT_NAME.as_ptr(),
+                c"v".as_ptr(),
+                argv.as_ptr(),
+                argv.len(),
+            )
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            log_warning("ratelimit: could not replicate a batch of limiter writes");
+        }
+        for payload in argv.iter().skip(1).step_by(2) {
+            // SAFETY: the strings created above, freed once.
+            unsafe { rm!(RedisModule_FreeString)(call.ctx, *payload) };
+        }
     }
 }
 
