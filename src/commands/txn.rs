@@ -241,12 +241,7 @@ impl<'c> Txn<'c> {
             txn.close_into(batched);
         }
         if batched {
-            let batch: Vec<_> = txns
-                .iter()
-                .filter(|txn| txn.staged)
-                .filter_map(|txn| Some((txn.name, txn.payload.as_slice()?)))
-                .collect();
-            replicate_batch(txns[0].call, &batch);
+            replicate_batch(&txns);
         }
         for txn in &mut txns {
             txn.finish();
@@ -369,45 +364,68 @@ fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]
     }
 }
 
-/// Replicates (and appends to the AOF) the writes of `batch` (key, payload) as
+/// One write of a batch: the key's name and its payload.
+type Pair<'a> = (*mut raw::RedisModuleString, &'a [u8]);
+
+/// Replicates (and appends to the AOF) the writes of `txns` (one payload each at most) as
 /// `rla k1 p1 [k2 p2 ...]`, at most [`MAX_PAIRS`] pairs a command (a lone pair as
-/// [`replicate_apply`] does).
-fn replicate_batch(call: &Call, batch: &[(*mut raw::RedisModuleString, &[u8])]) {
-    for chunk in batch.chunks(MAX_PAIRS) {
-        if let [(key, payload)] = chunk {
-            replicate_apply(call, *key, payload);
-            continue;
+/// [`replicate_apply`] does). On the stack: no allocation per call.
+fn replicate_batch(txns: &[Txn]) {
+    let Some(call) = txns.first().map(|txn| txn.call) else {
+        return;
+    };
+    let mut chunk: [Pair; MAX_PAIRS] = [(std::ptr::null_mut(), &[]); MAX_PAIRS];
+    let mut len = 0;
+    let pairs = txns
+        .iter()
+        .filter(|txn| txn.staged)
+        .filter_map(|txn| Some((txn.name, txn.payload.as_slice()?)));
+    for pair in pairs {
+        chunk[len] = pair;
+        len += 1;
+        if len == MAX_PAIRS {
+            replicate_pairs(call, &chunk);
+            len = 0;
         }
-        let mut argv = Vec::with_capacity(2 * chunk.len());
-        for (key, payload) in chunk {
-            argv.push(*key);
-            // SAFETY: the command's context and a buffer valid for the call; freed below.
-            argv.push(unsafe {
-                rm!(RedisModule_CreateString)(
+    }
+    replicate_pairs(call, &chunk[..len]);
+}
+
+/// `RM_Replicate` of `rla` with these pairs (none: nothing), each an "sb" of the format: the
+/// key string and its payload buffer, which Redis copies (no string to create and free here).
+fn replicate_pairs(call: &Call, pairs: &[Pair]) {
+    macro_rules! replicate {
+        ($format:literal, $($i:literal)+) => {
+            // SAFETY: a registered command; "sb" per pair = a key string and a buffer, both
+            // valid for the call.
+            unsafe {
+                rm!(RedisModule_Replicate)(
                     call.ctx,
-                    payload.as_ptr().cast::<std::ffi::c_char>(),
-                    payload.len(),
+                    APPLY_SHORT_NAME.as_ptr(),
+                    $format.as_ptr(),
+                    $(
+                        pairs[$i].0,
+                        pairs[$i].1.as_ptr().cast::<std::ffi::c_char>(),
+                        pairs[$i].1.len(),
+                    )+
                 )
-            });
-        }
-        // SAFETY: a registered command; "v" = an array of strings and its length (Redis takes
-        // its own reference to each).
-        let status = unsafe {
-            rm!(RedisModule_Replicate)(
-                call.ctx,
-                APPLY_SHORT_NAME.as_ptr(),
-                c"v".as_ptr(),
-                argv.as_ptr(),
-                argv.len(),
-            )
+            }
         };
-        if status != raw::REDISMODULE_OK as c_int {
-            log_warning("ratelimit: could not replicate a batch of limiter writes");
-        }
-        for payload in argv.iter().skip(1).step_by(2) {
-            // SAFETY: the strings created above, freed once.
-            unsafe { rm!(RedisModule_FreeString)(call.ctx, *payload) };
-        }
+    }
+    const _: () = assert!(MAX_PAIRS == 8);
+    let status = match pairs.len() {
+        0 => return,
+        1 => return replicate_apply(call, pairs[0].0, pairs[0].1),
+        2 => replicate!(c"sbsb", 0 1),
+        3 => replicate!(c"sbsbsb", 0 1 2),
+        4 => replicate!(c"sbsbsbsb", 0 1 2 3),
+        5 => replicate!(c"sbsbsbsbsb", 0 1 2 3 4),
+        6 => replicate!(c"sbsbsbsbsbsb", 0 1 2 3 4 5),
+        7 => replicate!(c"sbsbsbsbsbsbsb", 0 1 2 3 4 5 6),
+        _ => replicate!(c"sbsbsbsbsbsbsbsb", 0 1 2 3 4 5 6 7),
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        log_warning("ratelimit: could not replicate a batch of limiter writes");
     }
 }
 
