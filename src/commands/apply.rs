@@ -1,4 +1,5 @@
-//! `RATELIMIT.APPLY key payload`: replays one limiter write with its explicit time.
+//! `RATELIMIT.APPLY key payload [key payload ...]`: replays limiter writes with their explicit
+//! time, up to [`MAX_PAIRS`] keys at once, all or nothing.
 //!
 //! CHECK sends this to replicas and the AOF instead of itself, so a replica, an AOF replay or a
 //! rewrite reproduces the master's state exactly whatever its own clock says. The payload is a
@@ -24,19 +25,21 @@ use super::registry::{Arg, ArgType, Command, Keys, KEY_OVERWRITTEN};
 use super::txn::refused;
 use super::txn::Txn;
 use crate::config::{max_leases, max_log_limit, MAX_MAX_LEASES, MAX_MAX_LOG_LIMIT};
+use crate::log::log_warning;
 use crate::store::{Slot, APPLY_COMMAND, APPLY_SHORT_NAME};
 
-const ARGS: [Arg; 2] = [
+const PAIR: [Arg; 2] = [
     Arg::new(c"key", ArgType::Key),
     Arg::new(c"payload", ArgType::String),
 ];
 
+const ARGS: [Arg; 1] = [Arg::block(c"pair", &PAIR).multiple()];
+
 pub(crate) const COMMAND: Command = Command {
     name: APPLY_COMMAND,
     flags: c"write deny-oom",
-    arity: 3,
-    keys: Keys::First {
-        rest: false,
+    arity: -3,
+    keys: Keys::Pairs {
         flags: KEY_OVERWRITTEN,
     },
     summary: c"Replays a limiter write (replication and AOF); not for applications",
@@ -58,10 +61,23 @@ pub(crate) const SHORT: Command = Command {
     ..COMMAND
 };
 
+/// The most key-payload pairs one `ratelimit.apply` carries (a CHECKALL of more keys replicates
+/// several, of at most this many each).
+pub(crate) const MAX_PAIRS: usize = 8;
+
 fn run(call: &Call) -> c_int {
-    if call.argc() != 3 {
+    let argc = call.argc();
+    if argc == 3 {
+        return run_one(call);
+    }
+    if argc < 3 || argc % 2 == 0 {
         return call.error(&ArgError::WrongArity.message("ratelimit.apply", &[]));
     }
+    run_pairs(call, (argc - 1) / 2)
+}
+
+/// `ratelimit.apply key payload`: one write.
+fn run_one(call: &Call) -> c_int {
     let Ok(change) = Change::decode(call.bytes(2)) else {
         return call.error(error::STATE);
     };
@@ -75,22 +91,103 @@ fn run(call: &Call) -> c_int {
     raw::REDISMODULE_OK as c_int
 }
 
+/// `ratelimit.apply key payload [key payload ...]`: several writes, all or nothing. Every pair
+/// is decoded and checked, on a copy of its key's limiter, before any is written; the keys are
+/// distinct (a master sends one pair per key).
+fn run_pairs(call: &Call, pairs: usize) -> c_int {
+    if pairs > MAX_PAIRS {
+        return call.error(&format!(
+            "ERR ratelimit.apply takes at most {MAX_PAIRS} key-payload pairs"
+        ));
+    }
+    let mut changes = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let Ok(change) = Change::decode(call.bytes(2 + 2 * i)) else {
+            return call.error(error::STATE);
+        };
+        changes.push(change);
+    }
+    for i in 1..pairs {
+        let name = call.bytes(1 + 2 * i);
+        if (0..i).any(|j| call.bytes(1 + 2 * j) == name) {
+            return call.error("ERR ratelimit.apply names a key twice");
+        }
+    }
+    let mut txns: Vec<Txn> = (0..pairs)
+        .map(|i| Txn::open(call, call.raw_arg(1 + 2 * i), true))
+        .collect();
+    for (txn, change) in txns.iter_mut().zip(&changes) {
+        let mut copy = match txn.slot() {
+            Slot::WrongType => return call.error(error::WRONG_TYPE),
+            Slot::Empty => None,
+            Slot::Limiter(limiter) => Some(Limiter::clone(&limiter)),
+        };
+        if let Err(message) = decide(call, copy.as_mut(), change.clone()) {
+            return call.error(&message);
+        }
+    }
+    for (txn, change) in txns.iter_mut().zip(changes) {
+        if let Err(message) = apply(call, txn, change) {
+            // Not seen: every pair was checked on the same state just above.
+            log_warning("ratelimit: a checked ratelimit.apply pair failed; later pairs skipped");
+            return call.error(&message);
+        }
+    }
+    txns[0].replicate_verbatim();
+    Txn::commit_all(txns);
+    call.reply_name(c"OK");
+    raw::REDISMODULE_OK as c_int
+}
+
+/// What writing a change does to its key, once [`decide`] has applied it to the limiter.
+enum Outcome {
+    /// A new limiter replaces the key's value, expiring at this time.
+    Create(Limiter, u64),
+    /// The limiter changed in place is stored (if the key held one), expiring at this time.
+    Store(u64),
+    /// The key is deleted.
+    Delete,
+}
+
 /// Stores `change` in the transaction's key and stages its expiry (or deletion). The error is
 /// the reply (a change no admitted call could have made, or a wrong type); nothing is stored
 /// then.
 fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
-    let state = || error::STATE.to_string();
     let mut stored = match txn.slot() {
         Slot::WrongType => return Err(error::WRONG_TYPE.to_string()),
         Slot::Empty => None,
         Slot::Limiter(limiter) => Some(limiter),
     };
-    let expires_at_ms = match change {
-        Change::Replace(limiter) => {
+    match decide(call, stored.as_deref_mut(), change)? {
+        Outcome::Create(limiter, expires_at_ms) => {
             drop(stored);
-            let expires_at_ms = limiter.expires_at_ms();
             txn.create(limiter).map_err(refused)?;
-            Some(expires_at_ms)
+            txn.expire_at(expires_at_ms);
+        }
+        Outcome::Store(expires_at_ms) => {
+            store(stored)?;
+            txn.expire_at(expires_at_ms);
+        }
+        Outcome::Delete => {
+            drop(stored);
+            txn.delete();
+        }
+    }
+    Ok(())
+}
+
+/// Applies `change` to the limiter the key holds (`None`: none), and says what to write. The
+/// error is the reply: a change no admitted call could have made.
+fn decide(
+    call: &Call,
+    mut stored: Option<&mut Limiter>,
+    change: Change,
+) -> Result<Outcome, String> {
+    let state = || error::STATE.to_string();
+    Ok(match change {
+        Change::Replace(limiter) => {
+            let expires_at_ms = limiter.expires_at_ms();
+            Outcome::Create(limiter, expires_at_ms)
         }
         Change::LogAppend { params, t_ms, cost } => {
             // Only what an admitted call could have written: a log within its limit after the
@@ -115,44 +212,34 @@ fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
             let mut created = None;
             match sliding_log::append(stored.as_deref_mut(), &params, t_ms, cost, &mut created) {
                 Write::Created => {
-                    drop(stored);
-                    txn.create(created.ok_or_else(state)?).map_err(refused)?;
+                    Outcome::Create(created.ok_or_else(state)?, t_ms + params.period_ms)
                 }
-                _ => store(stored)?,
+                _ => Outcome::Store(t_ms + params.period_ms),
             }
-            Some(t_ms + params.period_ms)
         }
         Change::LogRefund { t_ms, cost } => {
             // Only onto a log last written at or before the refund, as the master's was.
-            let Some(mut handle) = stored.filter(|limiter| {
+            let Some(handle) = stored.filter(|limiter| {
                 limiter.kind() == Kind::Rate(Algorithm::SlidingLog) && limiter.last_ms <= t_ms
             }) else {
                 return Err(state());
             };
-            match sliding_log::refund(&mut handle, cost, t_ms) {
-                Refunded::Updated => {
-                    handle.store().map_err(refused)?;
-                    Some(handle.expires_at_ms())
-                }
-                Refunded::Emptied => {
-                    drop(handle);
-                    txn.delete();
-                    None
-                }
+            match sliding_log::refund(handle, cost, t_ms) {
+                Refunded::Updated => Outcome::Store(handle.expires_at_ms()),
+                Refunded::Emptied => Outcome::Delete,
                 Refunded::Nothing => return Err(state()),
             }
         }
         Change::Block { until_ms } => {
             // Only onto a limiter the block starts after, as the master's did (never a lease
             // set: ACQUIRE has no BLOCK, and a blocked lease set could not be stored).
-            let Some(mut handle) = stored
+            let Some(handle) = stored
                 .filter(|limiter| limiter.last_ms < until_ms && limiter.kind() != Kind::Leases)
             else {
                 return Err(state());
             };
             handle.blocked_until_ms = until_ms;
-            handle.store().map_err(refused)?;
-            Some(handle.expires_at_ms())
+            Outcome::Store(handle.expires_at_ms())
         }
         Change::LeaseAcquire {
             params,
@@ -194,43 +281,29 @@ fn apply(call: &Call, txn: &mut Txn, change: Change) -> Result<(), String> {
             };
             match (write, created) {
                 (Write::Created, Some(limiter)) => {
-                    drop(stored);
                     let expires_at_ms = limiter.expires_at_ms();
-                    txn.create(limiter).map_err(refused)?;
-                    Some(expires_at_ms)
+                    Outcome::Create(limiter, expires_at_ms)
                 }
                 _ => {
                     let expires_at_ms = stored.as_deref().map(Limiter::expires_at_ms);
-                    store(stored)?;
-                    expires_at_ms.or(Some(acquired.expiry_ms))
+                    Outcome::Store(expires_at_ms.unwrap_or(acquired.expiry_ms))
                 }
             }
         }
         Change::LeaseRelease { t_ms, id } => {
             // Only the release of a live lease, on a lease set last written at or before it.
-            let Some(mut handle) =
+            let Some(handle) =
                 stored.filter(|limiter| limiter.kind() == Kind::Leases && limiter.last_ms <= t_ms)
             else {
                 return Err(state());
             };
-            match concurrency::release(&mut handle, &id, t_ms) {
-                Ok((_, Released::Updated)) => {
-                    handle.store().map_err(refused)?;
-                    Some(handle.expires_at_ms())
-                }
-                Ok((_, Released::Emptied)) => {
-                    drop(handle);
-                    txn.delete();
-                    None
-                }
+            match concurrency::release(handle, &id, t_ms) {
+                Ok((_, Released::Updated)) => Outcome::Store(handle.expires_at_ms()),
+                Ok((_, Released::Emptied)) => Outcome::Delete,
                 _ => return Err(state()),
             }
         }
-    };
-    if let Some(expires_at_ms) = expires_at_ms {
-        txn.expire_at(expires_at_ms);
-    }
-    Ok(())
+    })
 }
 
 /// Stores a limiter changed through `handle`, if the key held one.

@@ -55,6 +55,8 @@ pub(crate) const KEY_OVERWRITTEN: u32 =
 pub(crate) enum Keys {
     /// Argument 1, and with `rest` every argument after it.
     First { rest: bool, flags: u32 },
+    /// Argument 1 and every second argument after it (key-value pairs).
+    Pairs { flags: u32 },
     /// A count at argument 1, then that many keys (the command needs `getkeys-api`).
     Counted { flags: u32 },
     /// No key (a command about the server's policies).
@@ -67,6 +69,7 @@ impl Keys {
         match self {
             Keys::First { rest: false, .. } => (1, 1, 1),
             Keys::First { rest: true, .. } => (1, -1, 1),
+            Keys::Pairs { .. } => (1, -1, 2),
             Keys::Counted { .. } | Keys::None => (0, 0, 0),
         }
     }
@@ -85,6 +88,14 @@ impl Keys {
                     raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
                 spec.fk.range.lastkey = if rest { -1 } else { 0 };
                 spec.fk.range.keystep = 1;
+                spec.fk.range.limit = 0;
+            }
+            Keys::Pairs { flags } => {
+                spec.flags = u64::from(flags);
+                spec.find_keys_type =
+                    raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+                spec.fk.range.lastkey = -1;
+                spec.fk.range.keystep = 2;
                 spec.fk.range.limit = 0;
             }
             Keys::None => {}

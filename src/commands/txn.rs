@@ -38,6 +38,7 @@ use redis_ratelimit_core::error;
 use redis_ratelimit_core::policy::Counters;
 use redis_ratelimit_core::value::Refused;
 
+use super::apply::MAX_PAIRS;
 use super::call::Call;
 use crate::api::rm;
 use crate::log::log_warning;
@@ -232,23 +233,48 @@ impl<'c> Txn<'c> {
     /// each key expires, replicates and closes, in order, before anything is counted or
     /// notified (a subscriber to keyspace events may touch any of them).
     pub fn commit_all(mut txns: Vec<Txn<'c>>) {
+        // A batch of plain payload writes, one per key, replicates as one multi-pair `rla`
+        // per `MAX_PAIRS` keys (one RM_Replicate instead of one per key); anything with a
+        // deletion, a verbatim replication or several payloads on a key, one `rla` per write.
+        let batched = txns.len() > 1 && txns.iter().all(Txn::batchable);
         for txn in &mut txns {
-            txn.close();
+            txn.close_into(batched);
+        }
+        if batched {
+            replicate_batch(&txns);
         }
         for txn in &mut txns {
             txn.finish();
         }
     }
 
+    /// The transaction's writes replicate as one key-payload pair at most, nothing else.
+    fn batchable(&self) -> bool {
+        !self.replicate_del
+            && !self.verbatim
+            && self
+                .more
+                .as_deref()
+                .is_none_or(|more| more.payloads.is_empty())
+    }
+
     /// Expires (or deletes), replicates, then closes the key.
     #[inline(always)]
     fn close(&mut self) {
+        self.close_into(false);
+    }
+
+    /// [`close`](Txn::close), but with `batched` the one payload of a
+    /// [`batchable`](Txn::batchable) transaction is left for [`commit_all`](Txn::commit_all)
+    /// to replicate with the others.
+    #[inline(always)]
+    fn close_into(&mut self, batched: bool) {
         match self.after {
             After::Nothing => {}
             After::Expire(at_ms) => self.key.expire_at(at_ms),
             After::Delete => self.key.delete(),
         }
-        if self.staged {
+        if self.staged && !batched {
             // The first payload, then the rare ones after it (no iterator over both: every
             // consuming CHECK runs this).
             if let Some(bytes) = self.payload.as_slice() {
@@ -335,6 +361,71 @@ fn replicate_apply(call: &Call, key: *mut raw::RedisModuleString, payload: &[u8]
     };
     if status != raw::REDISMODULE_OK as c_int {
         log_warning("ratelimit: could not replicate a limiter write");
+    }
+}
+
+/// One write of a batch: the key's name and its payload.
+type Pair<'a> = (*mut raw::RedisModuleString, &'a [u8]);
+
+/// Replicates (and appends to the AOF) the writes of `txns` (one payload each at most) as
+/// `rla k1 p1 [k2 p2 ...]`, at most [`MAX_PAIRS`] pairs a command (a lone pair as
+/// [`replicate_apply`] does). On the stack: no allocation per call.
+fn replicate_batch(txns: &[Txn]) {
+    let Some(call) = txns.first().map(|txn| txn.call) else {
+        return;
+    };
+    let mut chunk: [Pair; MAX_PAIRS] = [(std::ptr::null_mut(), &[]); MAX_PAIRS];
+    let mut len = 0;
+    let pairs = txns
+        .iter()
+        .filter(|txn| txn.staged)
+        .filter_map(|txn| Some((txn.name, txn.payload.as_slice()?)));
+    for pair in pairs {
+        chunk[len] = pair;
+        len += 1;
+        if len == MAX_PAIRS {
+            replicate_pairs(call, &chunk);
+            len = 0;
+        }
+    }
+    replicate_pairs(call, &chunk[..len]);
+}
+
+/// `RM_Replicate` of `rla` with these pairs (none: nothing), each an "sb" of the format: the
+/// key string and its payload buffer, which Redis copies (no string to create and free here).
+fn replicate_pairs(call: &Call, pairs: &[Pair]) {
+    macro_rules! replicate {
+        ($format:literal, $($i:literal)+) => {
+            // SAFETY: a registered command; "sb" per pair = a key string and a buffer, both
+            // valid for the call.
+            unsafe {
+                rm!(RedisModule_Replicate)(
+                    call.ctx,
+                    APPLY_SHORT_NAME.as_ptr(),
+                    $format.as_ptr(),
+                    $(
+                        pairs[$i].0,
+                        pairs[$i].1.as_ptr().cast::<std::ffi::c_char>(),
+                        pairs[$i].1.len(),
+                    )+
+                )
+            }
+        };
+    }
+    const _: () = assert!(MAX_PAIRS == 8);
+    let status = match pairs.len() {
+        0 => return,
+        1 => return replicate_apply(call, pairs[0].0, pairs[0].1),
+        2 => replicate!(c"sbsb", 0 1),
+        3 => replicate!(c"sbsbsb", 0 1 2),
+        4 => replicate!(c"sbsbsbsb", 0 1 2 3),
+        5 => replicate!(c"sbsbsbsbsb", 0 1 2 3 4),
+        6 => replicate!(c"sbsbsbsbsbsb", 0 1 2 3 4 5),
+        7 => replicate!(c"sbsbsbsbsbsbsb", 0 1 2 3 4 5 6),
+        _ => replicate!(c"sbsbsbsbsbsbsbsb", 0 1 2 3 4 5 6 7),
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        log_warning("ratelimit: could not replicate a batch of limiter writes");
     }
 }
 

@@ -12,6 +12,7 @@ use std::fs;
 use std::thread;
 use std::time::Duration;
 
+use common::model::Spec;
 use common::{
     dbsize, future_base_ms, info_fields, master_and_replica, reply6, send, wait_replica_sync,
     Limit, Server,
@@ -468,5 +469,71 @@ fn a_replica_that_resyncs_after_a_master_crash_holds_the_masters_state() {
         &before,
         &snapshot(&replica, &probes, base),
         "replica after the resync",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-pair `rla`
+
+/// The argument counts of the `rla` commands in an AOF file, in order (3: one key-payload pair).
+fn rla_argcs(bytes: &[u8]) -> Vec<usize> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut argcs = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("\r\n$3\r\nrla\r\n") {
+        let at = from + at;
+        let head = &text[..at];
+        let star = head.rfind('*').expect("a command header");
+        argcs.push(head[star + 1..].parse().expect("an argument count"));
+        from = at + 1;
+    }
+    argcs
+}
+
+#[test]
+fn checkall_replicates_one_multi_pair_rla_per_eight_keys_and_reloads_it() {
+    // CHECKALL of 1, 3, 8 and 9 keys: 1, 1, 1 and 2 `rla` commands (the 9th key alone, in the
+    // single-pair form old AOFs hold), on the replica as in the AOF; both forms reload exactly.
+    let mut master = Server::builder()
+        .config(&[("appendonly", "yes"), ("appendfsync", "always")])
+        .start();
+    let replica = Server::start();
+    replica.replica_of(&master);
+    let base = future_base_ms();
+    let mut con = master.client();
+    let (mut keys, mut expected) = (Vec::new(), Vec::new());
+    for (round, n) in [1usize, 3, 8, 9].into_iter().enumerate() {
+        let names: Vec<String> = (0..n).map(|i| format!("batch{n}:{i}")).collect();
+        let mut cmd = redis::cmd("RATELIMIT.CHECKALL");
+        cmd.arg(n).arg(&names);
+        for i in 0..n {
+            let algorithm = Algorithm::ALL[i % Algorithm::ALL.len()];
+            cmd.arg(Spec::new(algorithm, 5, 60_000).args());
+        }
+        cmd.arg("AT").arg(base + round as u64);
+        let reply = common::send_one(&mut con, &cmd);
+        assert!(
+            matches!(reply, Value::Array(_)),
+            "CHECKALL of {n} keys: {reply:?}"
+        );
+        expected.extend(if n > 8 {
+            vec![17, 1 + 2 * (n - 8)]
+        } else {
+            vec![1 + 2 * n]
+        });
+        keys.extend(names);
+    }
+    let (name, bytes) = aof_file(&master, ".incr.");
+    assert_eq!(rla_argcs(&bytes), expected, "rla commands in {name}");
+    common::assert_replica_matches(&master, &replica, &keys);
+
+    let before = common::snapshot(&mut master.client(), &keys);
+    assert!(before.iter().all(|(dump, _)| dump.is_some()));
+    master.kill9();
+    master.start_again();
+    assert_eq!(
+        common::snapshot(&mut master.client(), &keys),
+        before,
+        "after kill -9 and a reload of the multi-pair AOF"
     );
 }

@@ -424,3 +424,131 @@ fn random_argument_vectors_get_an_error_or_a_valid_reply_and_errors_create_nothi
         server.log_tail(30)
     );
 }
+
+/// A whole-limiter payload for RATELIMIT.APPLY, as a CHECK at `at_ms` would leave the key.
+fn replace_payload(algorithm: Algorithm, at_ms: u64) -> Vec<u8> {
+    let params = Params::new(5, 60_000, None).expect("valid");
+    let mut model = Model::default();
+    let request = Request {
+        algorithm,
+        params,
+        cost: 1,
+        now_ms: at_ms,
+    };
+    model.outcome("payload", &request);
+    Change::Replace(model.limiter("payload").expect("a limiter").clone()).to_bytes()
+}
+
+#[test]
+fn a_malformed_multi_pair_apply_is_refused_whole_and_changes_nothing() {
+    let server = Server::start();
+    let mut con = server.client();
+    let base = future_base_ms();
+    let good = |i: u64| replace_payload(Algorithm::ALL[i as usize % 6], base + i);
+    let _: () = redis::cmd("SET")
+        .arg("str")
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    // One key holding a limiter already, which a refused command must not change either.
+    let one: String = redis::cmd("rla")
+        .arg("held")
+        .arg(good(0))
+        .query(&mut con)
+        .expect("single-pair rla");
+    assert_eq!(one, "OK");
+    let state = |con: &mut redis::Connection| -> (i64, String) {
+        let size: i64 = redis::cmd("DBSIZE").query(con).unwrap();
+        let digest: String = redis::cmd("DEBUG").arg("DIGEST").query(con).unwrap();
+        (size, digest)
+    };
+    let before = state(&mut con);
+    let refund = Change::LogRefund {
+        t_ms: base,
+        cost: 1,
+    }
+    .to_bytes();
+    let pairs = |keys: &[&str], payloads: &[Vec<u8>]| {
+        let mut cmd = redis::cmd("rla");
+        for (key, payload) in keys.iter().zip(payloads) {
+            cmd.arg(*key).arg(payload.as_slice());
+        }
+        cmd
+    };
+    // Every key is declared (cluster routing and ACL key permissions see them all).
+    for name in ["rla", "RATELIMIT.APPLY"] {
+        let keys: Vec<String> = redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg(name)
+            .arg(&["k1", "p1", "k2", "p2", "k3", "p3"])
+            .query(&mut con)
+            .expect("COMMAND GETKEYS");
+        assert_eq!(keys, ["k1", "k2", "k3"], "{name}");
+    }
+    let nine: Vec<String> = (0..9).map(|i| format!("n{i}")).collect();
+    let nine_keys: Vec<&str> = nine.iter().map(String::as_str).collect();
+    let cases: Vec<(&str, redis::Cmd, &str)> = vec![
+        (
+            "even argc",
+            pairs(&["a", "b"], &[good(1), good(2)]).arg("c").clone(),
+            "ERR wrong number of arguments",
+        ),
+        (
+            "9 pairs",
+            pairs(&nine_keys, &(0..9).map(good).collect::<Vec<_>>()),
+            "ERR ratelimit.apply takes at most 8",
+        ),
+        (
+            "a bad payload in pair 2 of 3",
+            pairs(&["a", "b", "c"], &[good(1), b"garbage".to_vec(), good(3)]),
+            "ERR",
+        ),
+        (
+            "a refund onto nothing in pair 2 of 3",
+            pairs(&["a", "b", "held"], &[good(1), refund.clone(), good(3)]),
+            "ERR",
+        ),
+        (
+            "a wrong-type key in pair 3",
+            pairs(&["a", "held", "str"], &[good(1), good(2), good(3)]),
+            "WRONGTYPE",
+        ),
+        (
+            "a key named twice",
+            pairs(&["a", "b", "a"], &[good(1), good(2), good(3)]),
+            "ERR ratelimit.apply names a key twice",
+        ),
+    ];
+    for (what, cmd, error) in &cases {
+        let reply = common::send_one(&mut con, cmd);
+        let text = common::error_text(&reply).unwrap_or_else(|| panic!("{what}: {reply:?}"));
+        assert!(text.starts_with(error), "{what}: {text}");
+        assert_eq!(state(&mut con), before, "{what}: changed the data set");
+    }
+    // The same pairs, well formed: all applied, each as the single-pair form applies it.
+    let payloads = [good(1), good(2), good(3)];
+    let ok: String = pairs(&["a", "b", "held"], &payloads)
+        .query(&mut con)
+        .expect("multi-pair rla");
+    assert_eq!(ok, "OK");
+    for (i, payload) in payloads.iter().enumerate() {
+        let single = format!("single{i}");
+        let _: String = redis::cmd("rla")
+            .arg(&single)
+            .arg(payload.as_slice())
+            .query(&mut con)
+            .unwrap();
+        let key = ["a", "b", "held"][i];
+        let digests: Vec<String> = redis::cmd("DEBUG")
+            .arg("DIGEST-VALUE")
+            .arg(key)
+            .arg(&single)
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(digests[0], digests[1], "{key}: digest");
+        let expiry = |con: &mut redis::Connection, k: &str| -> i64 {
+            redis::cmd("PEXPIRETIME").arg(k).query(con).unwrap()
+        };
+        assert_eq!(expiry(&mut con, key), expiry(&mut con, &single), "{key}");
+    }
+}
