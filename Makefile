@@ -132,7 +132,7 @@ dist: deps dist-deps ## Release files in dist/: the module and redis-ratelimit-r
 	bash packaging/dist.sh
 
 test-dist: export DIST_TEST_DEPS := 1
-test-dist: deps dist-deps ## Build dist/ and prove it: glibc floor, suites on every server, the service, Debian 11 root, .deb install/purge, lintian, reproducible (~12 min fresh)
+test-dist: deps dist-deps ## Build dist/ and prove it: glibc floor, suites on every server, the service, Debian 11 root, .deb install/purge, lintian, reproducible (~18 min fresh)
 	bash packaging/test-dist.sh
 
 .PHONY: functions functions-payload functions-bench functions-instructions
