@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # packaging/check-library.sh LIBRARY [GLIBC_FLOOR]: is LIBRARY fit to ship to any x86_64 Linux with
 # glibc GLIBC_FLOOR (default 2.17) or later? Prints what it found, one line per check, and exits 1
-# when a check fails:
+# when a check fails. LIBRARY may also be an executable (redis-ratelimit-rls): the same checks,
+# but RedisModule_OnLoad's:
 #
 # - glibc floor: the highest GLIBC_x.y version among the symbols it imports is at most the floor
 #   (a newer one makes the dynamic loader refuse the library on an older system);
@@ -14,7 +15,8 @@
 #   present wherever libc.so.6 is. Anything else (libssl, libstdc++...) fails the check;
 # - the stack is not executable (a PT_GNU_STACK header without the X flag; without that header
 #   the loader would make every thread's stack executable);
-# - x86_64, a shared object, and `RedisModule_OnLoad` exported (what Redis calls);
+# - x86_64, a shared object, and `RedisModule_OnLoad` exported (what Redis calls); for an
+#   executable (one with a program interpreter), x86_64 and position-independent or not;
 # - no debug sections left in it (they belong in the separate .debug file).
 set -euo pipefail
 lib=${1:?usage: packaging/check-library.sh LIBRARY [GLIBC_FLOOR]}
@@ -27,9 +29,19 @@ ok() { printf 'check-library: ok    %s\n' "$*"; }
 bad() { printf 'check-library: FAIL  %s\n' "$*"; failed=1; }
 
 header=$(readelf -h "$lib")
-if grep -q 'Type:.*DYN' <<<"$header" && grep -q 'Machine:.*X86-64' <<<"$header"; then
+# An executable (redis-ratelimit-rls) has a program interpreter; the module has none.
+if readelf -l --wide "$lib" | grep -q 'INTERP'; then
+    kind=executable
+    if grep -q 'Type:.*\(DYN\|EXEC\)' <<<"$header" && grep -q 'Machine:.*X86-64' <<<"$header"; then
+        ok "an x86_64 executable ($(grep -q 'Type:.*DYN' <<<"$header" && echo position-independent || echo fixed addresses))"
+    else
+        bad "not an x86_64 executable: $(grep -E 'Type|Machine' <<<"$header" | tr -s ' ' | tr '\n' ' ')"
+    fi
+elif grep -q 'Type:.*DYN' <<<"$header" && grep -q 'Machine:.*X86-64' <<<"$header"; then
+    kind=library
     ok "an x86_64 shared object"
 else
+    kind=library
     bad "not an x86_64 shared object: $(grep -E 'Type|Machine' <<<"$header" | tr -s ' ' | tr '\n' ' ')"
 fi
 
@@ -68,7 +80,9 @@ case $stack in
     *) ok "the stack is not executable (GNU_STACK flags $stack)" ;;
 esac
 
-if readelf --dyn-syms --wide "$lib" | awk '$7 != "UND" && $4 == "FUNC" { print $8 }' | grep -qx 'RedisModule_OnLoad'; then
+if [ "$kind" = executable ]; then
+    :
+elif readelf --dyn-syms --wide "$lib" | awk '$7 != "UND" && $4 == "FUNC" { print $8 }' | grep -qx 'RedisModule_OnLoad'; then
     ok "exports RedisModule_OnLoad"
 else
     bad "RedisModule_OnLoad is not exported"

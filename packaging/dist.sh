@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make dist`: everything a release would publish, in dist/ (ignored by git).
 #
-#   redis-ratelimit-<version>-x86_64-linux-gnu.tar.gz        the stripped module, LICENSE, README,
+#   redis-ratelimit-<version>-x86_64-linux-gnu.tar.gz        the stripped module, the stripped
+#                                                            redis-ratelimit-rls, LICENSE, README,
 #                                                            ratelimit.conf
 #   redis-ratelimit-<version>-x86_64-linux-gnu-debug.tar.gz  its debug info (libredis_ratelimit.so.debug,
 #                                                            found by gdb through the library's
@@ -9,10 +10,15 @@
 #                                                            unpacked beside it)
 #   redis-ratelimit_<version>-1_amd64.deb                    /usr/lib/redis/modules/libredis_ratelimit.so,
 #                                                            the conffile /etc/redis/ratelimit.conf, docs
+#   redis-ratelimit-rls_<version>-1_amd64.deb                /usr/bin/redis-ratelimit-rls (the rate limit
+#                                                            service for Envoy, gateways/envoy), its
+#                                                            systemd unit, the conffiles
+#                                                            /etc/default/redis-ratelimit-rls and
+#                                                            /etc/redis-ratelimit-rls/config/example.yaml
 #   the client packages' wheel, sdist and npm tarball, when clients/python and clients/node exist
 #   SHA256SUMS                                               over every other file in dist/
 #
-# The module is built against glibc 2.17 (RHEL/CentOS 7 and everything newer) by cargo-zigbuild,
+# The module and redis-ratelimit-rls are built against glibc 2.17 (RHEL/CentOS 7 and everything newer) by cargo-zigbuild,
 # which links with zig's glibc stubs of that version: cargo-zigbuild and ziglang come from PyPI at
 # the pinned versions below, into a virtualenv under target/dist-tools/ (never system-wide).
 # `make build` and the tests keep the normal toolchain.
@@ -47,7 +53,7 @@ DEB_REVISION=1
 DEB_MAINTAINER=${DEB_MAINTAINER:-redis-ratelimit maintainers <maintainers@users.noreply.github.com>}
 
 dist=$(realpath -m "${DIST_DIR:-dist}")
-target_dir=$(realpath -m "${DIST_TARGET_DIR:-target}")
+target_dir=$(realpath -m "${DIST_TARGET_DIR:-${CARGO_TARGET_DIR:-target}}")
 tools=$root/target/dist-tools
 venv=$tools/venv
 
@@ -100,18 +106,46 @@ remap=(--remap-path-prefix="$root=/build" --remap-path-prefix="$cargo_home=/carg
 link=(-C link-arg=-Wl,--build-id=sha1 -C link-arg=-Wl,-z,noexecstack)
 cflags="-ffile-prefix-map=$root=/build -ffile-prefix-map=$cargo_home=/cargo -ffile-prefix-map=$target_dir=/target"
 cflags+=" -ffile-prefix-map=$ziglib=/zig"
-say "building the module $version for glibc $GLIBC_FLOOR (cargo zigbuild, profile dist)"
-(
-    cd "$tools/cwd"
-    export PATH="$venv/bin:$PATH"
-    export RUSTFLAGS="${remap[*]} ${link[*]}"
-    export "CFLAGS_${RUST_TARGET//-/_}=$cflags"
-    # zig's own objects (libunwind, the glibc stubs) are cached beside cargo's.
-    export ZIG_GLOBAL_CACHE_DIR="$target_dir/zig-cache" ZIG_LOCAL_CACHE_DIR="$target_dir/zig-cache"
-    export CARGO_TARGET_DIR="$target_dir"
-    nice cargo zigbuild --locked --manifest-path "$root/Cargo.toml" --lib --profile dist \
-        --target "$RUST_TARGET.$GLIBC_FLOOR"
-)
+# zigbuild LOG ARGS...: cargo zigbuild ARGS for glibc $GLIBC_FLOOR, its output in LOG.
+zigbuild() {
+    local log=$1
+    shift
+    (
+        cd "$tools/cwd"
+        export PATH="$venv/bin:$PATH"
+        export RUSTFLAGS="${remap[*]} ${link[*]}"
+        export "CFLAGS_${RUST_TARGET//-/_}=$cflags"
+        # zig's own objects (libunwind, the glibc stubs) are cached beside cargo's.
+        export ZIG_GLOBAL_CACHE_DIR="$target_dir/zig-cache" ZIG_LOCAL_CACHE_DIR="$target_dir/zig-cache"
+        export CARGO_TARGET_DIR="$target_dir"
+        nice cargo zigbuild --locked --manifest-path "$root/Cargo.toml" --target "$RUST_TARGET.$GLIBC_FLOOR" "$@"
+    ) >"$log" 2>&1
+}
+# The rate limit service for Envoy (gateways/envoy) is built at the same time, by a second cargo
+# (the module's fat LTO links on one core; the service compiles on the other). Its profile,
+# dist-rls, is the release profile without LTO and with 16 codegen units: fat LTO over tonic,
+# hyper, rustls and tokio took minutes for a binary that waits on Redis. It ships stripped, with
+# no debug info (debug = 0).
+rls_profile=(--config 'profile.dist-rls.inherits="release"' --config 'profile.dist-rls.lto=false'
+    --config 'profile.dist-rls.codegen-units=16' --config 'profile.dist-rls.debug=0')
+say "building the module $version (profile dist) and redis-ratelimit-rls (profile dist-rls) for glibc $GLIBC_FLOOR (cargo zigbuild)"
+mkdir -p "$target_dir"
+rls_start=$(date +%s)
+zigbuild "$target_dir/dist-rls.log" -p redis-ratelimit-rls --bin redis-ratelimit-rls --profile dist-rls \
+    "${rls_profile[@]}" &
+rls_pid=$!
+module_start=$(date +%s)
+if ! zigbuild "$target_dir/dist-module.log" --lib --profile dist; then
+    tail -n 30 "$target_dir/dist-module.log" >&2
+    wait "$rls_pid" || true
+    die "building the module failed (whole log: $target_dir/dist-module.log)"
+fi
+say "module built in $(($(date +%s) - module_start)) s"
+if ! wait "$rls_pid"; then
+    tail -n 30 "$target_dir/dist-rls.log" >&2
+    die "building redis-ratelimit-rls failed (whole log: $target_dir/dist-rls.log)"
+fi
+say "redis-ratelimit-rls built in $(($(date +%s) - rls_start)) s"
 built=$target_dir/$RUST_TARGET/dist/libredis_ratelimit.so
 [ -f "$built" ] || die "cargo zigbuild produced no $built"
 
@@ -136,6 +170,16 @@ bash "$root/packaging/check-library.sh" "$work/lib/libredis_ratelimit.so" "$GLIB
     die "the library fails packaging/check-library.sh (run it on $built)"
 say "library: $(stat -c %s "$built") bytes as built, $(stat -c %s "$work/lib/libredis_ratelimit.so") stripped"
 
+# The service: stripped of everything (its symbol table would name the build's folders), then
+# the same checks as the library, but for an executable.
+mkdir -p "$work/rls"
+rls_built=$target_dir/$RUST_TARGET/dist-rls/redis-ratelimit-rls
+objcopy --strip-all --remove-section=.comment "$rls_built" "$work/rls/redis-ratelimit-rls"
+chmod 0755 "$work/rls/redis-ratelimit-rls"
+bash "$root/packaging/check-library.sh" "$work/rls/redis-ratelimit-rls" "$GLIBC_FLOOR" >/dev/null ||
+    die "redis-ratelimit-rls fails packaging/check-library.sh (run it on $rls_built)"
+say "redis-ratelimit-rls: $(stat -c %s "$rls_built") bytes as built, $(stat -c %s "$work/rls/redis-ratelimit-rls") stripped"
+
 # substitute FILE MODULE_PATH CONF_PATH: a template with this release's values.
 substitute() {
     sed -e "s|@VERSION@|$version|g" -e "s|@GLIBC_FLOOR@|$GLIBC_FLOOR|g" \
@@ -152,6 +196,7 @@ tarball() {
 # --- the tarballs ------------------------------------------------------------------------------
 mkdir -p "$work/tar/$name" "$work/debug/$name"
 install -m 0755 "$work/lib/libredis_ratelimit.so" "$work/tar/$name/"
+install -m 0755 "$work/rls/redis-ratelimit-rls" "$work/tar/$name/"
 install -m 0644 LICENSE "$work/tar/$name/"
 substitute packaging/README.tarball "" "" >"$work/tar/$name/README"
 substitute packaging/ratelimit.conf /path/to/libredis_ratelimit.so /path/to/ratelimit.conf \
@@ -207,6 +252,60 @@ find "$pkg" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 deb=$dist/redis-ratelimit_${deb_version}_$DEB_ARCH.deb
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb" >/dev/null
 say "Depends: $depends"
+
+# --- the service's Debian package ---------------------------------------------------------------
+# /usr/bin/redis-ratelimit-rls, its man page, the systemd unit (installed disabled: no maintainer
+# script, so installing starts nothing and purging leaves nothing), the conffiles
+# /etc/default/redis-ratelimit-rls (its environment) and /etc/redis-ratelimit-rls/config/example.yaml.
+rpkg=$work/deb-rls
+rdoc=$rpkg/usr/share/doc/redis-ratelimit-rls
+install -D -m 0755 "$work/rls/redis-ratelimit-rls" "$rpkg/usr/bin/redis-ratelimit-rls"
+mkdir -p "$rpkg/usr/lib/systemd/system" "$rpkg/usr/share/man/man1" "$rpkg/etc/default" \
+    "$rpkg/etc/redis-ratelimit-rls/config" "$rdoc" "$rpkg/DEBIAN"
+substitute packaging/rls/redis-ratelimit-rls.service "" "" >"$rpkg/usr/lib/systemd/system/redis-ratelimit-rls.service"
+substitute packaging/rls/redis-ratelimit-rls.default "" "" >"$rpkg/etc/default/redis-ratelimit-rls"
+substitute packaging/rls/example.yaml "" "" >"$rpkg/etc/redis-ratelimit-rls/config/example.yaml"
+substitute packaging/rls/redis-ratelimit-rls.1 "" "" | gzip -9n >"$rpkg/usr/share/man/man1/redis-ratelimit-rls.1.gz"
+substitute packaging/debian/copyright-rls "" "" | sed "s|@COPYRIGHT@|$copyright|" >"$rdoc/copyright"
+sed -n '/^Redistribution/,$p' LICENSE | sed -e 's/^$/./' -e 's/^/ /' >>"$rdoc/copyright"
+cp gateways/envoy/README.md "$rdoc/README.md"
+cp CHANGELOG.md "$rdoc/changelog"
+{
+    echo "redis-ratelimit-rls ($deb_version) unstable; urgency=medium"
+    echo
+    echo "  * Release $version, packaged by make dist (the changes are in changelog.gz)."
+    echo
+    echo " -- $DEB_MAINTAINER  $(date -u -R -d "@$SOURCE_DATE_EPOCH")"
+} >"$rdoc/changelog.Debian"
+find "$rdoc" -type f ! -name copyright \( -name 'changelog*' -o -size +4k \) -exec gzip -9n {} +
+printf 'Source: redis-ratelimit\n\nPackage: redis-ratelimit-rls\nArchitecture: %s\n' "$DEB_ARCH" \
+    >"$work/shlibdeps/debian/control"
+rls_depends=$(cd "$work/shlibdeps" && dpkg-shlibdeps -O -e"$rpkg/usr/bin/redis-ratelimit-rls" 2>/dev/null |
+    sed -n 's/^shlibs:Depends=//p')
+[ -n "$rls_depends" ] || die "dpkg-shlibdeps computed no Depends for redis-ratelimit-rls"
+# It needs libc6 alone, and the version dpkg-shlibdeps gives is too high: Debian's libc6 symbols
+# file dates sysconf (GLIBC_2.2.5) from 2.34, when the _SC_ names it added (_SC_MINSIGSTKSZ...)
+# appeared, and Rust's standard library calls sysconf for the page size and the CPUs. Its symbol
+# versions, checked above, are at most $GLIBC_FLOOR (test-dist installs and runs it on Debian 11's
+# glibc 2.31), so that is the floor.
+case $rls_depends in
+    "libc6 (>= "*")") rls_depends="libc6 (>= $GLIBC_FLOOR)" ;;
+    *) die "redis-ratelimit-rls needs more than libc6: $rls_depends" ;;
+esac
+installed_size=$(du -k -s --apparent-size --exclude=DEBIAN "$rpkg" | cut -f1)
+substitute packaging/debian/control-rls "" "" |
+    sed -e "s|@DEB_VERSION@|$deb_version|" -e "s|@ARCH@|$DEB_ARCH|" -e "s|@DEPENDS@|$rls_depends|" \
+        -e "s|@MAINTAINER@|$DEB_MAINTAINER|" -e "s|@INSTALLED_SIZE@|$installed_size|" \
+        >"$rpkg/DEBIAN/control"
+printf '%s\n' /etc/default/redis-ratelimit-rls /etc/redis-ratelimit-rls/config/example.yaml >"$rpkg/DEBIAN/conffiles"
+(cd "$rpkg" && find usr -type f | sort | xargs md5sum >DEBIAN/md5sums)
+find "$rpkg" -type d -exec chmod 0755 {} +
+find "$rpkg" -type f -exec chmod 0644 {} +
+chmod 0755 "$rpkg/usr/bin/redis-ratelimit-rls"
+find "$rpkg" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+rls_deb=$dist/redis-ratelimit-rls_${deb_version}_$DEB_ARCH.deb
+dpkg-deb --root-owner-group -Zxz --build "$rpkg" "$rls_deb" >/dev/null
+say "redis-ratelimit-rls Depends: $rls_depends"
 
 # --- the client packages -----------------------------------------------------------------------
 # Each needs its registry (the Python build backend, the Node package's devDependencies): where

@@ -12,18 +12,25 @@
 #  4. the integration suites that exercise every command, with the shipped library, on every
 #     server tests/matrix.sh finds (the system's redis-server, Valkey 8, ../shared/servers); on the
 #     system's redis-server that includes every redis-cli session of the pages, the README's first.
+#  4b. redis-ratelimit-rls: check-library.sh passes on it (glibc floor 2.17) and refuses the host's
+#     build; its .deb holds what it should; started with the .deb's config/example.yaml against
+#     redis-server with the shipped module, it answers /healthcheck and decides a /json request,
+#     and SIGTERM stops it with status 0; a configuration with a bad unit stops it at start with
+#     status 1 and the file's name; `systemd-analyze verify` finds nothing to say of its unit.
 #  5. Debian 11: in a bullseye root made with `debootstrap --variant=minbase` (cached in
 #     target/dist-tools/bullseye), `ldd -r` resolves every symbol of the library, `dpkg -i` of the
 #     .deb succeeds, bullseye's redis-server 6.0 started with `include /etc/redis/ratelimit.conf`
 #     refuses the module with its "Redis 7.0 or later is required" line and exits (no crash), and
-#     `dpkg --purge` leaves nothing. Skipped, with the reason, where the Debian mirror (DEBIAN_MIRROR,
+#     `dpkg --purge` leaves nothing; then the redis-ratelimit-rls .deb installs, its binary serves
+#     and refuses as in 4b (run in the root against this machine's redis-server), and its purge
+#     leaves nothing, conffiles included. Skipped, with the reason, where the Debian mirror (DEBIAN_MIRROR,
 #     else the one this machine's apt sources name) cannot be reached.
 #  6. this machine's Debian: the .deb installed with `dpkg -i` into the real root (skipped where the
 #     package is already installed, or dpkg is not this machine's package manager), redis-server
 #     (and valkey-server, when there is one) started with `include /etc/redis/ratelimit.conf` lists
 #     the module and answers a CHECK, /etc/redis keeps its owner and mode, and `dpkg --purge` leaves
 #     no file or folder of the package behind (also when a step fails).
-#  7. lintian: no error or warning on the .deb, but the tags explained in packaging/lintian-overrides.
+#  7. lintian: no error or warning on either .deb, but the tags explained in packaging/lintian-overrides.
 #  8. reproducible: a second `make dist` from a copy of the checkout in another folder, with its own
 #     cargo target folder (so everything is compiled again), gives byte-identical files.
 #
@@ -111,7 +118,7 @@ elif [ $status -ne 0 ]; then
     bad "make dist (whole log: $log_dir/dist.log)"
     finish
 fi
-grep -E '^dist: (library|Depends)' "$log_dir/dist.log"
+grep -E '^dist: (library|Depends|module built|redis-ratelimit-rls)' "$log_dir/dist.log"
 ok "make dist ($(($(date +%s) - start)) s)"
 
 version=$(sed -n 's/^redis-ratelimit_\(.*\)-[0-9]*_amd64\.deb$/\1/p' < <(ls "$dist"))
@@ -119,11 +126,13 @@ name=redis-ratelimit-$version-x86_64-linux-gnu
 tarball=$dist/$name.tar.gz
 debug_tarball=$dist/$name-debug.tar.gz
 deb=$(ls "$dist"/redis-ratelimit_"$version"-*_amd64.deb)
+rls_deb=$(ls "$dist"/redis-ratelimit-rls_"$version"-*_amd64.deb)
 epoch=$(git log -1 --format=%ct)
 unpacked=$log_dir/unpacked
 mkdir -p "$unpacked"
 tar -xzf "$tarball" -C "$unpacked" && tar -xzf "$debug_tarball" -C "$unpacked"
 lib=$unpacked/$name/libredis_ratelimit.so
+rls=$unpacked/$name/redis-ratelimit-rls
 
 # --- 1. contents ------------------------------------------------------------------------------
 tar_listing() {
@@ -142,8 +151,9 @@ expected_listing() {
     done
 }
 # The library is executable: Redis 7.0 and later refuse a module file without an execute bit.
-check "the tarball holds the library (0755), LICENSE, README and ratelimit.conf, root-owned, at the commit's time" \
-    diff <(expected_listing LICENSE README libredis_ratelimit.so=-rwxr-xr-x ratelimit.conf) <(tar_listing "$tarball")
+check "the tarball holds the library and redis-ratelimit-rls (0755), LICENSE, README and ratelimit.conf, root-owned, at the commit's time" \
+    diff <(expected_listing LICENSE README libredis_ratelimit.so=-rwxr-xr-x ratelimit.conf redis-ratelimit-rls=-rwxr-xr-x) \
+    <(tar_listing "$tarball")
 check "the debug tarball holds libredis_ratelimit.so.debug beside where the library unpacks" \
     diff <(expected_listing libredis_ratelimit.so.debug) <(tar_listing "$debug_tarball")
 build_id() { readelf -n "$1" | awk '/Build ID/ { print $3 }'; }
@@ -162,6 +172,23 @@ if command -v gdb >/dev/null 2>&1; then
 else
     skip "gdb reading the .debug file: gdb is not installed"
 fi
+# The service's package: the binary, its man page, the unit, the two conffiles, the docs.
+rls_deb_holds() {
+    local expected="./etc/default/redis-ratelimit-rls
+./etc/redis-ratelimit-rls/config/example.yaml
+./usr/bin/redis-ratelimit-rls
+./usr/lib/systemd/system/redis-ratelimit-rls.service
+./usr/share/doc/redis-ratelimit-rls/README.md.gz
+./usr/share/doc/redis-ratelimit-rls/changelog.Debian.gz
+./usr/share/doc/redis-ratelimit-rls/changelog.gz
+./usr/share/doc/redis-ratelimit-rls/copyright
+./usr/share/man/man1/redis-ratelimit-rls.1.gz"
+    diff <(echo "$expected") <(dpkg-deb -c "$rls_deb" | awk '$1 !~ /^d/ { print $6 }' | sort) || return 1
+    [ "$(dpkg-deb -I "$rls_deb" conffiles)" = "$(printf '%s\n' /etc/default/redis-ratelimit-rls /etc/redis-ratelimit-rls/config/example.yaml)" ] ||
+        { echo "conffiles: $(dpkg-deb -I "$rls_deb" conffiles)"; return 1; }
+    cmp <(dpkg-deb --fsys-tarfile "$rls_deb" | tar -xOf - ./usr/bin/redis-ratelimit-rls) "$rls"
+}
+check "the redis-ratelimit-rls .deb holds the tarball's binary, its man page, the unit, the conffiles /etc/default/redis-ratelimit-rls and config/example.yaml, and its docs" rls_deb_holds
 sums_cover_dist() {
     cd "$dist" && sha256sum --quiet -c SHA256SUMS &&
         diff <(find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%P\n' | sort) <(awk '{ print $2 }' SHA256SUMS | sort)
@@ -231,10 +258,21 @@ page_sizes_are_this_run() {
 check "the pages' sizes of the library are this build's (README.md, docs/operations.md)" page_sizes_are_this_run
 no_build_paths() {
     local found
-    found=$(strings "$lib" | grep -F -e "$root" -e "$(realpath -m "${CARGO_HOME:-$HOME/.cargo}")" | head -n 5)
+    found=$(strings "${1:-$lib}" | grep -F -e "$root" -e "$(realpath -m "${CARGO_HOME:-$HOME/.cargo}")" | head -n 5)
     [ -z "$found" ] || { echo "$found"; return 1; }
 }
 check "the shipped library names no path of the build machine (checkout, cargo home)" no_build_paths
+check "packaging/check-library.sh passes on the shipped redis-ratelimit-rls (glibc floor 2.17, glibc only)" \
+    bash packaging/check-library.sh "$rls" 2.17
+bash packaging/check-library.sh "$rls" 2.17 | sed -n 's/^check-library: ok    /    /p'
+check "the shipped redis-ratelimit-rls names no path of the build machine (checkout, cargo home)" no_build_paths "$rls"
+host_rls=${CARGO_TARGET_DIR:-target}/release/redis-ratelimit-rls
+if [ -f "$host_rls" ]; then
+    refuses_host_rls() { ! bash packaging/check-library.sh "$host_rls" 2.17; }
+    check "check-library.sh refuses the host's own build of redis-ratelimit-rls ($host_rls: its glibc floor is newer)" refuses_host_rls
+else
+    skip "check-library.sh on the host's redis-ratelimit-rls: no $host_rls (cargo build --release -p redis-ratelimit-rls)"
+fi
 if [ -f target/release/libredis_ratelimit.so ]; then
     refuses_host_build() { ! bash packaging/check-library.sh target/release/libredis_ratelimit.so 2.17; }
     check "check-library.sh refuses the host's own build (target/release: its glibc floor is newer)" refuses_host_build
@@ -274,6 +312,105 @@ if RATELIMIT_MODULE=$lib MATRIX_TESTS=$suites bash tests/matrix.sh >"$log_dir/ma
 else
     tail -n 40 "$log_dir/matrix.log" | sed 's/^/    /'
     bad "the integration suites with the shipped library (whole log: $log_dir/matrix.log)"
+fi
+
+# --- 4b. redis-ratelimit-rls -------------------------------------------------------------------
+# One redis-server (this machine's) with the shipped module for every run of the service, here and
+# in the Debian 11 root (which shares this machine's network). The .deb's files, unpacked, give the
+# configuration the unit uses (/etc/redis-ratelimit-rls/config/example.yaml) and the unit.
+rls_dir=$log_dir/rls
+mkdir -p "$rls_dir/bad"
+dpkg-deb -x "$rls_deb" "$rls_dir/deb"
+# A unit it must refuse: a rate limit with a unit that is not one, naming the file.
+printf 'domain: broken\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n' \
+    >"$rls_dir/bad/broken.yaml"
+rls_redis_port=$(free_port)
+printf 'port %s\nbind 127.0.0.1\ndir %s\nsave ""\nappendonly no\nloadmodule %s\n' "$rls_redis_port" "$rls_dir" "$lib" \
+    >"$rls_dir/redis.conf"
+if rls_redis_pid=$(serve redis-server "$rls_dir/redis.conf" "$rls_dir/redis.log"); then
+    cleanups+=("kill $rls_redis_pid")
+else
+    rls_redis_pid=""
+    tail -n 20 "$rls_dir/redis.log" | sed 's/^/    /'
+fi
+# http GET|POST URL [BODY]: prints the status and the body, "000" when nothing answers.
+http() {
+    python3 - "$@" <<'PY'
+import sys, urllib.error, urllib.request
+method, url = sys.argv[1], sys.argv[2]
+data = sys.argv[3].encode() if len(sys.argv) > 3 else None
+try:
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=5) as r:
+        print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+except OSError:
+    print("000")
+PY
+}
+# rls_env: the environment of every run: Redis over TCP, both ports on loopback, free.
+rls_env() {
+    echo "REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:$rls_redis_port HOST=127.0.0.1 PORT=$1 GRPC_HOST=127.0.0.1 GRPC_PORT=$2 LOG_LEVEL=info"
+}
+# rls_serves LABEL BINARY CONFIG_DIR [ROOT]: BINARY --config CONFIG_DIR (paths inside ROOT when
+# given: run there with chroot) against the server above: /healthcheck answers 200, /json decides
+# a request of example.yaml's domain (OK, 99 of 100 left) with a key in Redis, and SIGTERM stops
+# it with exit status 0.
+rls_serves() {
+    local label=$1 bin=$2 conf=$3 root=${4:-} http_port grpc_port pid health reply status
+    [ -n "$rls_redis_pid" ] || { echo "the redis-server for the service did not start"; return 1; }
+    redis-cli -p "$rls_redis_port" FLUSHALL >/dev/null
+    http_port=$(free_port)
+    grpc_port=$(free_port)
+    # shellcheck disable=SC2046
+    ${root:+chroot "$root"} env $(rls_env "$http_port" "$grpc_port") "$bin" --config "$conf" >"$rls_dir/$label.log" 2>&1 &
+    pid=$!
+    cleanups+=("kill $pid")
+    for _ in $(seq 100); do
+        health=$(http GET "http://127.0.0.1:$http_port/healthcheck")
+        [ "${health%% *}" = 200 ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    reply=$(http POST "http://127.0.0.1:$http_port/json" \
+        '{"domain":"example","descriptors":[{"entries":[{"key":"generic_key","value":"default"}]}]}')
+    kill "$pid" 2>/dev/null
+    wait "$pid"
+    status=$?
+    echo "/healthcheck: $health; /json: $reply; keys in Redis: $(redis-cli -p "$rls_redis_port" DBSIZE); exit status after SIGTERM: $status"
+    [ "${health%% *}" = 200 ] && grep -q '"overallCode":"OK"' <<<"$reply" && grep -q '"limitRemaining":99' <<<"$reply" &&
+        [ "$(redis-cli -p "$rls_redis_port" DBSIZE)" -ge 1 ] && [ $status -eq 0 ] || { tail -n 20 "$rls_dir/$label.log"; return 1; }
+}
+# rls_rejects LABEL BINARY CONFIG_DIR [ROOT]: a configuration with a bad unit stops it at start
+# with exit status 1 and a message naming the file.
+rls_rejects() {
+    local label=$1 bin=$2 conf=$3 root=${4:-} status
+    # shellcheck disable=SC2046
+    timeout 20 ${root:+chroot "$root"} env $(rls_env "$(free_port)" "$(free_port)") "$bin" --config "$conf" >"$rls_dir/$label.log" 2>&1
+    status=$?
+    cat "$rls_dir/$label.log"
+    [ $status -eq 1 ] && grep -q 'broken\.yaml' "$rls_dir/$label.log" && grep -qi 'unit' "$rls_dir/$label.log"
+}
+check "redis-ratelimit-rls from the tarball, with the .deb's config/example.yaml: /healthcheck 200, /json decides with the module, SIGTERM exits 0" \
+    rls_serves tarball "$rls" "$rls_dir/deb/etc/redis-ratelimit-rls/config"
+check "redis-ratelimit-rls refuses a configuration with a bad unit at start (exit status 1, naming the file)" \
+    rls_rejects tarball-bad "$rls" "$rls_dir/bad"
+sed -n '1p' "$rls_dir/tarball-bad.log" | cut -c1-200 | sed 's/^/    /'
+if command -v systemd-analyze >/dev/null 2>&1; then
+    # The unit as shipped, with its ExecStart pointing at the unpacked binary (verify wants it to
+    # exist); any line it prints (an unknown key, a bad value: warnings only) fails the check.
+    unit_verifies() {
+        local unit=$rls_dir/redis-ratelimit-rls.service out
+        sed "s|/usr/bin/redis-ratelimit-rls|$rls_dir/deb/usr/bin/redis-ratelimit-rls|" \
+            "$rls_dir/deb/usr/lib/systemd/system/redis-ratelimit-rls.service" >"$unit"
+        out=$(systemd-analyze verify --man=no "$unit" 2>&1) || { echo "$out"; return 1; }
+        [ -z "$out" ] || { echo "$out"; return 1; }
+        systemd-analyze security --offline=yes "$unit" 2>/dev/null | tail -n 1
+    }
+    check "systemd-analyze verify: redis-ratelimit-rls.service has no error or warning" unit_verifies
+    systemd-analyze security --offline=yes "$rls_dir/redis-ratelimit-rls.service" 2>/dev/null | tail -n 1 | sed 's/^/    /'
+else
+    skip "systemd-analyze verify of redis-ratelimit-rls.service: systemd-analyze is not installed"
 fi
 
 # --- 5. Debian 11 (bullseye) ------------------------------------------------------------------
@@ -328,7 +465,8 @@ if bullseye_ready; then
     inside=/tmp/test-dist
     rm -rf "${bullseye:?}$inside"
     mkdir -p "$bullseye$inside"
-    cp "$lib" "$deb" "$bullseye$inside/"
+    cp "$lib" "$deb" "$rls_deb" "$bullseye$inside/"
+    mkdir -p "$bullseye$inside/bad" && cp "$rls_dir/bad/broken.yaml" "$bullseye$inside/bad/"
     in_root() { chroot "$bullseye" "$@"; }
     echo "test-dist: Debian $(cat "$bullseye/etc/debian_version") root, $(in_root redis-server --version | cut -d' ' -f1-3)"
     resolves() {
@@ -367,6 +505,32 @@ if bullseye_ready; then
         [ ! -e "$bullseye/usr/lib/redis/modules" ] || { echo "left behind: /usr/lib/redis/modules"; return 1; }
     }
     check "Debian 11: dpkg --purge leaves no file behind" purged_in_root
+    rls_resolves() {
+        local out
+        out=$(in_root ldd "$1" 2>&1) || { echo "$out"; return 1; }
+        echo "$out"
+        ! grep -qE 'not found|version .* not found' <<<"$out"
+    }
+    check "Debian 11: dpkg -i of the redis-ratelimit-rls .deb succeeds" in_root dpkg -i "$inside/$(basename "$rls_deb")"
+    check "Debian 11: ldd resolves every library of /usr/bin/redis-ratelimit-rls" rls_resolves /usr/bin/redis-ratelimit-rls
+    check "Debian 11: /usr/bin/redis-ratelimit-rls with the package's /etc/redis-ratelimit-rls/config: /healthcheck 200, /json decides with the module, SIGTERM exits 0" \
+        rls_serves bullseye /usr/bin/redis-ratelimit-rls /etc/redis-ratelimit-rls/config "$bullseye"
+    check "Debian 11: redis-ratelimit-rls refuses a configuration with a bad unit (exit status 1, naming the file)" \
+        rls_rejects bullseye-bad /usr/bin/redis-ratelimit-rls "$inside/bad" "$bullseye"
+    rls_purged_in_root() {
+        local files path left=""
+        files=$(in_root dpkg -L redis-ratelimit-rls | grep -v '^/\.$') || return 1
+        in_root dpkg --purge redis-ratelimit-rls || return 1
+        for path in $files; do
+            [ -d "$bullseye$path" ] && continue
+            [ -e "$bullseye$path" ] && left+=" $path"
+        done
+        for path in /etc/redis-ratelimit-rls /usr/share/doc/redis-ratelimit-rls; do
+            [ ! -e "$bullseye$path" ] || left+=" $path/"
+        done
+        [ -z "$left" ] || { echo "left behind:$left"; return 1; }
+    }
+    check "Debian 11: dpkg --purge redis-ratelimit-rls leaves no file or folder of it behind (conffiles too)" rls_purged_in_root
     rm -rf "${bullseye:?}$inside"
 fi
 
@@ -452,9 +616,11 @@ if command -v lintian >/dev/null 2>&1; then
         # in packaging/lintian-overrides.
         local suppress
         suppress=$(grep -v '^#' packaging/lintian-overrides | awk 'NF { print $1 }' | paste -sd, -)
-        lintian --tag-display-limit 0 --fail-on error,warning ${suppress:+--suppress-tags "$suppress"} "$deb"
+        lintian --tag-display-limit 0 --fail-on error,warning ${suppress:+--suppress-tags "$suppress"} "$1"
     }
-    check "lintian: no error or warning on the .deb (overrides: packaging/lintian-overrides)" lintian_clean
+    check "lintian: no error or warning on the .deb (overrides: packaging/lintian-overrides)" lintian_clean "$deb"
+    check "lintian: no error or warning on the redis-ratelimit-rls .deb (overrides: packaging/lintian-overrides)" \
+        lintian_clean "$rls_deb"
 else
     skip "lintian: not installed (make test-dist installs it with apt-get)"
 fi
