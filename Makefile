@@ -128,11 +128,11 @@ dist-deps:
 			|| echo "dist-deps: could not install$$missing; what needs it says so" >&2; \
 	fi
 
-dist: deps dist-deps ## Release files in dist/: the module and redis-ratelimit-rls for glibc 2.17 (tarball, -debug tarball), their .debs, the client packages, SHA256SUMS (~4 min fresh)
+dist: deps dist-deps ## Release files in dist/: the module and redis-ratelimit-rls for glibc 2.17 (tarball, -debug tarball), their .debs, the client packages, SHA256SUMS (~5 to 10 min fresh)
 	bash packaging/dist.sh
 
 test-dist: export DIST_TEST_DEPS := 1
-test-dist: deps dist-deps ## Build dist/ and prove it: glibc floor, suites on every server, the service, Debian 11 root, .deb install/purge, lintian, reproducible (~18 min fresh)
+test-dist: deps dist-deps ## Build dist/ and prove it: glibc floor, suites on every server, the service, Debian 11 root, .deb install/purge, lintian, reproducible (~10 min fresh, ~8 after)
 	bash packaging/test-dist.sh
 
 .PHONY: functions functions-payload functions-bench functions-instructions
