@@ -113,7 +113,7 @@ local function address(text)
     return nil
   end
   cached = { host = host, port = tonumber(port), text = text,
-    open_until = "open_until " .. text, probe = "probe " .. text }
+    open_until = "open_until " .. text, probe = "probe " .. text, by_password = {} }
   addresses[text] = cached
   return cached
 end
@@ -386,10 +386,16 @@ M.UNAVAILABLE_BODY = '{"error": "rate limiter unavailable"}'
 --- The name of the connections (a pool, a channel) a call with options `o` may use: its
 --- server's, and its password's, so a connection authenticated with one password never serves a
 --- call configured with another.
+--- Made once per server and password (the address's table keeps them), not per call.
 function M.connection_key(o)
-  local password = o.password
-  if password == nil then return o.redis.text end
-  return o.redis.text .. "\0" .. password
+  local password, redis = o.password, o.redis
+  if password == nil then return redis.text end
+  local name = redis.by_password[password]
+  if not name then
+    name = redis.text .. "\0" .. password
+    redis.by_password[password] = name
+  end
+  return name
 end
 
 M.CONFIG_BODY = '{"error": "rate limiter misconfigured"}'
