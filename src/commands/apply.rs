@@ -134,7 +134,7 @@ fn run_pairs(call: &Call, pairs: usize) -> c_int {
         }
     }
     txns[0].replicate_verbatim();
-    Txn::commit_all(txns);
+    Txn::commit_all(&mut txns);
     call.reply_name(c"OK");
     raw::REDISMODULE_OK as c_int
 }

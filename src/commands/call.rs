@@ -8,6 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw;
 use redis_ratelimit_core::algorithms::Decision;
 use redis_ratelimit_core::error;
+use redis_ratelimit_core::few::{Few, FEW_KEYS};
 
 use super::field_names::{self, DECISION_FIELDS};
 use crate::api::{has, rm};
@@ -239,18 +240,39 @@ impl Call {
 }
 
 /// The distinct keys of a command that takes several, so it opens one handle per key: a second
-/// handle on a key would keep pointing at a value the first one replaced or deleted.
+/// handle on a key would keep pointing at a value the first one replaced or deleted. Up to
+/// [`FEW_KEYS`] keys, made without allocating.
 #[derive(Debug, PartialEq, Eq)]
 pub struct KeyGroups {
     /// The position of each distinct key's first occurrence, in order.
-    pub first: Vec<usize>,
+    pub first: Few<usize, FEW_KEYS>,
     /// For each position, the index in `first` of its key.
-    pub group: Vec<usize>,
+    pub group: Few<usize, FEW_KEYS>,
 }
 
 impl KeyGroups {
-    /// Groups `names` by equal bytes, in O(n log n).
+    /// Groups `names` by equal bytes: up to [`FEW_KEYS`] names, each against the distinct ones
+    /// before it (no sort, nothing allocated); more, in O(n log n).
     pub fn of(names: &[&[u8]]) -> KeyGroups {
+        if names.len() > FEW_KEYS {
+            return KeyGroups::sorted(names);
+        }
+        let mut first: Few<usize, FEW_KEYS> = Few::new();
+        let mut group = Few::new();
+        for (i, name) in names.iter().enumerate() {
+            match first.iter().position(|&f| names[f] == *name) {
+                Some(g) => group.push(g),
+                None => {
+                    group.push(first.len());
+                    first.push(i);
+                }
+            }
+        }
+        KeyGroups { first, group }
+    }
+
+    /// [`of`](KeyGroups::of) for many names, through a sort of their positions.
+    fn sorted(names: &[&[u8]]) -> KeyGroups {
         let mut order: Vec<usize> = (0..names.len()).collect();
         // Stable: among equal names the earliest position comes first.
         order.sort_by(|&a, &b| names[a].cmp(names[b]));
@@ -261,8 +283,8 @@ impl KeyGroups {
                 _ => i,
             };
         }
-        let mut first = Vec::new();
-        let mut group = vec![0; names.len()];
+        let mut first = Few::new();
+        let mut group = Few::filled(0, names.len());
         for i in 0..names.len() {
             group[i] = if leader[i] == i {
                 first.push(i);
@@ -272,6 +294,11 @@ impl KeyGroups {
             };
         }
         KeyGroups { first, group }
+    }
+
+    /// Some key is named more than once.
+    pub fn repeated(&self) -> bool {
+        self.first.len() < self.group.len()
     }
 }
 
@@ -324,7 +351,7 @@ pub(crate) fn replicate_verbatim(call: &Call) {
 
 #[cfg(test)]
 mod tests {
-    use super::KeyGroups;
+    use super::{Few, KeyGroups};
 
     #[test]
     fn repeated_keys_share_the_group_of_their_first_occurrence() {
@@ -332,9 +359,43 @@ mod tests {
         let groups = KeyGroups::of(&names);
         assert_eq!(groups.first, [0, 1, 3]);
         assert_eq!(groups.group, [0, 1, 0, 2, 1, 0]);
+        assert!(groups.repeated());
         let single = KeyGroups::of(&[b"x"]);
-        assert_eq!((single.first, single.group), (vec![0], vec![0]));
+        assert_eq!(
+            (single.first, single.group),
+            (Few::from([0]), Few::from([0]))
+        );
         assert_eq!(KeyGroups::of(&[b"x", b"y"]).first, [0, 1]);
+        assert!(!KeyGroups::of(&[b"x", b"y"]).repeated());
         assert_eq!(KeyGroups::of(&[]).first, Vec::<usize>::new());
+    }
+
+    /// Beyond `FEW_KEYS` names the groups come from a sort: the same groups as the scan's.
+    #[test]
+    fn many_keys_group_as_a_few_do() {
+        for count in [1, 7, 8, 9, 12, 30] {
+            for distinct in [1, 3, 8, 40] {
+                let owned: Vec<Vec<u8>> = (0..count)
+                    .map(|i: usize| format!("k{}", (i * 7 + i / 3) % distinct).into_bytes())
+                    .collect();
+                let names: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+                let groups = KeyGroups::of(&names);
+                // Naively: each name's group is the rank of its first occurrence among firsts.
+                let mut first: Vec<usize> = Vec::new();
+                let mut group = Vec::new();
+                for (i, name) in names.iter().enumerate() {
+                    match first.iter().position(|&f| names[f] == *name) {
+                        Some(g) => group.push(g),
+                        None => {
+                            group.push(first.len());
+                            first.push(i);
+                        }
+                    }
+                }
+                assert_eq!(groups.first, first, "{count} names, {distinct} distinct");
+                assert_eq!(groups.group, group, "{count} names, {distinct} distinct");
+                assert_eq!(KeyGroups::sorted(&names), groups);
+            }
+        }
     }
 }

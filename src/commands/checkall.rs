@@ -23,16 +23,17 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 use redis_ratelimit_core::algorithms::block::{blocked_answer, check_blocking, Blocking};
-use redis_ratelimit_core::algorithms::{Decision, Limiter, Outcome, Request};
+use redis_ratelimit_core::algorithms::{Decision, Limiter, Request};
 use redis_ratelimit_core::codec::Change;
 use redis_ratelimit_core::error;
+use redis_ratelimit_core::few::{Few, FEW_KEYS};
 use redis_ratelimit_core::integer::parse_integer;
 use redis_ratelimit_core::parse::parse_checkall;
 use redis_ratelimit_core::policy::{self, Mode};
 
 use super::call::{handler, now_ms, Call, KeyGroups};
-use super::decide::evaluate;
-use super::policy::{resolve, Resolved};
+use super::decide::{evaluate, Evaluation};
+use super::policy::{resolve, Through};
 use super::registry::{Arg, ArgType, Command, Keys, KEY_UPDATED, LIMIT};
 use super::txn::refused;
 use super::txn::{Event, Txn};
@@ -68,104 +69,113 @@ pub(crate) const COMMAND: Command = Command {
     handler: handler!(run),
 };
 
+/// One limit of the call: what it applies, and how its answer counts.
+struct Limit {
+    request: Request,
+    /// How long a rejection blocks the key (`BLOCK`), if at all.
+    block_ms: Option<u64>,
+    /// The policy the limit named: its mode and counters.
+    through: Through,
+    /// Its policy's mode, else enforced.
+    mode: Mode,
+}
+
+/// The arguments a CHECKALL reads in place without allocating: numkeys, eight keys with a
+/// spec of five words each (`algorithm limit period BURST capacity`), `COST` and `AT`, and room
+/// to spare. A longer call's go on the heap.
+const INLINE_ARGS: usize = 64;
+
 fn run(call: &Call) -> c_int {
     if is_keys_position_request(call) {
         report_keys(call);
         return raw::REDISMODULE_OK as c_int;
     }
-    let args: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
+    // Up to `FEW_KEYS` keys, every list below is on the stack: nothing is allocated.
+    let args: Few<&[u8], INLINE_ARGS> = call.args_from(1).collect();
     let parsed = match parse_checkall(&args, max_log_limit()) {
         Ok(parsed) => parsed,
         Err(error) => return call.error(&error.message("ratelimit.checkall", &args)),
     };
     let count = parsed.numkeys;
-    let resolved = parsed
-        .specs
-        .iter()
-        .map(resolve)
-        .collect::<Result<Vec<Resolved>, String>>();
-    let resolved = match resolved {
-        Ok(resolved) => resolved,
-        Err(message) => return call.error(&message),
-    };
     let now_ms = parsed.at_ms.unwrap_or_else(now_ms);
-    let requests: Vec<Request> = resolved
-        .iter()
-        .map(|limit| Request {
-            algorithm: limit.algorithm,
-            params: limit.params,
-            cost: parsed.cost,
-            now_ms,
-        })
-        .collect();
-    let modes: Vec<Mode> = resolved
-        .iter()
-        .map(|limit| {
-            limit
+    let mut limits: Few<Limit, FEW_KEYS> = Few::new();
+    for spec in &parsed.specs {
+        let resolved = match resolve(spec) {
+            Ok(resolved) => resolved,
+            Err(message) => return call.error(&message),
+        };
+        limits.push(Limit {
+            request: Request {
+                algorithm: resolved.algorithm,
+                params: resolved.params,
+                cost: parsed.cost,
+                now_ms,
+            },
+            block_ms: resolved.block_ms,
+            mode: resolved
                 .through
                 .as_ref()
-                .map_or(Mode::Enforce, |(mode, _)| *mode)
-        })
-        .collect();
-    let key_name = |i: usize| call.raw_arg(FIRST_KEY + i);
+                .map_or(Mode::Enforce, |(mode, _)| *mode),
+            through: resolved.through,
+        });
+    }
     // One transaction per distinct key (see `KeyGroups`); a key named twice takes both its specs.
     let groups = KeyGroups::of(&args[1..=count]);
-    let mut txns: Vec<Txn> = groups
-        .first
-        .iter()
-        .map(|&i| Txn::open(call, key_name(i), true))
-        .collect();
+    let mut txns: Few<Txn, FEW_KEYS> = Few::new();
+    for &i in &groups.first {
+        txns.push(Txn::open(call, call.raw_arg(FIRST_KEY + i), true));
+    }
 
     // First pass: decide every limit without writing. An error (WRONGTYPE, another algorithm)
     // is the reply, and nothing has changed.
-    let (outcomes, blockings) = match decide(&mut txns, &groups, &requests) {
-        Ok(decided) => decided,
-        Err(message) => return call.error(&message),
-    };
+    let mut evaluations: Few<Evaluation, FEW_KEYS> = Few::new();
+    if let Err(message) = decide(&mut txns, &groups, &limits, &mut evaluations) {
+        return call.error(&message);
+    }
     // Admitted when every limit enforced admits; a limit in shadow mode never rejects.
-    let admitted = outcomes
-        .iter()
-        .zip(&modes)
-        .all(|(outcome, mode)| outcome.decision.allowed || *mode == Mode::Shadow);
-    let mut outcomes = outcomes;
+    let admitted = evaluations.iter().zip(&limits).all(|(evaluation, limit)| {
+        evaluation.outcome.decision.allowed || limit.mode == Mode::Shadow
+    });
 
     if admitted {
         // Second pass: consume from every limit that admits, in order (a shadow limit that
         // rejects consumes nothing, as a rejected CHECK does). Each limit was just decided on
         // the state the ones before it leave, so every one admits again.
-        for (i, request) in requests.iter().enumerate() {
-            if !outcomes[i].decision.allowed {
+        for (i, limit) in limits.iter().enumerate() {
+            let decided = &mut evaluations[i].outcome;
+            if !decided.decision.allowed {
                 continue;
             }
             let txn = &mut txns[groups.group[i]];
-            let evaluation = match evaluate(txn, request, true, None) {
+            let evaluation = match evaluate(txn, &limit.request, true, None) {
                 Ok(evaluation) => evaluation,
                 Err(message) => return call.error(&message),
             };
-            debug_assert_eq!(evaluation.outcome.decision, outcomes[i].decision);
-            outcomes[i] = evaluation.outcome;
+            debug_assert_eq!(evaluation.outcome.decision, decided.decision);
+            *decided = evaluation.outcome;
         }
     }
     // Blocks: a limit with BLOCK that its algorithm rejected (a cost it can ever admit, on a key
     // not blocked already) blocks its key, whether or not the request was admitted (a shadow
-    // limit stores what enforcement would). Once per key, the first such limit's; nothing else
-    // of the key changes, whatever the limits before it were decided on.
-    let mut blocked = vec![false; groups.first.len()];
-    for (i, limit) in resolved.iter().enumerate() {
-        let (outcome, group) = (&outcomes[i], groups.group[i]);
+    // limit stores what enforcement would). Once per key, the first such limit's (the key's
+    // `ratelimit.blocked` is raised then); nothing else of the key changes, whatever the limits
+    // before it were decided on.
+    for (i, limit) in limits.iter().enumerate() {
+        let (evaluation, txn) = (&mut evaluations[i], &mut txns[groups.group[i]]);
+        let outcome = &mut evaluation.outcome;
         let starts = parsed.cost > 0
             && !outcome.decision.allowed
             && outcome.decision.retry_after_ms >= 0
-            && blockings[i] == Blocking::None
-            && !blocked[group];
+            && evaluation.blocking == Blocking::None
+            && !txn.notifies(Event::Blocked);
         let Some(block_ms) = limit.block_ms.filter(|_| starts) else {
             continue;
         };
         let until_ms = outcome.t_ms.saturating_add(block_ms);
-        match block_key(&mut txns[group], until_ms) {
+        match block_key(txn, until_ms) {
             Ok(true) => {
-                blocked[group] = true;
-                outcomes[i].decision = blocked_answer(&outcome.decision, until_ms, outcome.t_ms);
+                txn.notify(Event::Blocked);
+                outcome.decision = blocked_answer(&outcome.decision, until_ms, outcome.t_ms);
             }
             Ok(false) => {}
             Err(message) => return call.error(&message),
@@ -174,78 +184,68 @@ fn run(call: &Call) -> c_int {
     // One decision per limit, counted by its key's transaction: admitted (consumed) or not,
     // whatever the key alone would say; a policy also counts what its own limit would have
     // rejected in shadow mode. A limit its key's block rejected counts as blocked too.
-    for (i, ((request, limit), outcome)) in
-        requests.iter().zip(&resolved).zip(&outcomes).enumerate()
-    {
-        let shadowed = limit
-            .through
-            .as_ref()
-            .is_some_and(|(mode, _)| *mode == Mode::Shadow && !outcome.decision.allowed);
-        txns[groups.group[i]].count(
-            request.algorithm.into(),
+    // Once per key (events are raised once): `ratelimit.rejected` for the keys with an enforced
+    // limit that rejected (when the request is rejected), `ratelimit.shadow-rejected` for those
+    // with a shadow limit that would have.
+    for (i, (limit, evaluation)) in limits.iter().zip(&evaluations).enumerate() {
+        let refused = !evaluation.outcome.decision.allowed;
+        let shadowed = limit.mode == Mode::Shadow && refused;
+        let txn = &mut txns[groups.group[i]];
+        txn.count(
+            limit.request.algorithm.into(),
             admitted,
-            blockings[i] == Blocking::Blocked,
+            evaluation.blocking == Blocking::Blocked,
             limit
                 .through
                 .as_ref()
                 .map(|(_, counters)| (&**counters, shadowed)),
         );
-    }
-    // Once per key: `ratelimit.rejected` for the keys with an enforced limit that rejected (when
-    // the request is rejected), `ratelimit.shadow-rejected` for those with a shadow limit that
-    // would have.
-    let mut rejected = vec![false; groups.first.len()];
-    let mut shadowed = vec![false; groups.first.len()];
-    for ((outcome, mode), &group) in outcomes.iter().zip(&modes).zip(&groups.group) {
-        let refused = !outcome.decision.allowed;
-        rejected[group] |= refused && *mode == Mode::Enforce;
-        shadowed[group] |= refused && *mode == Mode::Shadow;
-    }
-    for (i, txn) in txns.iter_mut().enumerate() {
-        if rejected[i] && !admitted {
+        if refused && limit.mode == Mode::Enforce && !admitted {
             txn.notify(Event::Rejected);
         }
-        if shadowed[i] {
+        if shadowed {
             txn.notify(Event::ShadowRejected);
         }
-        if blocked[i] {
-            txn.notify(Event::Blocked);
-        }
     }
-    Txn::commit_all(txns);
+    Txn::commit_all(&mut txns);
 
     // Each limit's answer: its own decision, a shadow limit's rejection answered as admitted.
-    let decisions: Vec<Decision> = outcomes
+    let decisions: Few<Decision, FEW_KEYS> = evaluations
         .iter()
-        .zip(&modes)
-        .map(|(outcome, mode)| policy::answer(outcome.decision, *mode).0)
+        .zip(&limits)
+        .map(|(evaluation, limit)| policy::answer(evaluation.outcome.decision, limit.mode).0)
         .collect();
     reply(call, &combine(&decisions), &decisions);
     raw::REDISMODULE_OK as c_int
 }
 
-/// Every limit's decision, without writing, and whether its key's block decided it. A key named
-/// once is peeked at. A key named more than once is decided on a copy of its limiter, limit after
-/// limit, each one seeing what the admitted ones before it consumed: what the same CHECKs in
-/// sequence would answer.
+/// Every limit's decision, without writing, and whether its key's block decided it, into
+/// `evaluations`. A key named once is peeked at. A key named more than once is decided on a copy
+/// of its limiter, limit after limit, each one seeing what the admitted ones before it consumed:
+/// what the same CHECKs in sequence would answer.
 fn decide(
     txns: &mut [Txn],
     groups: &KeyGroups,
-    requests: &[Request],
-) -> Result<(Vec<Outcome>, Vec<Blocking>), String> {
-    let mut occurrences = vec![0usize; txns.len()];
+    limits: &[Limit],
+    evaluations: &mut Few<Evaluation, FEW_KEYS>,
+) -> Result<(), String> {
+    if !groups.repeated() {
+        // Every key once: limit `i` is key `i`'s.
+        for (limit, txn) in limits.iter().zip(txns) {
+            evaluations.push(evaluate(txn, &limit.request, false, None)?);
+        }
+        return Ok(());
+    }
+    let mut occurrences: Few<usize, FEW_KEYS> = Few::filled(0, txns.len());
     for &group in &groups.group {
         occurrences[group] += 1;
     }
-    let mut copies: Vec<Option<Option<Limiter>>> = vec![None; txns.len()];
-    let mut outcomes = Vec::with_capacity(requests.len());
-    let mut blockings = Vec::with_capacity(requests.len());
-    for (request, &group) in requests.iter().zip(&groups.group) {
+    let mut copies: Few<Option<Option<Limiter>>, FEW_KEYS> = Few::filled(None, txns.len());
+    for (limit, &group) in limits.iter().zip(&groups.group) {
+        let request = &limit.request;
         let txn = &mut txns[group];
         if occurrences[group] == 1 {
-            let evaluation = evaluate(txn, request, false, None)?;
-            outcomes.push(evaluation.outcome);
-            blockings.push(evaluation.blocking);
+            evaluations.push(evaluate(txn, request, false, None)?);
             continue;
         }
         let copy = match &mut copies[group] {
@@ -266,10 +266,9 @@ fn decide(
         if let Some(limiter) = created {
             *copy = Some(limiter);
         }
-        outcomes.push(outcome);
-        blockings.push(blocking);
+        evaluations.push(Evaluation { outcome, blocking });
     }
-    Ok((outcomes, blockings))
+    Ok(())
 }
 
 /// Blocks the limiter in the transaction's key until `until_ms` (a rejection with BLOCK): stores

@@ -37,8 +37,8 @@ fn run(call: &Call) -> c_int {
     let names: Vec<&[u8]> = (1..call.argc()).map(|i| call.bytes(i)).collect();
     let mut txns: Vec<Txn> = KeyGroups::of(&names)
         .first
-        .into_iter()
-        .map(|i| Txn::open(call, call.raw_arg(1 + i), true))
+        .iter()
+        .map(|&i| Txn::open(call, call.raw_arg(1 + i), true))
         .collect();
     // All or nothing: any key of another type fails the whole call before anything is removed.
     if txns
@@ -58,7 +58,7 @@ fn run(call: &Call) -> c_int {
             removed += 1;
         }
     }
-    Txn::commit_all(txns);
+    Txn::commit_all(&mut txns);
     call.reply_integer(removed);
     raw::REDISMODULE_OK as c_int
 }

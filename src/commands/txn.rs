@@ -213,10 +213,16 @@ impl<'c> Txn<'c> {
         }
     }
 
-    /// Raises `event` on the key at commit.
+    /// Raises `event` on the key at commit (once, however many times it is staged).
     #[inline(always)]
     pub fn notify(&mut self, event: Event) {
         self.events |= 1 << event as u8;
+    }
+
+    /// `event` is staged ([`notify`](Txn::notify)).
+    #[inline(always)]
+    pub fn notifies(&self, event: Event) -> bool {
+        self.events & (1 << event as u8) != 0
     }
 
     /// Expires (or deletes), replicates, closes, counts and notifies, in that order (see the
@@ -232,18 +238,18 @@ impl<'c> Txn<'c> {
     /// [`commit`](Txn::commit) of a command's transactions on several keys (CHECKALL, RESET):
     /// each key expires, replicates and closes, in order, before anything is counted or
     /// notified (a subscriber to keyspace events may touch any of them).
-    pub fn commit_all(mut txns: Vec<Txn<'c>>) {
+    pub fn commit_all(txns: &mut [Txn<'c>]) {
         // A batch of plain payload writes, one per key, replicates as one multi-pair `rla`
         // per `MAX_PAIRS` keys (one RM_Replicate instead of one per key); anything with a
         // deletion, a verbatim replication or several payloads on a key, one `rla` per write.
         let batched = txns.len() > 1 && txns.iter().all(Txn::batchable);
-        for txn in &mut txns {
+        for txn in txns.iter_mut() {
             txn.close_into(batched);
         }
         if batched {
-            replicate_batch(&txns);
+            replicate_batch(txns);
         }
-        for txn in &mut txns {
+        for txn in txns.iter_mut() {
             txn.finish();
         }
     }

@@ -83,19 +83,32 @@ fn sequences() -> u64 {
 /// rejects, no key changes at all (DUMP payload and absolute expiry).
 #[test]
 fn random_sequences_follow_the_model() {
+    follow_the_model(1..=4, sequences(), "seq");
+}
+
+/// The same over 9 to 40 keys: more than the module handles on the stack (`FEW_KEYS`, 8), so
+/// its lists move to the heap, and a key named again makes the call's keys repeat there.
+#[test]
+fn random_sequences_of_many_keys_follow_the_model() {
+    follow_the_model(9..=40, sequences().div_ceil(10), "many");
+}
+
+/// Runs `sequences` random sequences (see above) of a number of keys in `counts`, the keys
+/// named with `prefix`.
+fn follow_the_model(counts: std::ops::RangeInclusive<u64>, sequences: u64, prefix: &str) {
     let server = Server::start();
     let mut con = server.client();
     let base = future_base_ms();
     let seeds: Vec<u64> = match std::env::var("RATELIMIT_CHECKALL_SEED") {
         Ok(seed) => vec![parse_seed(&seed).expect("RATELIMIT_CHECKALL_SEED")],
-        Err(_) => (1..=sequences()).collect(),
+        Err(_) => (1..=sequences).collect(),
     };
     let (mut admitted, mut refused, mut steps) = (0, 0, 0);
     for seed in seeds {
         let mut rng = Rng::new(seed);
         let mut model = Model::default();
-        let count = rng.range(1, 4) as usize;
-        let keys: Vec<String> = (0..count).map(|i| format!("seq{seed}:k{i}")).collect();
+        let count = rng.range(*counts.start(), *counts.end()) as usize;
+        let keys: Vec<String> = (0..count).map(|i| format!("{prefix}{seed}:k{i}")).collect();
         let mut specs: Vec<Spec> = (0..count)
             .map(|_| {
                 let algorithm = rng.pick(&Algorithm::ALL);

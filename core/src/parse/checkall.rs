@@ -2,6 +2,7 @@
 
 use crate::algorithms::Algorithm;
 use crate::error::ArgError;
+use crate::few::{Few, FEW_KEYS};
 use crate::integer::parse_integer;
 
 use super::check::parse_call;
@@ -15,8 +16,8 @@ use super::spec::{
 pub struct CheckAllArgs<'a> {
     /// How many keys follow `numkeys` (at least 1); they are arguments `2 ..= numkeys + 1`.
     pub numkeys: usize,
-    /// One limit per key, in the keys' order.
-    pub specs: Vec<LimitArg<'a>>,
+    /// One limit per key, in the keys' order (inline up to [`FEW_KEYS`]).
+    pub specs: Few<LimitArg<'a>, FEW_KEYS>,
     /// The shared `COST`.
     pub cost: u64,
     /// The shared `AT`.
@@ -82,7 +83,7 @@ pub fn parse_checkall<'a>(
     if numkeys * 3 > rest.len() {
         return Err(wrong_count(ArgError::WrongArity).into());
     }
-    let mut specs = Vec::with_capacity(numkeys);
+    let mut specs = Few::new();
     let mut i = numkeys;
     // The spec before ended with its period (no BURST or BLOCK, not a policy): the hint of an
     // unknown algorithm right after it.

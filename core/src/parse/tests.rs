@@ -246,7 +246,8 @@ fn checkall_of_one_key_parses_like_check() {
         let check_args: Vec<&[u8]> = tail.split(' ').map(str::as_bytes).collect();
         let line = format!("1 k {tail}");
         let all_args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
-        match (parse(tail), parse_checkall(&all_args, 100_000)) {
+        let both = (parse(tail), parse_checkall(&all_args, 100_000));
+        match both {
             (Ok(check), Ok(all)) => {
                 assert_eq!(all.specs, [LimitArg::Inline(check.spec)], "{tail}");
                 assert_eq!((all.cost, all.at_ms), (check.cost, check.at_ms), "{tail}");
