@@ -382,6 +382,38 @@ fn checkall_rejections_errors_and_repeated_keys() {
             checkall_decision(&reply, numkeys);
         }
     }
+    // More keys than the module's inline lists hold (8): its lists on the heap, with and
+    // without a key named twice, admitted and refused.
+    for (names, cost) in [
+        ((1..=9).map(|i| format!("m:{i}")).collect::<Vec<_>>(), 1),
+        {
+            let mut names: Vec<String> = (1..=11).map(|i| format!("m:{i}")).collect();
+            names.insert(4, "m:2".into());
+            (names, 2)
+        },
+    ] {
+        let specs = names
+            .iter()
+            .enumerate()
+            .map(|(i, _)| ["token-bucket 3 1h", "fixed-window 5 1h", "sliding-log 4 1h"][i % 3])
+            .collect::<Vec<_>>()
+            .join(" ");
+        for at in [base + 3, base + 4] {
+            let text = format!(
+                "RATELIMIT.CHECKALL {} {} {specs} COST {cost} AT {at}",
+                names.len(),
+                names.join(" ")
+            );
+            let reply = run(&mut con, &text);
+            if !is_error(&reply) {
+                checkall_decision(&reply, names.len());
+            }
+        }
+    }
+    let _ = run(
+        &mut con,
+        "RATELIMIT.RESET m:1 m:2 m:3 m:4 m:5 m:6 m:7 m:8 m:9 m:2 m:10",
+    );
     for key in ["r", "q", "s", "x", "a:1", "a:5"] {
         let _ = run(&mut con, &format!("RATELIMIT.INFO {key}"));
         let _ = run(&mut con, &format!("DEBUG DIGEST-VALUE {key}"));
