@@ -2,10 +2,16 @@
 # The gateways measured: requests/s and p99 of NGINX and HAProxy (one worker, one thread) serving
 # a static response without a limiter, with redis-ratelimit's Lua module (a consuming CHECK per
 # request, admitted), and with the proxy's own per-instance limiter (limit_req, a stick table),
-# loaded by wrk over 16 connections; and one Redis round trip of that CHECK alone
-# (redis-benchmark, one connection). Prints a Markdown table.
+# loaded by wrk over 16 connections and again over 64, then over one connection for the latency
+# alone; and one Redis round trip of that CHECK alone (redis-benchmark, one connection). Prints a
+# Markdown table.
 #
-#   bash gateways/bench.sh            (DURATION=5s CONNECTIONS=16 ROUNDS=3 by default)
+#   bash gateways/bench.sh            (DURATION=5s CONNECTIONS="16 64" ROUNDS=3 by default)
+#
+# CONNECTIONS lists wrk's connection counts: the table's first columns are at the first (as
+# benches/results/gateways.md has them), then requests/s, p99 and proxy CPU at each other. With
+# the limiter, throughput at few connections is bounded by the round trip times the connections
+# rather than by the worker's CPU; 64 loads one worker to saturation.
 #
 # The six cases run one after another in each of ROUNDS rounds (interleaved, so that a change of
 # the machine's load falls on all of them alike); the table gives each column's median over the
@@ -19,7 +25,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODULE=${RATELIMIT_MODULE:-$ROOT/target/release/libredis_ratelimit.so}
 DURATION=${DURATION:-5s}
 ROUNDS=${ROUNDS:-3}
-CONNECTIONS=${CONNECTIONS:-16}
+CONNECTIONS=${CONNECTIONS:-16 64}
 [ -f "$MODULE" ] || { echo "bench.sh: no module at $MODULE (make build)" >&2; exit 1; }
 
 missing=""
@@ -162,25 +168,37 @@ HZ=$(getconf CLK_TCK)
 LATENCY='function us(v) { if (v ~ /us$/) { sub("us", "", v); return v } if (v ~ /ms$/) { sub("ms", "", v); return v * 1000 } sub("s", "", v); return v * 1000000 }
   $1 == "50%" { p50 = us($2) } $1 == "99%" { p99 = us($2) }'
 
-# wrk on port $1 (proxy pid $2): requests/s and p99 (µs) over $CONNECTIONS connections, the CPU
-# µs per request of the proxy's worker and of redis-server, then p50 and p99 over one connection.
-measure() {
+# wrk on port $1 (proxy pid $2) over $3 connections: requests/s, p99 (µs), the CPU µs per
+# request of the proxy's worker and of redis-server.
+loaded() {
   local out pid before redis_before after redis_after
   pid=$(worker "$2")
   before=$(ticks "$pid"); redis_before=$(ticks "$REDIS_PID")
-  out=$(wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency "http://127.0.0.1:$1/")
+  out=$(wrk -t1 -c"$3" -d"$DURATION" --latency "http://127.0.0.1:$1/")
   after=$(ticks "$pid"); redis_after=$(ticks "$REDIS_PID")
   local non2xx
   non2xx=$(awk '/Non-2xx/ { print $NF }' <<<"$out")
   [ -z "$non2xx" ] || { echo "bench.sh: $non2xx non-2xx responses on $1" >&2; exit 1; }
-  # Latency alone: one connection.
-  local one
-  one=$(wrk -t1 -c1 -d"$DURATION" --latency "http://127.0.0.1:$1/" | awk "$LATENCY"' END { printf "%d %d", p50, p99 }')
-  awk -v t="$((after - before))" -v r="$((redis_after - redis_before))" -v hz="$HZ" -v one="$one" '
+  awk -v t="$((after - before))" -v r="$((redis_after - redis_before))" -v hz="$HZ" '
     /^Requests\/sec:/ { rps = $2 }
     /requests in/ { n = $1 }
   '"$LATENCY"'
-    END { printf "%d %d %.1f %.1f %s\n", rps, p99, t * 1e6 / hz / n, r * 1e6 / hz / n, one }' <<<"$out"
+    END { printf "%d %d %.1f %.1f", rps, p99, t * 1e6 / hz / n, r * 1e6 / hz / n }' <<<"$out"
+}
+
+# One row of a case: at the first of $CONNECTIONS requests/s, p99, proxy and redis-server CPU
+# per request; p50 and p99 over one connection; then at each other count requests/s, p99 and
+# proxy CPU per request.
+measure() {
+  local first="" extra="" c row
+  for c in $CONNECTIONS; do
+    row=$(loaded "$1" "$2" "$c")
+    if [ -z "$first" ]; then first=$row; else extra+=" $(cut -d' ' -f1-3 <<<"$row")"; fi
+  done
+  # Latency alone: one connection.
+  local one
+  one=$(wrk -t1 -c1 -d"$DURATION" --latency "http://127.0.0.1:$1/" | awk "$LATENCY"' END { printf "%d %d", p50, p99 }')
+  echo "$first $one$extra"
 }
 
 RTT=$(redis-benchmark -p "$REDIS_PORT" -c 1 -n 20000 --precision 3 --csv \
@@ -212,14 +230,28 @@ done
 
 echo "Load average before: $LOAD_BEFORE on $(nproc) CPUs; medians of $ROUNDS interleaved rounds of $DURATION per case."
 echo
-echo "| proxy (1 worker) | requests/s, $CONNECTIONS connections | p99 (µs), $CONNECTIONS connections | proxy CPU µs/request | redis-server CPU µs/request | p50 / p99 (µs), 1 connection |"
-echo "|---|---|---|---|---|---|"
-declare -A RPS P50 P99
+read -r FIRST MORE <<<"$CONNECTIONS"
+header="| proxy (1 worker) | requests/s, $FIRST connections | p99 (µs), $FIRST connections | proxy CPU µs/request | redis-server CPU µs/request | p50 / p99 (µs), 1 connection |"
+rule="|---|---|---|---|---|---|"
+for n in $MORE; do
+  header+=" requests/s, $n connections | p99 (µs), $n connections | proxy CPU µs/request, $n connections |"
+  rule+="---|---|---|"
+done
+echo "$header"
+echo "$rule"
+declare -A RPS P50 P99 CPU
 for c in "${!CASES[@]}"; do
   IFS='|' read -r name _ _ <<<"${CASES[$c]}"
   col() { awk -v k="$1" '{ print $k }' "$WORK/case.$c" | median; }
-  RPS[$c]=$(col 1); P50[$c]=$(col 5); P99[$c]=$(col 6)
-  echo "| $name | ${RPS[$c]} | $(col 2) | $(col 3) | $(col 4) | ${P50[$c]} / ${P99[$c]} |"
+  RPS[$c]=$(col 1); P50[$c]=$(col 5); P99[$c]=$(col 6); CPU[$c]=$(col 3)
+  line="| $name | ${RPS[$c]} | $(col 2) | ${CPU[$c]} | $(col 4) | ${P50[$c]} / ${P99[$c]} |"
+  k=7
+  for n in $MORE; do
+    RPS[$c.$n]=$(col $k); CPU[$c.$n]=$(col $((k + 2)))
+    line+=" ${RPS[$c.$n]} | $(col $((k + 1))) | ${CPU[$c.$n]} |"
+    k=$((k + 3))
+  done
+  echo "$line"
 done
 echo
 echo "One Redis round trip of RATELIMIT.CHECK (redis-benchmark, 1 connection): p50 $RTT µs."
@@ -227,5 +259,9 @@ for p in 0 3; do
   name=${CASES[$p]%%,*}
   awk -v n="$name" -v a="${RPS[$p]}" -v b="${RPS[$((p + 1))]}" -v p50a="${P50[$p]}" -v p50b="${P50[$((p + 1))]}" \
     -v p99a="${P99[$p]}" -v p99b="${P99[$((p + 1))]}" 'BEGIN { printf "%s: with the limiter %.2fx the requests/s without it; over 1 connection it adds %d µs to the p50, %d µs to the p99.\n", n, b / a, p50b - p50a, p99b - p99a }'
+  for m in $MORE; do
+    awk -v n="$name" -v m="$m" -v a="${RPS[$p.$m]}" -v b="${RPS[$((p + 1)).$m]}" -v ca="${CPU[$p.$m]}" -v cb="${CPU[$((p + 1)).$m]}" \
+      'BEGIN { printf "%s at %d connections: with the limiter %.2fx the requests/s without it; the proxy CPU per request %.2fx.\n", n, m, b / a, cb / ca }'
+  done
 done
 echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg)."

@@ -49,8 +49,9 @@ local store = {
 -- Idle connections per server address, most recent last, in this thread's Lua state (a socket
 -- belongs to the thread that opened it). An idle socket keeps IDLE_S as its timeout: HAProxy
 -- closes a socket's stream after its timeout without traffic, so a pooled one waiting with a
--- call's short timeout would be closed within it.
-local POOL_SIZE = 16
+-- call's short timeout would be closed within it. POOL_SIZE is above the calls a thread makes at
+-- once under load: a call beyond it opens a connection and the next give-back closes one.
+local POOL_SIZE = 128
 local IDLE_S = 60
 local pools = {}
 

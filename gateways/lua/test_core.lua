@@ -96,6 +96,24 @@ eq(bad_err:find("protocol error", 1, true) ~= nil, true, bad_err)
 eq(core.parse("*6\r\n:1\r\n:2\r\n", 1), nil, "parse: a decision cut short")
 value = core.parse("*6\r\n:1\r\n$1\r\nx\r\n:3\r\n:4\r\n:5\r\n:6\r\n", 1)
 eq(value[2], "x", "parse: six items that are not all integers")
+-- The decision's two readers (bytes under LuaJIT, one match elsewhere) read alike.
+for _, way in ipairs({ "six_by_bytes", "six_by_match" }) do
+  local read = core[way]
+  local d6 = "xx" .. six(0, "9007199254740993", 99, -1, -60000, 0) .. "+OK\r\n"
+  local got, got_at = read(d6, 3)
+  eq(got_at, #d6 - 4, way .. ": the position after it")
+  eq(got[1], 0, way .. ": a zero")
+  eq(got[2], tonumber("9007199254740993"), way .. ": 16 digits, as tonumber reads them")
+  eq(got[4], -1, way .. ": a negative integer")
+  eq(got[5], -60000, way .. ": another")
+  eq(got[6], 0, way .. ": the last")
+  local rest = ":3\r\n:4\r\n:5\r\n:6\r\n"
+  for _, no in ipairs({ "*6\r\n:1\r\n:2\r\n:3\r\n:4\r\n:5\r\n:6\r", "*6\r\n:1\r\n:\r\n" .. rest,
+    "*6\r\n:1\r\n:-\r\n" .. rest, "*6\r\n:1\r\n:2x\r\n" .. rest, "*6\n:1\r\n:2\r\n" .. rest,
+    "*6\r\n:1\r\n+2\r\n" .. rest }) do
+    eq(read(no, 1), nil, way .. ": not six integers: " .. no:gsub("\r\n", "|"))
+  end
+end
 
 -- Periods and limits.
 eq(core.period_ms("1m"), 60000, "1m")

@@ -10,7 +10,7 @@
 -- dict `lua_shared_dict ratelimit 1m`, so all workers share it.
 
 local core = require("ratelimit_core")
-local sub = string.sub
+local sub, max, concat = string.sub, math.max, table.concat
 
 local M = {}
 
@@ -57,67 +57,60 @@ end
 -- out closed: a restart).
 local semaphore = require("ngx.semaphore")
 local core_parse = core.parse
+local ok_clear, clear = pcall(require, "table.clear")
+if not ok_clear then clear = function(t) for k in pairs(t) do t[k] = nil end end end
 
-local channels = {} -- core.connection_key -> { queue, wake, idle, running, sock, used }
+local channels = {} -- core.connection_key -> { queue, next, wake, idle, running, sock, used }
 local RECEIVE_MAX = 65536
 -- How long the timer waits for calls before it looks whether the worker is exiting.
 local IDLE_WAIT_S = 1
--- Semaphores of calls that ended as they should (count back to 0), for the next calls.
+-- Jobs (each with its semaphore) of calls that ended as they should, for the next calls: a job
+-- whose call gave up at its deadline is left to the timer (it may still hold it) and not reused.
 local spare, spare_n = {}, 0
-
-local function new_sema()
-  if spare_n > 0 then
-    local sema = spare[spare_n]
-    spare[spare_n] = nil
-    spare_n = spare_n - 1
-    return sema
-  end
-  return semaphore.new()
-end
+local SPARE_MAX = 256
 
 -- Reads the replies of `jobs` (job.n each) into job.replies from `sock`; true, or nil and the
--- transport's error.
+-- transport's error. No closure per round trip: the buffer is refilled where a reply is cut.
 local function read_replies(sock, jobs, deadline, auth)
   local buf, pos = "", 1
-  local function more()
-    sock:settimeout(math.max(1, deadline - ngx.now() * 1000))
-    local data, err = sock:receiveany(RECEIVE_MAX)
-    if not data then return nil, err end
-    buf = pos > #buf and data or sub(buf, pos) .. data
-    pos = 1
-    return true
-  end
-  -- One reply: the value, or nil and the error.
-  local function reply()
-    while true do
-      local value, next_at, perr = core_parse(buf, pos)
-      if next_at then
-        pos = next_at
-        return value
+  local auth_error, auth_pending = nil, auth
+  local i, k, job = 1, 1, jobs[1]
+  local replies
+  while job do
+    local value, next_at, perr = core_parse(buf, pos)
+    if next_at then
+      pos = next_at
+      if auth_pending then
+        auth_pending = false
+        -- Every call's first reply says it: the core logs it as a configuration error.
+        if core.is_error(value) then auth_error = value end
+      else
+        if k == 1 then
+          replies = {}
+          job.replies = replies
+        end
+        replies[k] = auth_error or value
+        if k < job.n then
+          k = k + 1
+        else
+          i, k = i + 1, 1
+          job = jobs[i]
+        end
       end
-      if perr then return nil, perr end
-      local ok, err = more()
-      if not ok then return nil, err end
+    elseif perr then
+      return nil, perr
+    else
+      sock:settimeout(max(1, deadline - ngx.now() * 1000))
+      local data, err = sock:receiveany(RECEIVE_MAX)
+      if not data then return nil, err end
+      buf = pos > #buf and data or sub(buf, pos) .. data
+      pos = 1
     end
-  end
-  local auth_error
-  if auth then
-    local value, err = reply()
-    if value == nil then return nil, err end
-    -- Every call's first reply says it: the core logs it as a configuration error.
-    if core.is_error(value) then auth_error = value end
-  end
-  for i = 1, #jobs do
-    local job, replies = jobs[i], {}
-    for k = 1, job.n do
-      local value, err = reply()
-      if value == nil then return nil, err end
-      replies[k] = auth_error or value
-    end
-    job.replies = replies
   end
   return true
 end
+
+local AUTH = {}
 
 -- Sends the jobs' payloads in one write on the channel's connection (opened first if there is
 -- none) and reads their replies; true, or nil, the transport's error and whether the connection
@@ -127,7 +120,7 @@ local function attempt(ch, o, jobs, deadline)
   local auth = false
   if not sock then
     sock = ngx.socket.tcp()
-    local remaining = math.max(1, deadline - ngx.now() * 1000)
+    local remaining = max(1, deadline - ngx.now() * 1000)
     sock:settimeouts(remaining, remaining, remaining)
     local ok, err = sock:connect(o.redis.host, o.redis.port)
     if not ok then return nil, "connect: " .. tostring(err) end
@@ -136,15 +129,26 @@ local function attempt(ch, o, jobs, deadline)
     auth = o.password ~= nil
   end
   local payload
-  if #jobs == 1 and not auth then
+  local n = #jobs
+  if n == 1 and not auth then
     payload = jobs[1].payload
   else
-    local parts = {}
-    if auth then parts[1] = core.command({ "AUTH", o.password }) end
-    for i = 1, #jobs do parts[#parts + 1] = jobs[i].payload end
-    payload = table.concat(parts)
+    local parts = ch.parts
+    clear(parts)
+    local at = 0
+    if auth then
+      local cmd = AUTH[o.password]
+      if not cmd then
+        cmd = core.command({ "AUTH", o.password })
+        AUTH[o.password] = cmd
+      end
+      parts[1], at = cmd, 1
+    end
+    for j = 1, n do parts[at + j] = jobs[j].payload end
+    payload = concat(parts)
+    clear(parts)
   end
-  sock:settimeout(math.max(1, deadline - ngx.now() * 1000))
+  sock:settimeout(max(1, deadline - ngx.now() * 1000))
   local ok, err = sock:send(payload)
   if ok then ok, err = read_replies(sock, jobs, deadline, auth) end
   if not ok then
@@ -184,22 +188,30 @@ local function flush(ch, jobs)
   end
 end
 
--- The timer: round trips as long as there are calls, until the worker exits.
+-- The timer: round trips as long as there are calls, until the worker exits. The calls queue
+-- into ch.queue; a round trip takes that table and leaves ch.next (emptied) in its place.
 local function run(premature, ch)
   if not premature then
+    local jobs = {}
     while not ngx.worker.exiting() do
       local queue = ch.queue
-      if #queue == 0 then
+      if queue[1] == nil then
         ch.idle = true
         ch.wake:wait(IDLE_WAIT_S)
         ch.idle = false
       else
-        ch.queue = {}
-        local jobs = {}
+        ch.queue, ch.next = ch.next, queue
+        local n = 0
         for i = 1, #queue do
-          if not queue[i].gone then jobs[#jobs + 1] = queue[i] end
+          local job = queue[i]
+          if not job.gone then
+            n = n + 1
+            jobs[n] = job
+          end
         end
-        if jobs[1] then flush(ch, jobs) end
+        clear(queue)
+        if n > 0 then flush(ch, jobs) end
+        clear(jobs)
       end
     end
   end
@@ -214,50 +226,71 @@ local function run(premature, ch)
   end
 end
 
+-- One per call's options (a plan's, kept while the plan is): its channel found once.
 local Pipe = {}
 Pipe.__index = Pipe
 function Pipe.reused() return 1 end
+local pipes = setmetatable({}, { __mode = "k" })
 
-function Pipe:exchange(payload, n, deadline)
-  local o = self.o
+local function pipe_of(o)
+  local pipe = pipes[o]
+  if pipe then return pipe end
   local where = core.connection_key(o)
   local ch = channels[where]
   if not ch then
-    ch = { queue = {}, wake = semaphore.new(), idle = false, running = false }
+    ch = { queue = {}, next = {}, parts = {}, wake = semaphore.new(), idle = false,
+      running = false }
     channels[where] = ch
   end
+  pipe = setmetatable({ o = o, ch = ch }, Pipe)
+  pipes[o] = pipe
+  return pipe
+end
+
+function Pipe:exchange(payload, n, deadline)
+  local ch = self.ch
   if not ch.running then
     local ok, err = ngx.timer.at(0, run, ch)
     if not ok then return nil, "ngx.timer.at: " .. tostring(err) end
     ch.running = true
   end
-  local sema = new_sema()
-  local job = { payload = payload, n = n, deadline = deadline, o = o, sema = sema }
+  local job
+  if spare_n > 0 then
+    job = spare[spare_n]
+    spare[spare_n] = nil
+    spare_n = spare_n - 1
+  else
+    job = { sema = semaphore.new() }
+  end
+  job.payload, job.n, job.deadline, job.o = payload, n, deadline, self.o
+  job.replies, job.err, job.counted = nil, nil, nil
   local queue = ch.queue
   queue[#queue + 1] = job
   if ch.idle then
     ch.idle = false
     ch.wake:post(1)
   end
-  local ok = sema:wait(math.max(0.001, (deadline - ngx.now() * 1000) / 1000))
+  local ok = job.sema:wait(max(0.001, (deadline - ngx.now() * 1000) / 1000))
   if not ok then
     -- Its deadline passed first: the call fails (the timer still reads its reply, if sent).
     job.gone = true
     return nil, "timeout"
   end
-  if spare_n < 64 then
+  local replies, err, counted = job.replies, job.err, job.counted
+  job.payload, job.o, job.replies = nil, nil, nil
+  if spare_n < SPARE_MAX then
     spare_n = spare_n + 1
-    spare[spare_n] = sema
+    spare[spare_n] = job
   end
-  if job.replies then return job.replies end
-  return nil, job.err, job.counted
+  if replies then return replies end
+  return nil, err, counted
 end
 
 local env = {
   now_ms = function() return ngx.now() * 1000 end,
   log = log,
   defaults = {},
-  connect = function(o) return setmetatable({ o = o }, Pipe) end,
+  connect = pipe_of,
   keep = function() end,
   close = function() end,
 }

@@ -2,9 +2,11 @@
 //! one its README shows), master and workers in the foreground (`daemon off`).
 
 use super::{
-    assert_readme_shows, install_dir, installed, read, replace_all, repo_file, Gateway, Proxy,
+    assert_readme_shows, get, gone, install_dir, installed, read, replace_all, repo_file, Gateway,
+    Proxy, SLACK,
 };
 use crate::common;
+use common::Server;
 use std::fs;
 use std::net::TcpStream;
 use std::path::Path;
@@ -147,4 +149,98 @@ fn nginx_dies_with_a_killed_test_process() {
     super::dies_with_a_killed_test_process::<Nginx>(
         "gateways::nginx::nginx_holds_a_proxy_until_killed",
     );
+}
+
+/// A worker that exits, at a reload (SIGHUP) and at a graceful stop (SIGQUIT), with calls queued
+/// on its timer behind a round trip that a stalled Redis does not answer, ends each of them as
+/// its `on_error` says (200 unlimited on /api/, 503 on /login) within its timeout, and exits
+/// within about one timeout too: its timer stops, nothing waits for a Redis that never answers.
+#[test]
+fn nginx_ends_the_calls_queued_in_an_exiting_worker() {
+    if !Nginx::available() {
+        return;
+    }
+    const LONG_MS: u64 = 1500;
+    let server = Server::start();
+    let mut proxy = Nginx::start(server.port(), &[("timeout_ms = 50", "timeout_ms = 1500")]);
+    let key: &'static [(&str, &str)] = &[("X-API-Key", "dave")];
+    let decided = |proxy: &Proxy, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let r = proxy.get("/api/x", key);
+            if r.header("RateLimit").is_some() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: no decision: {r:?}");
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    decided(&proxy, "at the start");
+    let bound = Duration::from_millis(LONG_MS) + SLACK;
+    for (signal, name) in [(libc::SIGHUP, "reload"), (libc::SIGQUIT, "quit")] {
+        let master = proxy.child.as_ref().expect("nginx").id() as i32;
+        let workers: Vec<_> = proxy
+            .processes()
+            .into_iter()
+            .filter(|&(pid, _)| pid != master)
+            .collect();
+        server.pause();
+        // Calls a few ms apart: the first's round trip stalls, the others queue behind it.
+        let port = proxy.port;
+        let calls: Vec<_> = (0..16)
+            .map(|i| {
+                thread::sleep(Duration::from_millis(10));
+                thread::spawn(move || {
+                    if i % 2 == 0 {
+                        ("/api/x", get(port, "/api/x", key))
+                    } else {
+                        ("/login", get(port, "/login", &[]))
+                    }
+                })
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(300));
+        // SAFETY: kill(2) with plain integers, on our own child, not yet reaped.
+        assert_eq!(unsafe { libc::kill(master, signal) }, 0, "{name}: kill");
+        let signalled = Instant::now();
+        for call in calls {
+            let (path, r) = call.join().expect("a client thread");
+            // Admitted (open), a request goes on to the app, which at a stop is a server of the
+            // same nginx that no longer listens (502).
+            let want: &[u16] = match (path, signal) {
+                ("/login", _) => &[503],
+                (_, libc::SIGHUP) => &[200],
+                _ => &[200, 502],
+            };
+            assert!(
+                want.contains(&r.status),
+                "{name}: {path} as its on_error says: {r:?}"
+            );
+            assert_eq!(
+                r.header("RateLimit"),
+                None,
+                "{name}: {path} undecided: {r:?}"
+            );
+            assert!(r.elapsed < bound, "{name}: {path} took {:?}", r.elapsed);
+        }
+        // The worker that had them exits (its timer stopped), bounded.
+        while !workers.iter().all(|&w| gone(w)) {
+            assert!(
+                signalled.elapsed() < bound,
+                "{name}: a worker lives on {:?} after the signal: {:?}",
+                signalled.elapsed(),
+                workers.iter().filter(|&&w| !gone(w)).collect::<Vec<_>>()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        server.resume();
+        if signal == libc::SIGHUP {
+            // The new workers decide.
+            decided(&proxy, "after the reload");
+        } else {
+            let mut master = proxy.child.take().expect("nginx");
+            let status = master.wait().expect("nginx");
+            assert!(status.success(), "{name}: nginx exited with {status}");
+        }
+    }
 }
