@@ -55,12 +55,11 @@ local POOL_SIZE = 128
 local IDLE_S = 60
 local pools = {}
 
-local Conn = {}
-Conn.__index = Conn
-function Conn:receive(pattern) return self.sock:receive(pattern) end
-function Conn:send(data) return self.sock:send(data) end
-function Conn:settimeout_ms(ms) self.sock:settimeout(ms / 1000) end
-function Conn:reused() return self.uses end
+-- A connection is HAProxy's socket itself (a Lua table: the core's receive and send go straight
+-- to HAProxy's), with the fields the core and the pool need: rl_uses, rl_where, and
+-- settimeout_ms and reused as functions.
+local function settimeout_ms(sock, ms) sock:settimeout(ms / 1000) end
+local function reused(sock) return sock.rl_uses end
 
 local env = {
   now_ms = now_ms,
@@ -71,31 +70,33 @@ local env = {
     local where = core_.connection_key(o)
     local pool = pools[where]
     if pool and pool[1] and not fresh then
-      local conn = pool[#pool]
+      local sock = pool[#pool]
       pool[#pool] = nil
-      conn.uses = conn.uses + 1
-      return conn
+      sock.rl_uses = sock.rl_uses + 1
+      return sock
     end
     local sock = core.tcp()
     sock:settimeout(timeout_ms / 1000)
     local ok, err = sock:connect(o.redis.host, o.redis.port)
     if not ok then return nil, "connect: " .. tostring(err) end
-    return setmetatable({ sock = sock, uses = 0, where = where }, Conn)
+    sock.rl_uses, sock.rl_where = 0, where
+    sock.settimeout_ms, sock.reused = settimeout_ms, reused
+    return sock
   end,
-  keep = function(conn)
-    local pool = pools[conn.where]
+  keep = function(sock)
+    local pool = pools[sock.rl_where]
     if not pool then
       pool = {}
-      pools[conn.where] = pool
+      pools[sock.rl_where] = pool
     end
     if #pool < POOL_SIZE then
-      conn.sock:settimeout(IDLE_S)
-      pool[#pool + 1] = conn
+      sock:settimeout(IDLE_S)
+      pool[#pool + 1] = sock
     else
-      conn.sock:close()
+      sock:close()
     end
   end,
-  close = function(conn) conn.sock:close() end,
+  close = function(sock) sock:close() end,
 }
 
 local function read_file(path)

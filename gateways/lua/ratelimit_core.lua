@@ -249,12 +249,8 @@ local ERROR_MT = {}
 --- Whether a reply is an error reply ({ message = "ERR ..." }).
 function M.is_error(value) return getmetatable(value) == ERROR_MT end
 
---- Reads one RESP2 reply from `sock` (its `receive("*l")` and `receive(n)`): a number, a string,
---- a table (array), false (nil bulk or array), or an error reply; nil and the transport's error
---- (timeout, closed) when the socket fails.
-function M.read_reply(sock)
-  local line, err = sock:receive("*l")
-  if not line then return nil, err end
+-- The reply whose first line `line` has been read from `sock` (as read_reply).
+local function read_value(sock, line)
   local kind, rest = byte(line, 1), sub(line, 2)
   if kind == 58 then -- ':'
     local n = tonumber(rest)
@@ -277,13 +273,32 @@ function M.read_reply(sock)
     if n < 0 then return false end
     local out = {}
     for i = 1, n do
-      local value, verr = M.read_reply(sock)
-      if value == nil then return nil, verr end
+      local item, ierr = sock:receive("*l")
+      if not item then return nil, ierr end
+      local value
+      if byte(item, 1) == 58 then
+        -- An integer, a decision's every item: read here, without a call per item.
+        value = tonumber(sub(item, 2))
+        if not value then return nil, "protocol error: integer " .. sub(item, 2) end
+      else
+        local verr
+        value, verr = read_value(sock, item)
+        if value == nil then return nil, verr end
+      end
       out[i] = value
     end
     return out
   end
   return nil, "protocol error: unexpected reply " .. line
+end
+
+--- Reads one RESP2 reply from `sock` (its `receive("*l")` and `receive(n)`): a number, a string,
+--- a table (array), false (nil bulk or array), or an error reply; nil and the transport's error
+--- (timeout, closed) when the socket fails.
+function M.read_reply(sock)
+  local line, err = sock:receive("*l")
+  if not line then return nil, err end
+  return read_value(sock, line)
 end
 
 --- Reads one RESP2 reply from the string `buf` at `pos`, whole: the reply (as read_reply gives
@@ -371,13 +386,15 @@ M.parse = parse
 
 --- Six integers as a decision table; nil if the reply is not one.
 function M.decision(reply)
-  if type(reply) ~= "table" or #reply < 6 then return nil end
-  for i = 1, 6 do
-    if type(reply[i]) ~= "number" then return nil end
+  if type(reply) ~= "table" then return nil end
+  local a, l, r, retry, reset, delay = reply[1], reply[2], reply[3], reply[4], reply[5], reply[6]
+  if type(a) ~= "number" or type(l) ~= "number" or type(r) ~= "number"
+    or type(retry) ~= "number" or type(reset) ~= "number" or type(delay) ~= "number" then
+    return nil
   end
   -- One constructor: the table made at its size at once.
-  return { allowed = reply[1] == 1, limit = reply[2], remaining = reply[3],
-    retry_after_ms = reply[4], reset_after_ms = reply[5], delay_ms = reply[6] }
+  return { allowed = a == 1, limit = l, remaining = r, retry_after_ms = retry,
+    reset_after_ms = reset, delay_ms = delay }
 end
 
 --- The answer to the decisions of one request: { status, headers = { {name, value}, ... },
@@ -513,7 +530,7 @@ local UNAVAILABLE = { LOADING = true, BUSY = true, MASTERDOWN = true, READONLY =
 local function unavailable_reply(replies)
   for i = 1, #replies do
     local reply = replies[i]
-    if M.is_error(reply) and UNAVAILABLE[match(reply.message, "^(%u+)")] then
+    if getmetatable(reply) == ERROR_MT and UNAVAILABLE[match(reply.message, "^(%u+)")] then
       return reply.message
     end
   end
@@ -928,6 +945,13 @@ function Limiter:run(plan, sock, limits, keys, deadline)
       local replies, err, counted = self:exchange(sock, payload, n + 1, deadline)
       if not replies then return nil, err, counted end
       local reply = replies[n + 1]
+      if n == 0 and type(reply) == "table" and getmetatable(reply) == nil then
+        -- The common reply: no policy asked for, a decision (or CHECKALL's list), no error.
+        if self.engines[where] ~= "module" then self:use(o, "module") end
+        return self:answer(limits, reply, "module", fallback)
+          or { config = format("ratelimit: Redis %s gave an unexpected reply to %s", where,
+            concat(module_command(o, limits, keys, fallback), " ")) }
+      end
       if unknown_command(replies[1]) or unknown_command(reply) then
         if o.engine == "module" then
           local said = unknown_command(reply) and reply or replies[1]
