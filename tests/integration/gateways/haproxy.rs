@@ -104,6 +104,11 @@ fn haproxy_bounds_requests_through_a_stall_and_a_kill_of_redis() {
 }
 
 #[test]
+fn haproxy_decides_at_once_after_a_restart_of_redis() {
+    super::decides_at_once_after_a_restart_of_redis::<Haproxy>();
+}
+
+#[test]
 fn haproxy_keeps_connections_apart_by_password() {
     super::connections_are_kept_apart_by_password::<Haproxy>();
 }

@@ -652,6 +652,40 @@ pub fn stall_and_kill_of_redis<G: Gateway>() {
     recovered("after the restart");
 }
 
+/// Redis restarted (killed, started again on its port) between two requests: the connections
+/// the proxy kept turn out closed, and the next requests are decided at once, each on a new
+/// connection (none fails open, nothing opens the breaker).
+pub fn decides_at_once_after_a_restart_of_redis<G: Gateway>() {
+    if !G::available() {
+        return;
+    }
+    let mut server = Server::start();
+    let proxy = G::start(server.port(), &[CALM]);
+    let key = [("X-API-Key", "erin")];
+    // Every worker or thread decides once, on the connection it keeps (more requests than
+    // workers: any of them may take each).
+    for n in 0..8 {
+        let r = proxy.get("/api/x", &key);
+        assert!(r.header("RateLimit").is_some(), "before {n}: {r:?}");
+    }
+    server.kill9();
+    server.start_again();
+    for n in 0..8 {
+        let r = proxy.get("/api/x", &key);
+        assert_eq!(r.status, 200, "after the restart {n}: {r:?}");
+        assert!(
+            r.header("RateLimit").is_some(),
+            "after the restart {n}: not decided at once: {r:?}\n{}",
+            proxy.log()
+        );
+    }
+    assert!(
+        !proxy.log().contains("unavailable"),
+        "the breaker opened:\n{}",
+        proxy.log()
+    );
+}
+
 /// A server with a password: the limits configured with it are decided; a limit configured with
 /// another never rides on a connection the first one authenticated (its requests are a logged
 /// 500, however many calls with the right password came before, in any order).

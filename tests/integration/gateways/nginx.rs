@@ -118,6 +118,11 @@ fn nginx_bounds_requests_through_a_stall_and_a_kill_of_redis() {
 }
 
 #[test]
+fn nginx_decides_at_once_after_a_restart_of_redis() {
+    super::decides_at_once_after_a_restart_of_redis::<Nginx>();
+}
+
+#[test]
 fn nginx_keeps_connections_apart_by_password() {
     super::connections_are_kept_apart_by_password::<Nginx>();
 }
