@@ -87,7 +87,7 @@ bench: build ## The core's own speed per algorithm, then module vs Lua scripts, 
 	@if [ -z "$$BENCH_ONLY" ]; then $(MAKE) --no-print-directory bench-clients bench-gateways; fi
 
 bench-gateways: export RATELIMIT_MODULE := $(MODULE)
-bench-gateways: build ## NGINX and HAProxy serving a static page: without a limiter, with this one, with their own (limit_req, a stick table), under wrk (~3 min): a table of requests/s and latency
+bench-gateways: build ## NGINX and HAProxy serving a static page: without a limiter, with this one, with their own (limit_req, a stick table), under wrk at 16 and 64 connections (~5 min): a table of requests/s and latency
 	bash gateways/bench.sh
 
 bench-clients: export RATELIMIT_MODULE := $(MODULE)
