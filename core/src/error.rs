@@ -37,6 +37,11 @@ pub const BLOCK: &str = "ERR BLOCK must be a duration from 1 ms to 3650 days, in
      unit ms, s, m, h or d (250ms, 1s, 15m, 1h, 1d)";
 pub const POLICY_NAME: &str =
     "ERR policy name must be 1 to 64 bytes of A-Z, a-z, 0-9, '_', '-' and '.'";
+pub const SPEC_EMPTY_WORD: &str = "has an empty word: separate its words by single spaces";
+pub const SPEC_WHITESPACE: &str = "has a tab or a newline: separate its words by single spaces";
+pub const SPEC_CALL_OPTION: &str = "as arguments of its own, not inside it";
+pub const SPEC_INCOMPLETE: &str = "is incomplete: one argument holds a whole spec, algorithm \
+     limit period [BURST capacity] [BLOCK duration] or POLICY name";
 pub const STATE: &str = "ERR invalid limiter state payload";
 pub const INTERNAL: &str = "ERR internal error in ratelimit module (see the server log)";
 
@@ -57,6 +62,19 @@ pub enum Options {
     Take,
     /// `RATELIMIT.TAKE` with `POLICY name`: `MAX`, `AT`.
     PolicyTake,
+}
+
+/// What is wrong with a limit spec given as one argument (see `parse::read_call`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecWordsError {
+    /// Two spaces in a row, or one at an end.
+    EmptyWord,
+    /// A tab, newline, carriage return, vertical tab or form feed.
+    Whitespace,
+    /// `COST`, `AT` or `MAX`: an option of the call, which follows the spec.
+    CallOption(&'static str),
+    /// Less than `algorithm limit period`, or a `BURST` or `BLOCK` without its value.
+    Incomplete,
 }
 
 /// A malformed argument vector. A variant that names an argument holds its position in the
@@ -121,6 +139,11 @@ pub enum ArgError {
     ConcurrencyCall,
     /// `BLOCK` on a concurrency policy.
     BlockOnConcurrency,
+    /// `args[at]` is a limit spec given as one argument that the grammar cannot take.
+    SpecWords {
+        at: usize,
+        problem: SpecWordsError,
+    },
 }
 
 impl From<ParamsError> for ArgError {
@@ -180,6 +203,23 @@ impl ArgError {
                      found {specs}"
                 );
             }
+            ArgError::SpecWords { at, problem } => {
+                let spec = shown(args.get(at).copied().unwrap_or_default());
+                return match problem {
+                    SpecWordsError::EmptyWord => {
+                        format!("ERR limit spec '{spec}' {SPEC_EMPTY_WORD}")
+                    }
+                    SpecWordsError::Whitespace => {
+                        format!("ERR limit spec '{spec}' {SPEC_WHITESPACE}")
+                    }
+                    SpecWordsError::CallOption(option) => format!(
+                        "ERR {option} goes after the limit spec '{spec}' {SPEC_CALL_OPTION}"
+                    ),
+                    SpecWordsError::Incomplete => {
+                        format!("ERR limit spec '{spec}' {SPEC_INCOMPLETE}")
+                    }
+                };
+            }
             ArgError::Limit => LIMIT,
             ArgError::Period => PERIOD,
             ArgError::Burst => BURST,
@@ -222,6 +262,10 @@ impl ArgError {
                 at: at + by,
                 after_period,
                 expected,
+            },
+            ArgError::SpecWords { at, problem } => ArgError::SpecWords {
+                at: at + by,
+                problem,
             },
             other => other,
         }

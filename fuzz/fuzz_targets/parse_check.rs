@@ -11,7 +11,9 @@
 //! - on a fresh key at one instant: PEEK equals the CHECK that follows, replies are consistent, no
 //!   more than the limit (capacity for buckets) is admitted, every stored state survives the codec
 //!   (RDB, AOF rewrite, replication, RESTORE) unchanged, and the key is fresh again `reset_after_ms`
-//!   later.
+//!   later;
+//! - a spec given as one argument parses as its words (the same result and error message), and an
+//!   accepted vector's leading spec words joined into one argument parse to the same thing.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -20,7 +22,7 @@ use redis_ratelimit_core::algorithms::{
 };
 use redis_ratelimit_core::codec::{self, Change};
 use redis_ratelimit_core::error::ArgError;
-use redis_ratelimit_core::parse::{parse_check, CheckArgs};
+use redis_ratelimit_core::parse::{is_one_argument_spec, parse_check, read_call, CheckArgs};
 
 const DEFAULT_MAX_LOG_LIMIT: u64 = 100_000;
 const SMALL_MAX_LOG_LIMIT: u64 = 7;
@@ -56,12 +58,53 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => assert_eq!(parsed, small),
     }
+    check_one_argument_spec(&args, &parsed);
     if let Ok(accepted) = parsed {
         check_well_formed(&args, &accepted);
         check_canonical_round_trip(&accepted);
         run_cores(&accepted);
     }
 });
+
+/// A one-argument spec (`args[0]` holding a space) reads as its words; else `args` as they are.
+/// And the words of an accepted spec (its head and the BURST and BLOCK right after it), joined,
+/// read as they did.
+fn check_one_argument_spec(args: &[&[u8]], parsed: &Result<CheckArgs, ArgError>) {
+    let read = read_call(args, |words| {
+        let parsed = parse_check(words, DEFAULT_MAX_LOG_LIMIT);
+        let message = parsed.as_ref().err().map(|e| e.message("c", words));
+        (parsed, message)
+    });
+    match read {
+        Ok((by_words, message)) if is_one_argument_spec(args[0]) => {
+            let mut words: Vec<&[u8]> = args[0].split(|b| *b == b' ').collect();
+            words.extend_from_slice(&args[1..]);
+            let split = parse_check(&words, DEFAULT_MAX_LOG_LIMIT);
+            assert_eq!(by_words, split);
+            assert_eq!(message, split.err().map(|e| e.message("c", &words)));
+        }
+        Ok((as_is, _)) => assert_eq!(&as_is, parsed),
+        Err(error) => {
+            assert!(is_one_argument_spec(args[0]), "{error:?}");
+            let message = error.message("c", args);
+            assert!(message.starts_with("ERR "), "{message}");
+        }
+    }
+    let Ok(accepted) = parsed else {
+        return;
+    };
+    let mut end = 3;
+    while args.get(end).is_some_and(|name| {
+        name.eq_ignore_ascii_case(b"BURST") || name.eq_ignore_ascii_case(b"BLOCK")
+    }) {
+        end += 2;
+    }
+    let joined = args[..end].join(&b' ');
+    let mut one: Vec<&[u8]> = vec![&joined];
+    one.extend_from_slice(&args[end..]);
+    let read = read_call(&one, |words| parse_check(words, DEFAULT_MAX_LOG_LIMIT));
+    assert_eq!(read, Ok(Ok(*accepted)), "{one:?}");
+}
 
 /// Plain decimal digits (no sign, space, fraction or exponent) and their value.
 fn decimal(bytes: &[u8]) -> u64 {
@@ -72,17 +115,10 @@ fn decimal(bytes: &[u8]) -> u64 {
     std::str::from_utf8(bytes).unwrap().parse().unwrap()
 }
 
-fn check_well_formed(args: &[&[u8]], accepted: &CheckArgs) {
-    let algorithm = accepted.spec.algorithm;
-    let params = accepted.spec.params;
-    assert!(
-        args.len() % 2 == 1 && (3..=9).contains(&args.len()),
-        "{args:?}"
-    );
-    assert_eq!(Algorithm::parse(args[0]), Some(algorithm));
-    assert_eq!(decimal(args[1]), params.limit);
-    let digits = args[2].iter().take_while(|b| b.is_ascii_digit()).count();
-    let scale = match args[2][digits..].to_ascii_lowercase().as_slice() {
+/// A period as accepted: plain decimal digits and a known unit, in ms.
+fn period(bytes: &[u8]) -> u64 {
+    let digits = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    let scale = match bytes[digits..].to_ascii_lowercase().as_slice() {
         b"" | b"ms" => 1,
         b"s" => 1_000,
         b"m" => 60_000,
@@ -90,7 +126,19 @@ fn check_well_formed(args: &[&[u8]], accepted: &CheckArgs) {
         b"d" => 86_400_000,
         unit => panic!("accepted a period unit {unit:?}"),
     };
-    assert_eq!(decimal(&args[2][..digits]) * scale, params.period_ms);
+    decimal(&bytes[..digits]) * scale
+}
+
+fn check_well_formed(args: &[&[u8]], accepted: &CheckArgs) {
+    let algorithm = accepted.spec.algorithm;
+    let params = accepted.spec.params;
+    assert!(
+        args.len() % 2 == 1 && (3..=11).contains(&args.len()),
+        "{args:?}"
+    );
+    assert_eq!(Algorithm::parse(args[0]), Some(algorithm));
+    assert_eq!(decimal(args[1]), params.limit);
+    assert_eq!(period(args[2]), params.period_ms);
     assert!((1..=MAX_AMOUNT).contains(&params.limit));
     assert!((1..=MAX_PERIOD_MS).contains(&params.period_ms));
     assert!((1..=MAX_AMOUNT).contains(&params.capacity));
@@ -99,17 +147,19 @@ fn check_well_formed(args: &[&[u8]], accepted: &CheckArgs) {
     if algorithm == Algorithm::SlidingLog {
         assert!(params.limit <= DEFAULT_MAX_LOG_LIMIT);
     }
-    let (mut burst, mut cost, mut at) = (None, None, None);
+    let (mut burst, mut block, mut cost, mut at) = (None, None, None, None);
     for pair in args[3..].chunks(2) {
-        let value = decimal(pair[1]);
-        let slot = match pair[0].to_ascii_uppercase().as_slice() {
-            b"BURST" => &mut burst,
-            b"COST" => &mut cost,
-            b"AT" => &mut at,
+        let (slot, value) = match pair[0].to_ascii_uppercase().as_slice() {
+            b"BURST" => (&mut burst, decimal(pair[1])),
+            b"BLOCK" => (&mut block, period(pair[1])),
+            b"COST" => (&mut cost, decimal(pair[1])),
+            b"AT" => (&mut at, decimal(pair[1])),
             name => panic!("accepted an option {name:?}"),
         };
         assert!(slot.replace(value).is_none(), "accepted a duplicate option");
     }
+    assert_eq!(accepted.spec.block_ms, block);
+    assert!(block.is_none_or(|ms| (1..=MAX_PERIOD_MS).contains(&ms)));
     assert!(burst.is_none() || algorithm.is_bucket());
     assert_eq!(params.capacity, burst.unwrap_or(params.limit));
     assert_eq!(accepted.cost, cost.unwrap_or(1));
@@ -130,6 +180,9 @@ fn check_canonical_round_trip(accepted: &CheckArgs) {
     rendered.extend(["Cost".to_string(), accepted.cost.to_string()]);
     if accepted.spec.algorithm.is_bucket() {
         rendered.extend(["BURST".to_string(), params.capacity.to_string()]);
+    }
+    if let Some(ms) = accepted.spec.block_ms {
+        rendered.extend(["block".to_string(), format!("{ms}ms")]);
     }
     let args: Vec<&[u8]> = rendered.iter().map(String::as_bytes).collect();
     assert_eq!(

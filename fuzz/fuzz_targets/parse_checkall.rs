@@ -6,12 +6,13 @@
 //!
 //! Beyond "never panics", it checks that an accepted vector has one spec per key, each within the
 //! bounds of docs/commands.md, and that a CHECKALL of one key parses exactly as a CHECK of the same
-//! arguments (docs/commands.md: "a `CHECKALL` of one key is a `CHECK`"), policies included.
+//! arguments (docs/commands.md: "a `CHECKALL` of one key is a `CHECK`"), policies included, and
+//! with its specs given as one argument each (`read_checkall`) too.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use redis_ratelimit_core::algorithms::{MAX_AMOUNT, MAX_PERIOD_MS, TIME_LIMIT_MS};
-use redis_ratelimit_core::parse::{parse_call, parse_checkall, LimitArg};
+use redis_ratelimit_core::parse::{parse_call, parse_checkall, read_call, read_checkall, LimitArg};
 
 const MAX_LOG_LIMIT: u64 = 100_000;
 
@@ -61,6 +62,22 @@ fuzz_target!(|data: &[u8]| {
     one.extend_from_slice(&args);
     let as_checkall = parse_checkall(&one, MAX_LOG_LIMIT);
     let as_check = parse_call(&args, MAX_LOG_LIMIT);
+    // Read with one-argument specs split, the same: CHECKALL's spec is CHECK's.
+    let split_all = read_checkall(&one, |words| parse_checkall(words, MAX_LOG_LIMIT));
+    let split_check = read_call(&args, |words| parse_call(words, MAX_LOG_LIMIT));
+    match (&split_all, &split_check) {
+        (Ok(Ok(all)), Ok(Ok(check))) => {
+            assert_eq!(all.specs, [check.limit]);
+            assert_eq!((all.cost, all.at_ms), (check.cost, check.at_ms));
+        }
+        (Ok(Ok(all)), _) => panic!("CHECKALL of one key {all:?} but CHECK {split_check:?}"),
+        (_, Ok(Ok(check))) => panic!("CHECK {check:?} but CHECKALL of one key {split_all:?}"),
+        _ => {}
+    }
+    if let Err(error) = &split_all {
+        let message = error.message("ratelimit.checkall", &one);
+        assert!(message.starts_with("ERR "), "{message}");
+    }
     match (&as_checkall, &as_check) {
         (Ok(all), Ok(check)) => {
             assert_eq!(all.specs, [check.limit]);

@@ -1,5 +1,6 @@
 //! `RATELIMIT.CHECK key algorithm limit period [BURST capacity] [COST cost] [AT unix-ms]`
 //! `RATELIMIT.CHECK key POLICY name [COST cost] [AT unix-ms]`
+//! `RATELIMIT.CHECK key "algorithm limit period ..." [COST cost] [AT unix-ms]` (one argument)
 //! `RATELIMIT.PEEK  key ...` (the same arguments)
 
 use std::ffi::c_int;
@@ -8,7 +9,10 @@ use std::mem::MaybeUninit;
 use redis_module::raw;
 use redis_ratelimit_core::algorithms::Request;
 use redis_ratelimit_core::error::ArgError;
-use redis_ratelimit_core::parse::{parse_call, CallArgs};
+use redis_ratelimit_core::few::Few;
+use redis_ratelimit_core::parse::{
+    is_one_argument_spec, parse_call, split_call, CallArgs, CALL_WORDS,
+};
 use redis_ratelimit_core::policy::Mode;
 
 use super::call::{handler, now_ms, Call};
@@ -31,7 +35,7 @@ const ARGS: [Arg; 4] = [
 pub(crate) const CHECK: Command = Command {
     name: c"ratelimit.check",
     flags: c"write deny-oom fast",
-    arity: -4,
+    arity: -3,
     keys: Keys::First {
         rest: false,
         flags: KEY_UPDATED,
@@ -47,7 +51,7 @@ pub(crate) const CHECK: Command = Command {
 pub(crate) const PEEK: Command = Command {
     name: c"ratelimit.peek",
     flags: c"readonly fast",
-    arity: -4,
+    arity: -3,
     keys: Keys::First {
         rest: false,
         flags: KEY_READ,
@@ -62,6 +66,8 @@ pub(crate) const PEEK: Command = Command {
 
 /// Parses the arguments of a CHECK-shaped call from position `first` on with `parse` (the core's
 /// parser of CHECK's arguments, or TAKE's or REFUND's), read in place; the error is the reply.
+/// Inlined, `parse` with it: every CHECK runs this (`make profile`).
+#[inline(always)]
 pub fn parse_args<'a>(
     call: &'a Call,
     first: usize,
@@ -78,12 +84,22 @@ pub fn parse_args<'a>(
     }
     // SAFETY: the first `count` slots (at most `ROOM`) were written just above.
     let slices: &[&'a [u8]] = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast(), count) };
-    let result = if call.argc() < 4 {
-        Err(ArgError::WrongArity)
-    } else {
-        parse(slices, max_log_limit())
+    if call.argc() < 3 {
+        return Err(ArgError::WrongArity.message(name, slices));
+    }
+    // A spec given as one argument is read as its words (an error names positions in what was
+    // read: the words, or the argument itself). One parse either way, inlined here.
+    let mut split: Few<&[u8], CALL_WORDS> = Few::new();
+    let words: &[&'a [u8]] = match slices.first() {
+        Some(first) if is_one_argument_spec(first) => {
+            if let Err(error) = split_call(slices, &mut split) {
+                return Err(error.message(name, slices));
+            }
+            &split
+        }
+        _ => slices,
     };
-    result.map_err(|error| error.message(name, slices))
+    parse(words, max_log_limit()).map_err(|error| error.message(name, words))
 }
 
 fn run(call: &Call, commit: bool) -> c_int {

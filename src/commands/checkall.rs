@@ -28,7 +28,10 @@ use redis_ratelimit_core::codec::Change;
 use redis_ratelimit_core::error;
 use redis_ratelimit_core::few::{Few, FEW_KEYS};
 use redis_ratelimit_core::integer::parse_integer;
-use redis_ratelimit_core::parse::parse_checkall;
+use redis_ratelimit_core::parse::{
+    one_argument_specs_from, parse_checkall, split_checkall, CheckAllArgs, CheckAllError,
+    CHECKALL_WORDS,
+};
 use redis_ratelimit_core::policy::{self, Mode};
 
 use super::call::{handler, now_ms, Call, KeyGroups};
@@ -40,6 +43,8 @@ use super::txn::{Event, Txn};
 use crate::api::{has, rm};
 use crate::config::max_log_limit;
 use crate::store::Slot;
+
+const NAME: &str = "ratelimit.checkall";
 
 /// The first key is argument 2, after `numkeys`.
 const FIRST_KEY: usize = 2;
@@ -85,6 +90,16 @@ struct Limit {
 /// to spare. A longer call's go on the heap.
 const INLINE_ARGS: usize = 64;
 
+/// `parse_checkall` of a call's words once its specs given as one argument are split: out of
+/// line, so that the parse of every call stays inlined in `run`.
+#[inline(never)]
+fn parse_again<'a>(
+    words: &[&'a [u8]],
+    max_log_limit: u64,
+) -> Result<CheckAllArgs<'a>, CheckAllError> {
+    parse_checkall(words, max_log_limit)
+}
+
 fn run(call: &Call) -> c_int {
     if is_keys_position_request(call) {
         report_keys(call);
@@ -92,9 +107,24 @@ fn run(call: &Call) -> c_int {
     }
     // Up to `FEW_KEYS` keys, every list below is on the stack: nothing is allocated.
     let args: Few<&[u8], INLINE_ARGS> = call.args_from(1).collect();
-    let parsed = match parse_checkall(&args, max_log_limit()) {
+    // Specs given as one argument are read as their words (an error names positions in what was
+    // read). Words alone: only their parse's error pays for the look (no algorithm holds a
+    // space, so a spec of one argument fails the words' parse). One parse call, inlined here.
+    let max_log_limit = max_log_limit();
+    let mut split: Few<&[u8], CHECKALL_WORDS> = Few::new();
+    let mut parsed = parse_checkall(&args, max_log_limit);
+    if parsed.is_err() {
+        if let Some(first) = one_argument_specs_from(&args) {
+            if let Err(error) = split_checkall(&args, first, &mut split) {
+                return call.error(&error.message(NAME, &args));
+            }
+            parsed = parse_again(&split, max_log_limit);
+        }
+    }
+    let words: &[&[u8]] = if split.is_empty() { &args } else { &split };
+    let parsed = match parsed {
         Ok(parsed) => parsed,
-        Err(error) => return call.error(&error.message("ratelimit.checkall", &args)),
+        Err(error) => return call.error(&error.message(NAME, words)),
     };
     let count = parsed.numkeys;
     let now_ms = parsed.at_ms.unwrap_or_else(now_ms);

@@ -208,10 +208,12 @@ pub(crate) const LIMIT_SPEC: [Arg; 5] = [
     Arg::option(c"BLOCK", c"duration", ArgType::String),
 ];
 
-/// A limit a call applies: a limit spec, or `POLICY name`.
-pub(crate) const LIMIT: [Arg; 2] = [
+/// A limit a call applies: a limit spec, or `POLICY name`, or either as one argument of words
+/// separated by single spaces (`"sliding-window 100 1m"`).
+pub(crate) const LIMIT: [Arg; 3] = [
     Arg::block(c"limit-spec", &LIMIT_SPEC),
     Arg::keyword(c"POLICY", c"name", ArgType::String),
+    Arg::new(c"one-argument-spec", ArgType::String),
 ];
 
 /// A command of the module.

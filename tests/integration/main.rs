@@ -29,6 +29,7 @@ mod leases;
 mod memcheck;
 mod memory;
 mod module_configs;
+mod one_argument_spec;
 mod operations;
 mod persistence;
 mod policies;

@@ -1,11 +1,13 @@
 //! The arguments of the commands of one key and one limit: CHECK and PEEK, REFUND and TAKE.
 
 use crate::error::{ArgError, Options as Expected};
+use crate::few::Few;
 
 use super::spec::{
     finish_spec, is_policy, option, option_name, parse_rate_head, LimitArg, LimitSpec, OptionName,
     OptionValues,
 };
+use super::words::CALL_WORDS;
 
 /// `RATELIMIT.CHECK` / `PEEK` arguments after the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,7 +126,8 @@ pub fn parse_take<'a>(args: &[&'a [u8]], max_log_limit: u64) -> Result<CallArgs<
         Expected::Take
     };
     // CHECK's parser reads the words with MAX as COST; a COST as given is no option of TAKE.
-    let mut words = args.to_vec();
+    // Copied inline (a longer call, always refused, spills).
+    let mut words: Few<&[u8], CALL_WORDS> = args.iter().copied().collect();
     let mut max_given = false;
     for at in (first_option..words.len()).step_by(2) {
         match words[at] {

@@ -10,6 +10,11 @@ use super::spec::{
     finish_spec, is_policy, option, option_name, parse_rate_head, spec_start, LimitArg, OptionName,
     OptionValues,
 };
+use super::words::{is_one_argument_spec, push_spec_words};
+
+/// How many words a CHECKALL reads inline once its one-argument specs are split (as the
+/// command's arguments: numkeys, eight keys, eight specs of up to five words, COST, AT, room).
+pub const CHECKALL_WORDS: usize = 64;
 
 /// `RATELIMIT.CHECKALL` arguments after the command name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,6 +171,77 @@ pub fn parse_checkall<'a>(
         cost: last.cost,
         at_ms: last.at_ms,
     })
+}
+
+/// Where a CHECKALL's one-argument specs would be: after its keys, from `Some(first)` on, if
+/// numkeys is valid and some argument there holds a space (else `None`: nothing to split, and the
+/// parser names a bad numkeys).
+#[inline(always)]
+pub fn one_argument_specs_from(args: &[&[u8]]) -> Option<usize> {
+    let (numkeys, rest) = args.split_first()?;
+    let numkeys = parse_integer(numkeys).filter(|n| *n >= 1 && *n < rest.len() as u64)?;
+    let first = 1 + numkeys as usize;
+    args[first..]
+        .iter()
+        .any(|arg| is_one_argument_spec(arg))
+        .then_some(first)
+}
+
+/// Reads a CHECKALL's arguments (numkeys first) with `read`: as they are, or with each
+/// one-argument spec split into its words ([`split_checkall`]). The error is a malformed
+/// one-argument spec's, in the spec it is (none past the keys' count), its position in `args`.
+#[inline(always)]
+pub fn read_checkall<'a, T>(
+    args: &[&'a [u8]],
+    read: impl FnOnce(&[&'a [u8]]) -> T,
+) -> Result<T, CheckAllError> {
+    let Some(first) = one_argument_specs_from(args) else {
+        return Ok(read(args));
+    };
+    let mut words: Few<&'a [u8], CHECKALL_WORDS> = Few::new();
+    split_checkall(args, first, &mut words)?;
+    Ok(read(&words))
+}
+
+/// `args` into `words`, with every one-argument spec after the keys (from `first` on, see
+/// [`one_argument_specs_from`]) split into its words (see `words`). Specs start after the keys,
+/// and then wherever the grammar reads one (as [`count_specs`] does: an option name and its
+/// value, else a spec, of one argument, or `POLICY name`, or three words).
+pub fn split_checkall<'a, const N: usize>(
+    args: &[&'a [u8]],
+    first: usize,
+    words: &mut Few<&'a [u8], N>,
+) -> Result<(), CheckAllError> {
+    let numkeys = first - 1;
+    for &arg in &args[..first] {
+        words.push(arg);
+    }
+    let (mut i, mut spec) = (first, 0);
+    while let Some(&word) = args.get(i) {
+        let taken = if option(word).is_some() {
+            2
+        } else {
+            spec += 1;
+            if is_one_argument_spec(word) {
+                push_spec_words(word, i, words).map_err(|error| CheckAllError {
+                    error,
+                    spec: (spec <= numkeys).then_some(spec),
+                })?;
+                i += 1;
+                continue;
+            }
+            if is_policy(word) {
+                2
+            } else {
+                3
+            }
+        };
+        for &arg in args.iter().skip(i).take(taken) {
+            words.push(arg);
+        }
+        i += taken;
+    }
+    Ok(())
 }
 
 /// A CHECKALL argument error, with the limit spec it is in (numbered from 1, as the keys are).

@@ -473,3 +473,131 @@ fn numkeys_leaves_room_for_the_specs() {
         Err(ArgError::NumKeys)
     );
 }
+
+/// `line`'s arguments, separated by `|` (each kept whole, spaces and all).
+fn whole(line: &str) -> Vec<&[u8]> {
+    line.split('|').map(str::as_bytes).collect()
+}
+
+#[test]
+fn a_spec_of_one_argument_reads_as_its_words() {
+    use super::check::{parse_call, parse_refund, parse_take};
+    use super::words::read_call;
+    type Parser = for<'a> fn(&[&'a [u8]], u64) -> Result<super::CallArgs<'a>, ArgError>;
+    let parsers: [(Parser, &str); 3] = [
+        (parse_call, "|COST|2|AT|5"),
+        (parse_refund, "|COST|1"),
+        (parse_take, "|MAX|3|AT|5"),
+    ];
+    for spec in [
+        "token-bucket 10 1s",
+        "token-bucket 10 1s BURST 20 BLOCK 1m",
+        "GCRA 10 1S block 1s burst 5",
+        "sliding-log 3 250ms",
+        "POLICY api",
+        "policy api",
+        // Refused by the grammar, alike.
+        "fixed-window 10 1s BURST 5",
+        "fixed-window 0 1s",
+        "sliding-window 100 1 minute",
+        "concurrency 10 1s",
+        "POLICY api BURST 2",
+    ] {
+        for (parse, options) in parsers {
+            let words_line = format!("{}{options}", spec.replace(' ', "|"));
+            let words = whole(&words_line);
+            let one_line = format!("{spec}{options}");
+            let one = whole(&one_line);
+            let by_words = parse(&words, 100_000);
+            let by_one = read_call(&one, |read| parse(read, 100_000)).expect("well formed");
+            assert_eq!(by_words, by_one, "{one_line}");
+            // An error names the same words.
+            if let (Err(a), Err(b)) = (by_words, by_one) {
+                let split: Vec<&[u8]> = one_line.split(['|', ' ']).map(str::as_bytes).collect();
+                assert_eq!(a.message("c", &words), b.message("c", &split), "{one_line}");
+            }
+        }
+    }
+    // Words only: read as they are.
+    let words = whole("fixed-window|10|1s");
+    assert_eq!(read_call(&words, <[&[u8]]>::len), Ok(3));
+}
+
+#[test]
+fn a_malformed_spec_of_one_argument_is_refused_before_anything_else() {
+    use super::words::read_call;
+    use crate::error::SpecWordsError::*;
+    for (line, problem) in [
+        (" fixed-window 10 1s", EmptyWord),
+        ("fixed-window 10 1s ", EmptyWord),
+        ("fixed-window  10 1s", EmptyWord),
+        ("fixed-window\t10 1s", Whitespace),
+        ("fixed-window 10\n 1s", Whitespace),
+        ("fixed-window 10 1s COST 2", CallOption("COST")),
+        ("fixed-window 10 1s at 2", CallOption("AT")),
+        ("POLICY api max 2|MAX|1", CallOption("MAX")),
+        ("fixed-window 10|1s", Incomplete),
+        ("token-bucket 10 1s burst|5", Incomplete),
+        ("token-bucket 10 1s BURST 5 BLOCK|1s", Incomplete),
+        // The first problem, in order; before the grammar's own.
+        ("fixed-window 0 1s  COST", EmptyWord),
+        ("leaky-window 10 1s COST 2", CallOption("COST")),
+    ] {
+        let args = whole(line);
+        assert_eq!(
+            read_call(&args, |_| ()),
+            Err(ArgError::SpecWords { at: 0, problem }),
+            "{line:?}"
+        );
+    }
+    // In CHECKALL: the spec and its key named, none past the keys' count.
+    for (line, spec) in [
+        ("2|a|b|fixed-window 1 1s|token-bucket 1 1s BURST|2", Some(2)),
+        ("2|a|b| fixed-window 1 1s|fixed-window|1|1s", Some(1)),
+        ("1|a|fixed-window|1|1s|COST|1|gcra 1 1s BURST", None),
+    ] {
+        let args = whole(line);
+        let error = super::read_checkall(&args, |_| ()).expect_err(line);
+        assert_eq!(error.spec, spec, "{line}");
+    }
+    // Without a valid numkeys, nothing is split: the parser names it.
+    let args = whole("x|a|fixed-window 1 1s");
+    assert_eq!(
+        super::read_checkall(&args, |read| parse_checkall(read, 100_000).map(|_| ())),
+        Ok(Err(ArgError::NumKeys.into()))
+    );
+}
+
+#[test]
+fn checkall_reads_specs_of_one_argument_among_words() {
+    use super::read_checkall;
+    for (words_line, one_line) in [
+        (
+            "2|a|b|fixed-window|2|1s|token-bucket|1000|1h|COST|2",
+            "2|a|b|fixed-window 2 1s|token-bucket|1000|1h|COST|2",
+        ),
+        (
+            "3|a|b|c|gcra|1|1s|BURST|2|POLICY|api|sliding-log|5|1m|AT|7",
+            "3|a|b|c|gcra 1 1s BURST 2|POLICY api|sliding-log 5 1m|AT|7",
+        ),
+        // BURST after a one-argument spec is still its words' BURST.
+        (
+            "2|a|b|token-bucket|1|1s|BURST|3|fixed-window|1|1s",
+            "2|a|b|token-bucket 1 1s|BURST|3|fixed-window 1 1s",
+        ),
+        // Errors, alike: more specs than keys, a spec's own error.
+        (
+            "1|a|fixed-window|1|1s|fixed-window|1|1s",
+            "1|a|fixed-window 1 1s|fixed-window 1 1s",
+        ),
+        (
+            "2|a|b|fixed-window|1|1s|BURST|2|gcra|1|1s",
+            "2|a|b|fixed-window 1 1s BURST 2|gcra 1 1s",
+        ),
+    ] {
+        let (words, one) = (whole(words_line), whole(one_line));
+        let by_words = parse_checkall(&words, 100_000);
+        let by_one = read_checkall(&one, |read| parse_checkall(read, 100_000)).expect(one_line);
+        assert_eq!(by_words, by_one, "{one_line}");
+    }
+}

@@ -14,6 +14,9 @@
 --   FCALL    ratelimit_acquire  1 key limit lease-duration ID lease-id [COST n] [AT ms]
 --   FCALL    ratelimit_release  1 key ID lease-id [AT ms]
 --
+-- A limit spec may also be one argument, its words separated by single spaces, as the module
+-- takes it: FCALL ratelimit_check 1 key "sliding-window 100 1m" [COST n] [AT ms].
+--
 -- Load it with `redis-cli -x FUNCTION LOAD REPLACE < ratelimit.lua` (`make functions`); the
 -- full documentation is docs/functions.md, the proof tests/integration/functions.rs (module and
 -- library answer alike on the same calls).

@@ -172,14 +172,108 @@ local function parse_check(args, i, after)
   return spec, cost or 1, at, cost ~= nil, block
 end
 
+-- A limit spec given as one argument (`"sliding-window 100 1m"`): its words, as the module reads
+-- them (core/src/parse/words.rs), split at single spaces and checked in order before anything
+-- else of the call is read. No algorithm, number, period or option holds a space.
+local CALL_OPTION = { COST = 'COST', AT = 'AT', MAX = 'MAX' }
+
+local function one_argument(s)
+  return find(s, ' ', 1, true) ~= nil
+end
+
+-- Appends the words of the one-argument spec `s` to `out`: nil, or the error message.
+local function push_spec_words(s, out)
+  local start, from = #out + 1, 1
+  while true do
+    local space = find(s, ' ', from, true)
+    local word = strsub(s, from, space and space - 1 or #s)
+    if word == '' then return 'ERR limit spec \'' .. shown(s) .. '\' ' .. E_SPEC_EMPTY_WORD end
+    if find(word, '[\t\n\r\v\f]') then
+      return 'ERR limit spec \'' .. shown(s) .. '\' ' .. E_SPEC_WHITESPACE
+    end
+    local option = CALL_OPTION[upper(word)]
+    if option then
+      return 'ERR ' .. option .. ' goes after the limit spec \'' .. shown(s) .. '\' '
+        .. E_SPEC_CALL_OPTION
+    end
+    out[#out + 1] = word
+    if not space then break end
+    from = space + 1
+  end
+  -- A whole spec: POLICY name, or a period, and the value of a BURST or BLOCK at its end.
+  local n = #out - start + 1
+  if lower(out[start]) ~= 'policy'
+    and (n < 3 or ((n - 3) % 2 == 1 and SPEC_OPTION[upper(out[#out])])) then
+    return 'ERR limit spec \'' .. shown(s) .. '\' ' .. E_SPEC_INCOMPLETE
+  end
+  return nil
+end
+
+-- The arguments of CHECK, PEEK, REFUND, TAKE (a spec first), its one-argument spec split into
+-- its words; or nil, the error message.
+local function call_words(args)
+  local first = args[1]
+  if first == nil or not one_argument(first) then return args end
+  local words = {}
+  local err = push_spec_words(first, words)
+  if err then return nil, err end
+  for k = 2, #args do words[#words + 1] = args[k] end
+  return words
+end
+
+-- CHECKALL's arguments after its keys, every one-argument spec split into its words. Specs start
+-- where the grammar reads one: after an option name and its value, a spec of one argument, or
+-- `POLICY name`, or three words. Returns the words, or nil, the error message and the spec's
+-- number.
+local function checkall_words(args)
+  local any = false
+  for k = 1, #args do
+    if one_argument(args[k]) then
+      any = true
+      break
+    end
+  end
+  if not any then return args end
+  local words, i, s = {}, 1, 0
+  while args[i] ~= nil do
+    local word, taken = args[i], 3
+    if OPTIONS[word] or OPTIONS[upper(word)] then
+      taken = 2
+    else
+      s = s + 1
+      if lower(word) == 'policy' then taken = 2 end
+      if one_argument(word) then taken = 0 end
+    end
+    if taken == 0 then
+      local err = push_spec_words(word, words)
+      if err then return nil, err, s end
+      i = i + 1
+    else
+      for k = i, i + taken - 1 do
+        if args[k] ~= nil then words[#words + 1] = args[k] end
+      end
+      i = i + taken
+    end
+  end
+  return words
+end
+
 -- CHECKALL: one spec per key, `algorithm limit period [BURST c] [BLOCK d]` each (BURST and
 -- BLOCK in any order, each once), the last one followed by the shared COST and AT (the last spec
 -- and the options parse exactly as CHECK's). An error in a spec names it and its key. Returns
 -- specs, cost, at, blocks (BLOCK's duration per spec, false: none) or nil, error message.
 local function parse_checkall(keys, args, name)
   local n = #keys
-  local total = n + #args
   if n == 0 then return nil, E_NUMKEYS end
+  if #args > 0 then
+    local words, err, s = checkall_words(args)
+    if not words then
+      if s > n then return nil, err end
+      return nil, 'ERR limit spec ' .. s .. ' (key \'' .. keys[s] .. '\'): ' .. strsub(err, 5)
+    end
+    args = words
+  end
+  local total = n + #args
   if total < 3 then return nil, arity(name) end
   if n >= total then return nil, E_NUMKEYS end
 

@@ -32,7 +32,9 @@ end
 local function take(keys, args)
   local name = 'ratelimit_take'
   if #keys ~= 1 then return redis.error_reply(one_key(name)) end
-  local words, max_given = take_words(args)
+  local split, werr = call_words(args)
+  if not split then return redis.error_reply(werr) end
+  local words, max_given = take_words(split)
   if not words then return redis.error_reply(max_given) end
   local spec, n, at, _, block = parse_check(words, 1)
   if not spec then

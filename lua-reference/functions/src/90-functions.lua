@@ -2,7 +2,9 @@
 
 local function check(name, keys, args, commit)
   if #keys ~= 1 then return redis.error_reply(one_key(name)) end
-  local spec, cost, at, _, block = parse_check(args, 1)
+  local words, werr = call_words(args)
+  if not words then return redis.error_reply(werr) end
+  local spec, cost, at, _, block = parse_check(words, 1)
   if not spec then
     if cost.arity then return redis.error_reply(arity(name)) end
     return redis.error_reply(cost.msg)
@@ -21,7 +23,9 @@ end
 local function refund(keys, args)
   local name = 'ratelimit_refund'
   if #keys ~= 1 then return redis.error_reply(one_key(name)) end
-  local spec, cost, at, cost_given = parse_check(args, 1)
+  local words, werr = call_words(args)
+  if not words then return redis.error_reply(werr) end
+  local spec, cost, at, cost_given = parse_check(words, 1)
   if not spec then
     if cost.arity then return redis.error_reply(arity(name)) end
     return redis.error_reply(cost.msg)

@@ -461,3 +461,137 @@ fn keys_of_the_other_engine_or_type_are_wrongtype_and_reset_counts_like_del() {
         .clone();
     assert_eq!(int(&mut con, &exists), 3);
 }
+
+/// `line`'s arguments, separated by `|` (each kept whole, spaces and all).
+fn whole_args(line: &str) -> Vec<String> {
+    line.split('|').map(str::to_string).collect()
+}
+
+/// A limit spec given as one argument: the library answers as the module, in every function,
+/// for valid specs and for malformed ones (the same errors), and changes nothing on an error.
+#[test]
+fn a_one_argument_spec_gets_the_modules_answers() {
+    let (_server, mut con) = both_engines();
+    let at = now_ms().to_string();
+    // Valid: the reply of each engine on a key of its own, at one time.
+    let valid = [
+        "sliding-window 100 1m",
+        "token-bucket 10 1s BURST 20 BLOCK 1m|COST|3",
+        "leaky-bucket 5 1s BURST 3",
+        "FIXED-WINDOW 3 1S block 1s",
+        "sliding-log 4 1s|COST|2",
+        "gcra 10 1s BURST 5",
+        "token-bucket 10 1s|BURST|20",
+    ];
+    for (i, line) in valid.into_iter().enumerate() {
+        for (command, extra) in [
+            ("check", &[][..]),
+            ("peek", &[]),
+            ("take", &["MAX", "2"]),
+            ("refund", &["COST", "1"]),
+        ] {
+            let mut args = whole_args(line);
+            if command != "check" && command != "peek" {
+                // TAKE and REFUND take their own MAX and COST.
+                if let Some(cost) = args.iter().position(|arg| arg == "COST") {
+                    args.truncate(cost);
+                }
+            }
+            args.extend(extra.iter().map(|s| s.to_string()));
+            args.extend(["AT".to_string(), at.clone()]);
+            let (nkey, fkey) = (format!("n{i}"), format!("f{i}"));
+            let replies = send(
+                &mut con,
+                &[
+                    native(command, &[&nkey], &args),
+                    fcall(command, &[&fkey], &args),
+                ],
+            );
+            assert!(
+                error_text(&replies[0]).is_none(),
+                "{command} {line}: {replies:?}"
+            );
+            assert_eq!(replies[0], replies[1], "{command} {line}");
+        }
+        // The spec alone, among others of both forms.
+        let mut args = whole_args(line);
+        args.truncate(1);
+        args.extend(words("fixed-window 9 1s"));
+        args.extend(whole_args("gcra 9 1s|AT").into_iter().chain([at.clone()]));
+        let replies = send(
+            &mut con,
+            &[
+                native("checkall", &[&format!("na{i}"), "nb", "nc"], &args),
+                fcall("checkall", &[&format!("fa{i}"), "fb", "fc"], &args),
+            ],
+        );
+        assert!(
+            error_text(&replies[0]).is_none(),
+            "checkall {line}: {replies:?}"
+        );
+        assert_eq!(replies[0], replies[1], "checkall {line}");
+    }
+    let keys = dbsize(&mut con);
+    // Malformed (and specs the grammar refuses): the module's error, word for word.
+    let malformed = [
+        " fixed-window 10 1s",
+        "fixed-window 10 1s ",
+        "fixed-window  10 1s",
+        "fixed-window\t10 1s",
+        "fixed-window 10 1s\r",
+        "fixed-window 10 1s COST 2",
+        "fixed-window 10 1s cost 2|COST|1",
+        "gcra 10 1s max 2",
+        "fixed-window 10 1s AT 5",
+        "fixed-window 10|1s",
+        "token-bucket 10 1s BURST|5",
+        "token-bucket 10 1s BURST 5 BLOCK|1s",
+        "token-bucket 10",
+        "leaky-window 10 1s",
+        "fixed-window 0 1s",
+        "fixed-window 10 1s BURST 5",
+        "token-bucket 10 1s BURST 2 BURST 3",
+        "sliding-window 100 1 minute",
+        "sliding-window 100 1m minute",
+        "concurrency 10 1s",
+        "fixed-window 5 1s a\u{1}\u{ff}b yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy",
+    ];
+    for line in malformed {
+        for (command, extra) in [
+            ("check", &[][..]),
+            ("peek", &[]),
+            ("take", &["MAX", "2"]),
+            ("refund", &["COST", "1"]),
+        ] {
+            let mut args = whole_args(line);
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let (module, library) = (
+                native(command, &["k"], &args),
+                fcall(command, &["k"], &args),
+            );
+            assert_same_error(&mut con, module, library, &format!("{command} k {line:?}"));
+        }
+        for (keys, args) in [
+            (&["a", "b"][..], format!("{line}|fixed-window 1 1s")),
+            (&["a", "b"], format!("fixed-window 1 1s|{line}")),
+            (&["a"], format!("fixed-window 1 1s|{line}")),
+            (
+                &["a", "b", "c"],
+                format!("fixed-window|1|1s|{line}|gcra 1 1s"),
+            ),
+        ] {
+            let args = whole_args(&args);
+            let (module, library) = (
+                native("checkall", keys, &args),
+                fcall("checkall", keys, &args),
+            );
+            assert_same_error(
+                &mut con,
+                module,
+                library,
+                &format!("checkall {keys:?} {args:?}"),
+            );
+        }
+    }
+    assert_eq!(dbsize(&mut con), keys, "an error changes nothing");
+}
