@@ -250,6 +250,11 @@ pub struct Engine {
     pub prefix: String,
     /// The module serves, and that was said (the path of every call: no lock).
     module_said: AtomicBool,
+    /// The module takes a limit spec as one argument (`COMMAND INFO RATELIMIT.CHECK` answered
+    /// arity -3): its calls send each spec so, one argument instead of three to seven.
+    one_argument: AtomicBool,
+    /// Whether that was asked (once, when the module first answers).
+    one_argument_asked: AtomicBool,
     state: Mutex<EngineState>,
 }
 
@@ -287,6 +292,8 @@ impl Engine {
             choice,
             prefix,
             module_said: AtomicBool::new(false),
+            one_argument: AtomicBool::new(false),
+            one_argument_asked: AtomicBool::new(false),
             state: Mutex::new(EngineState {
                 library,
                 ..EngineState::default()
@@ -313,6 +320,36 @@ impl Engine {
     /// The module is known to serve (it answered, and that was said): no lock.
     pub fn module_serves(&self) -> bool {
         self.module_said.load(Ordering::Relaxed)
+    }
+
+    /// Whether the module takes a spec as one argument (see [`Engine::set_one_argument`]).
+    pub fn one_argument(&self) -> bool {
+        self.one_argument.load(Ordering::Relaxed)
+    }
+
+    /// Whether to ask if the module takes a spec as one argument: true once (the first asker's).
+    pub fn ask_one_argument(&self) -> bool {
+        !self.one_argument_asked.load(Ordering::Relaxed)
+            && !self.one_argument_asked.swap(true, Ordering::Relaxed)
+    }
+
+    /// What `COMMAND INFO RATELIMIT.CHECK` answered: `Some(arity)`, or `None` (an error, no
+    /// such command, an answer of another shape). Arity -3: specs go as one argument from now on.
+    pub fn set_one_argument(&self, arity: Option<i64>) {
+        let takes = arity == Some(-3);
+        self.one_argument.store(takes, Ordering::Relaxed);
+        if takes {
+            log::info!("redis_ratelimit: the module takes a limit spec as one argument");
+        }
+    }
+
+    /// The module's words of a spec: as they are, or as one argument where the module takes it.
+    pub fn module_words<'a>(&self, words: Cow<'a, [String]>) -> Cow<'a, [String]> {
+        if self.one_argument() && words.len() > 1 {
+            Cow::Owned(vec![words.join(" ")])
+        } else {
+            words
+        }
     }
 
     /// The module answered: it serves (said once).
@@ -426,7 +463,11 @@ pub fn resolve<'a>(
 ) -> Resolved<'a> {
     match spec {
         SpecRef::Limit(limit) => Resolved {
-            module: Some(Cow::Borrowed(limit.args())),
+            module: Some(Cow::Borrowed(if engine.one_argument() {
+                limit.spec_arg()
+            } else {
+                limit.args()
+            })),
             library: Some(Cow::Borrowed(limit.args())),
             period_ms: limit.period_ms(),
             block: limit.block_ms().is_some(),
@@ -445,32 +486,42 @@ pub fn resolve<'a>(
                     block: fallback_block,
                     shadow: None,
                 },
-                Some(None) => match fallback {
-                    None => Resolved {
-                        // The server says "no such policy".
-                        module: Some(Cow::Owned(vec!["POLICY".into(), policy.name().into()])),
-                        library: None,
-                        period_ms: 0,
-                        block: false,
-                        shadow: None,
-                    },
-                    Some(_) => {
-                        engine.warn_fallback(policy);
-                        Resolved {
-                            module: fallback_words.clone(),
-                            library: fallback_words,
-                            period_ms: fallback_period,
-                            block: fallback_block,
+                Some(None) => {
+                    match fallback {
+                        None => Resolved {
+                            // The server says "no such policy".
+                            module: Some(engine.module_words(Cow::Owned(vec![
+                                "POLICY".into(),
+                                policy.name().into(),
+                            ]))),
+                            library: None,
+                            period_ms: 0,
+                            block: false,
                             shadow: None,
+                        },
+                        Some(_) => {
+                            engine.warn_fallback(policy);
+                            Resolved {
+                                module: fallback_words.clone().map(|w| engine.module_words(w)),
+                                library: fallback_words,
+                                period_ms: fallback_period,
+                                block: fallback_block,
+                                shadow: None,
+                            }
                         }
                     }
-                },
+                }
                 Some(Some(definition)) => Resolved {
-                    module: Some(Cow::Owned(vec!["POLICY".into(), policy.name().into()])),
+                    module: Some(
+                        engine
+                            .module_words(Cow::Owned(vec!["POLICY".into(), policy.name().into()])),
+                    ),
                     library: fallback_words,
                     period_ms: definition.period_ms,
                     block: definition.block_ms() > 0,
-                    shadow: definition.inline(),
+                    shadow: definition
+                        .inline()
+                        .map(|words| engine.module_words(Cow::Owned(words)).into_owned()),
                 },
             }
         }

@@ -524,6 +524,32 @@ impl<C: Connection> Inner<C> {
 
     // -- engines ------------------------------------------------------------------------
 
+    /// The module answered: it serves; and, asked once (`COMMAND INFO RATELIMIT.CHECK`, not
+    /// counted as a call's command), whether it takes a limit spec as one argument (arity -3).
+    /// Any other answer, an error or no answer in time: the words, as before.
+    async fn module_answered(&self) {
+        self.engine.use_module();
+        if !self.engine.ask_one_argument() {
+            return;
+        }
+        let info = wire::command(&["COMMAND", "INFO", "RATELIMIT.CHECK"]);
+        let mut conn = self.conn.clone();
+        let arity = match tokio::time::timeout(self.options.timeout, conn.send(&info, None)).await {
+            Ok(Ok(reply)) => wire::command_arity(&reply),
+            _ => None,
+        };
+        self.engine.set_one_argument(arity);
+    }
+
+    /// A Limit's words for the module: one argument where the module takes it so.
+    fn module_args<'l>(&self, limit: &'l Limit) -> &'l [String] {
+        if self.engine.one_argument() {
+            limit.spec_arg()
+        } else {
+            limit.args()
+        }
+    }
+
     async fn ensure_library(&self) -> Result<(), Fail> {
         if self.engine.library_ready() {
             return Ok(());
@@ -573,7 +599,7 @@ impl<C: Connection> Inner<C> {
             if let Some(cmd) = module {
                 match self.send(cmd, route, patience).await {
                     Ok(reply) => {
-                        self.engine.use_module();
+                        self.module_answered().await;
                         return Ok((reply, Source::Module));
                     }
                     Err(Fail::Error(Error::Server(text)))
@@ -651,7 +677,7 @@ impl<C: Connection> Inner<C> {
         let get = wire::command(&["RATELIMIT.POLICY", "GET", policy.name()]);
         match self.send(&get, None, None).await {
             Ok(reply) => {
-                self.engine.use_module();
+                self.module_answered().await;
                 let definition = wire::definition(&reply)?.map(Definition::new);
                 self.engine.remember(policy.name(), definition.clone());
                 Ok(Some(definition))
@@ -737,7 +763,7 @@ impl<C: Connection> Inner<C> {
         patience: Option<Duration>,
     ) -> Result<Decision, Fail> {
         let args = limit.args();
-        let module = decide_command(verb, key, args, cost);
+        let module = decide_command(verb, key, self.module_args(limit), cost);
         let library = Args {
             head: args,
             cost: Some(cost),
@@ -853,7 +879,7 @@ impl<C: Connection> Inner<C> {
                 enforced.retry_after_ms
             );
         }
-        self.engine.use_module();
+        self.module_answered().await;
         Ok(decision)
     }
 
@@ -959,7 +985,7 @@ impl<C: Connection> Inner<C> {
             cost: call.cost,
             at: call.at,
         };
-        let cmd = decide_command(verb, key, limit.args(), cost);
+        let cmd = decide_command(verb, key, self.module_args(limit), cost);
         let mut abandon = Abandon {
             breaker: &self.breaker,
             armed: true,
@@ -1443,7 +1469,7 @@ impl<C: Connection> Inner<C> {
                             }
                             multi.overall.shadow_rejected = multi.overall.allowed
                                 && multi.limits.iter().any(|d| d.shadow_rejected);
-                            self.engine.use_module();
+                            self.module_answered().await;
                             return Ok(multi);
                         }
                         Err(error) if attempt == 0 && self.forget_policy(&error, &specs) => {
@@ -1845,6 +1871,91 @@ mod tests {
             })
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    #[test]
+    fn specs_go_as_one_argument_only_where_the_module_said_arity_minus_3() {
+        use crate::engine::{resolve, Definition, Engine};
+        let limit = Limit::new(crate::Algorithm::TokenBucket, 10, "1s")
+            .unwrap()
+            .burst(20)
+            .unwrap()
+            .block("1m")
+            .unwrap();
+        let policy = Policy::new("api").unwrap().fallback(limit.clone());
+        let cost = Cost {
+            take: false,
+            cost: 2,
+            at: Some(5),
+        };
+        let shadow: std::collections::BTreeMap<String, String> = [
+            ("algorithm", "fixed-window"),
+            ("limit", "3"),
+            ("period_ms", "1000"),
+            ("mode", "shadow"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (arity, one) in [
+            (None, false),
+            (Some(-4), false),
+            (Some(-2), false),
+            (Some(-3), true),
+        ] {
+            let engine = Engine::new(EngineChoice::Module, "fn:".into());
+            assert!(engine.ask_one_argument());
+            assert!(!engine.ask_one_argument(), "asked once");
+            engine.set_one_argument(arity);
+            let words = |r: &crate::engine::Resolved<'_>| {
+                let module = r.module.as_ref().map(|w| w.join("|"));
+                let library = r.library.as_ref().map(|w| w.join("|"));
+                (module, library)
+            };
+            let inline = resolve(&engine, SpecRef::Limit(&limit), Some(None));
+            let by_name = resolve(
+                &engine,
+                SpecRef::Policy(&policy),
+                Some(Some(Definition::new(shadow.clone()))),
+            );
+            let missing = resolve(&engine, SpecRef::Policy(&policy), Some(None));
+            let library_words = Some("token-bucket|10|1000ms|BURST|20|BLOCK|60000ms".to_string());
+            if one {
+                let spec = "token-bucket 10 1000ms BURST 20 BLOCK 60000ms";
+                assert_eq!(words(&inline), (Some(spec.into()), library_words.clone()));
+                assert_eq!(words(&by_name).0, Some("POLICY api".into()));
+                assert_eq!(
+                    by_name.shadow,
+                    Some(vec!["fixed-window 3 1000ms".to_string()])
+                );
+                assert_eq!(words(&missing), (Some(spec.into()), library_words));
+                assert_eq!(
+                    sent(&decide_command("CHECK", "k", limit.spec_arg(), cost)),
+                    format!("RATELIMIT.CHECK k {spec} COST 2 AT 5")
+                );
+                assert_eq!(limit.spec_arg().len(), 1);
+            } else {
+                let spec = library_words.clone();
+                assert_eq!(words(&inline), (spec.clone(), library_words.clone()));
+                assert_eq!(words(&by_name).0, Some("POLICY|api".into()));
+                assert_eq!(
+                    by_name.shadow,
+                    Some(vec!["fixed-window".into(), "3".into(), "1000ms".into()])
+                );
+                assert_eq!(words(&missing), (spec, library_words));
+            }
+        }
+        // COMMAND INFO's shapes: the arity, or nothing.
+        let info = |arity| {
+            Value::Array(vec![Value::Array(vec![
+                Value::BulkString(b"ratelimit.check".to_vec()),
+                Value::Int(arity),
+            ])])
+        };
+        assert_eq!(wire::command_arity(&info(-3)), Some(-3));
+        assert_eq!(wire::command_arity(&info(-4)), Some(-4));
+        assert_eq!(wire::command_arity(&Value::Array(vec![Value::Nil])), None);
+        assert_eq!(wire::command_arity(&Value::Nil), None);
     }
 
     #[test]

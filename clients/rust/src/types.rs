@@ -170,6 +170,9 @@ pub struct Limit {
     batch_max: Option<u64>,
     /// The module's words for it (`algorithm limit period [BURST c] [BLOCK d]`), built once.
     args: Vec<String>,
+    /// The same words as one argument, separated by single spaces (a module that takes a spec
+    /// as one argument: `COMMAND INFO RATELIMIT.CHECK` arity -3).
+    spec: [String; 1],
 }
 
 impl Limit {
@@ -188,6 +191,7 @@ impl Limit {
             batch_ms: None,
             batch_max: None,
             args: Vec::new(),
+            spec: [String::new()],
         };
         made.words();
         Ok(made)
@@ -251,6 +255,7 @@ impl Limit {
             words.push("BLOCK".into());
             words.push(format!("{block}ms"));
         }
+        self.spec = [words.join(" ")];
         self.args = words;
     }
 
@@ -285,6 +290,10 @@ impl Limit {
     /// The module's words: `algorithm limit period [BURST c] [BLOCK d]`.
     pub fn args(&self) -> &[String] {
         &self.args
+    }
+    /// The module's words as one argument: `["algorithm limit period [BURST c] [BLOCK d]"]`.
+    pub fn spec_arg(&self) -> &[String] {
+        &self.spec
     }
 }
 

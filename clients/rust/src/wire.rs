@@ -242,6 +242,21 @@ pub fn multi(
 }
 
 /// An integer reply (RESET, RELEASE, POLICY DEL).
+/// The arity in a `COMMAND INFO name` reply (`[[name, arity, ...]]`), `None` for any other
+/// shape (no such command: `[nil]`).
+pub fn command_arity(reply: &Value) -> Option<i64> {
+    let Value::Array(entries) = reply else {
+        return None;
+    };
+    let [Value::Array(entry)] = entries.as_slice() else {
+        return None;
+    };
+    match entry.get(1) {
+        Some(Value::Int(arity)) => Some(*arity),
+        _ => None,
+    }
+}
+
 pub fn count(reply: &Value) -> Result<i64, Error> {
     integer(reply).ok_or_else(|| shape("an integer", reply))
 }

@@ -205,7 +205,7 @@ pub fn read_checkall<'a, T>(
 
 /// `args` into `words`, with every one-argument spec after the keys (from `first` on, see
 /// [`one_argument_specs_from`]) split into its words (see `words`). Specs start after the keys,
-/// and then wherever the grammar reads one (as [`count_specs`] does: an option name and its
+/// and then wherever the grammar reads one (as `count_specs` does: an option name and its
 /// value, else a spec, of one argument, or `POLICY name`, or three words).
 pub fn split_checkall<'a, const N: usize>(
     args: &[&'a [u8]],
