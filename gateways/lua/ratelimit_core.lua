@@ -494,15 +494,16 @@ function Limiter:once(level, message)
 end
 
 -- The breaker: one failure opens it for the cool-down; after it, one probe (the store's `add`).
--- (Per server: the store's names end with its address.)
+-- (Per server: the store's names end with its address.) Whether it is open, and whether it was
+-- (the call is the probe: its success closes it; a call that found it closed reads it no more).
 function Limiter:breaker_open(o)
   local store = self.env.store
   local open_until = store:get(o.redis.open_until) or 0
-  if open_until == 0 then return false end
+  if open_until == 0 then return false, false end
   local now = self.env.now_ms()
   if now < open_until then return true end
   -- Cool-down over: one request probes; the others fail as during it until it answers.
-  return not store:add(o.redis.probe, o.timeout_ms * 4)
+  return not store:add(o.redis.probe, o.timeout_ms * 4), true
 end
 
 function Limiter:failed(o, err)
@@ -518,7 +519,9 @@ function Limiter:failed(o, err)
   end
 end
 
-function Limiter:succeeded(o)
+-- A call answered; `probed`: it found the breaker open (it was the probe).
+function Limiter:succeeded(o, probed)
+  if not probed then return end
   local store = self.env.store
   local name = o.redis.open_until
   if (store:get(name) or 0) ~= 0 then
@@ -891,7 +894,8 @@ function Limiter:decide_plan(plan, keys)
     end
     if #limits == 0 then return nil end
   end
-  if self:breaker_open(o) then return unavailable(o) end
+  local open, probed = self:breaker_open(o)
+  if open then return unavailable(o) end
 
   local env = self.env
   local deadline = env.now_ms() + o.timeout_ms
@@ -917,7 +921,7 @@ function Limiter:decide_plan(plan, keys)
     return unavailable(o)
   end
   env.keep(sock)
-  self:succeeded(o)
+  self:succeeded(o, probed)
   if result.config then
     self:once("err", result.config)
     return misconfigured()

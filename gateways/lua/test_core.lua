@@ -390,6 +390,14 @@ env.down = false
 eq(limiter:decide({ key = "k", limit = "fixed-window 1 1s" }).source, "module", "probe: answered")
 eq(calls, 2, "probe: one attempt")
 eq(table.concat(log, "\n"):find("answers again", 1, true) ~= nil, true, "recovery: said")
+-- A call that finds the breaker closed reads it once (a read of NGINX's shared dict each).
+local reads, get = 0, env.store.get
+env.store.get = function(...)
+  reads = reads + 1
+  return get(...)
+end
+limiter:decide({ key = "k", limit = "fixed-window 1 1s" })
+eq(reads, 1, "closed: one read of the breaker per call")
 
 -- A server that cannot serve now (restarting: LOADING) is unavailable, not misconfigured.
 limiter, _, _, log = fake(function()
