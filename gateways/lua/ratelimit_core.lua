@@ -5,7 +5,8 @@
 --   options  the call's table checked and compiled (limit specs parsed once per text)
 --   RESP     commands written, replies read from a socket-like object (receive "*l" / n)
 --   engine   the module's RATELIMIT.* commands, or the Functions library (FCALL ratelimit_*),
---            found on the first call and kept; the library loaded where it is missing
+--            found on the first call and kept; the library loaded where it is missing; with the
+--            module, each spec as one argument where it takes one (COMMAND INFO's arity -3)
 --   breaker  after a failure, no call to Redis for `breaker_cooldown_ms`; then one probe
 --   answer   status, the RateLimit-Policy / RateLimit / Retry-After fields and the body, as the
 --            Python and Node packages' middleware send them (README "As HTTP headers")
@@ -82,8 +83,9 @@ function M.parse_limit(text)
   end
   local resp = {}
   for k = 1, #words do resp[k] = encode(words[k]) end
+  -- The same as one argument (the module's arity -3 takes it): the words by single spaces.
   local spec = { words = words, period_ms = period, text = text, resp = concat(resp),
-    nwords = #words }
+    nwords = #words, one_resp = encode(concat(words, " ")) }
   specs[text] = spec
   return spec
 end
@@ -475,6 +477,7 @@ function M.new(env)
   self.defaults = env.defaults or {}
   self.engines = {} -- server address -> "module" or "library", once known
   self.library_ready = {}
+  self.one_arg = {} -- server address -> whether its module takes a spec as one argument, once known
   self.policies = {} -- name -> { at_ms, period_ms or false }
   self.said = {}
   return self
@@ -491,15 +494,16 @@ function Limiter:once(level, message)
 end
 
 -- The breaker: one failure opens it for the cool-down; after it, one probe (the store's `add`).
--- (Per server: the store's names end with its address.)
+-- (Per server: the store's names end with its address.) Whether it is open, and whether it was
+-- (the call is the probe: its success closes it; a call that found it closed reads it no more).
 function Limiter:breaker_open(o)
   local store = self.env.store
   local open_until = store:get(o.redis.open_until) or 0
-  if open_until == 0 then return false end
+  if open_until == 0 then return false, false end
   local now = self.env.now_ms()
   if now < open_until then return true end
   -- Cool-down over: one request probes; the others fail as during it until it answers.
-  return not store:add(o.redis.probe, o.timeout_ms * 4)
+  return not store:add(o.redis.probe, o.timeout_ms * 4), true
 end
 
 function Limiter:failed(o, err)
@@ -507,6 +511,7 @@ function Limiter:failed(o, err)
   local name = o.redis.open_until
   local was = store:get(name) or 0
   store:set(name, self.env.now_ms() + o.breaker_cooldown_ms)
+  self.one_arg[o.redis.text] = nil -- asked again once it answers (it may be another server then)
   if was == 0 then
     self.env.log("warn", format("ratelimit: Redis %s unavailable (%s): no call to it for %d ms "
       .. "at a time until it answers; each limit fails as its on_error says", o.redis.text,
@@ -514,7 +519,9 @@ function Limiter:failed(o, err)
   end
 end
 
-function Limiter:succeeded(o)
+-- A call answered; `probed`: it found the breaker open (it was the probe).
+function Limiter:succeeded(o, probed)
+  if not probed then return end
   local store = self.env.store
   local name = o.redis.open_until
   if (store:get(name) or 0) ~= 0 then
@@ -618,14 +625,20 @@ local NO_FALLBACK = {} -- no limit of the call uses a policy's fallback (never w
 local CHECK = encode("RATELIMIT.CHECK")
 local CHECKALL = encode("RATELIMIT.CHECKALL")
 local POLICY = encode("POLICY")
+-- Whether the module takes a spec as one argument: its arity, -3 where it does (-4 before).
+local COMMAND_INFO = M.command({ "COMMAND", "INFO", "RATELIMIT.CHECK" })
+local ONE_ARG_ARITY = -3
 
--- The same as RESP, from the pieces the plan encoded once.
-local function module_resp(plan, limits, keys, fallback)
+-- The same as RESP, from the pieces the plan encoded once; `one`: each spec as one argument.
+local function module_resp(plan, limits, keys, fallback, one)
   local n = #limits
   local l = limits[1]
   if n == 1 and not (l.policy and not fallback[1]) then
     -- The common call: one inline limit.
     local key = keys[1]
+    if one then
+      return l.check_head1 .. "$" .. #key .. "\r\n" .. key .. "\r\n" .. l.check_tail1
+    end
     return l.check_head .. "$" .. #key .. "\r\n" .. key .. "\r\n" .. l.check_tail
   end
   local parts, count
@@ -637,7 +650,10 @@ local function module_resp(plan, limits, keys, fallback)
   end
   for i = 1, n do
     l = limits[i]
-    if fallback[i] or not l.policy then
+    if one then
+      parts[#parts + 1] = (fallback[i] or not l.policy) and l.spec.one_resp or l.policy_one_resp
+      count = count + 1
+    elseif fallback[i] or not l.policy then
       parts[#parts + 1] = l.spec.resp
       count = count + l.spec.nwords
     else
@@ -783,10 +799,15 @@ local function compile(o)
   for i, l in ipairs(o.limits) do
     if l.policy then plan.has_policy = true end
     l.where = #o.limits == 1 and "limit" or format("limits[%d]", i)
-    if l.policy then l.policy_resp = POLICY .. encode(l.policy) end
+    if l.policy then
+      l.policy_resp = POLICY .. encode(l.policy)
+      l.policy_one_resp = encode("POLICY " .. l.policy)
+    end
     if l.spec then
       l.check_head = "*" .. (l.spec.nwords + 4) .. "\r\n" .. CHECK
       l.check_tail = l.spec.resp .. plan.cost_resp
+      l.check_head1 = "*5\r\n" .. CHECK
+      l.check_tail1 = l.spec.one_resp .. plan.cost_resp
     end
   end
   return plan
@@ -873,7 +894,8 @@ function Limiter:decide_plan(plan, keys)
     end
     if #limits == 0 then return nil end
   end
-  if self:breaker_open(o) then return unavailable(o) end
+  local open, probed = self:breaker_open(o)
+  if open then return unavailable(o) end
 
   local env = self.env
   local deadline = env.now_ms() + o.timeout_ms
@@ -899,7 +921,7 @@ function Limiter:decide_plan(plan, keys)
     return unavailable(o)
   end
   env.keep(sock)
-  self:succeeded(o)
+  self:succeeded(o, probed)
   if result.config then
     self:once("err", result.config)
     return misconfigured()
@@ -923,6 +945,7 @@ function Limiter:run(plan, sock, limits, keys, deadline)
   local engine = o.engine ~= "auto" and o.engine or self.engines[where] or "module"
   for _ = 1, 3 do
     if engine == "module" then
+      local one = self.one_arg[where]
       local payload, n, gets, fallback = nil, 0, nil, NO_FALLBACK
       local now = plan.has_policy and env.now_ms() or 0
       for i = 1, plan.has_policy and #limits or 0 do
@@ -940,11 +963,24 @@ function Limiter:run(plan, sock, limits, keys, deadline)
           fallback[i] = cached and cached[2] == false and l.spec ~= nil
         end
       end
-      local check = module_resp(plan, limits, keys, fallback)
+      local info
+      if one == nil then
+        -- The arity asked once, in the same round trip (this call goes as words).
+        payload = (payload or "") .. COMMAND_INFO
+        n = n + 1
+        info = n
+      end
+      local check = module_resp(plan, limits, keys, fallback, one)
       payload = payload and payload .. check or check
       local replies, err, counted = self:exchange(sock, payload, n + 1, deadline)
       if not replies then return nil, err, counted end
       local reply = replies[n + 1]
+      if info then
+        -- [[name, arity, ...]]; [nil] without the command; an error, anything else: words.
+        local command = replies[info]
+        command = type(command) == "table" and command[1]
+        self.one_arg[where] = type(command) == "table" and command[2] == ONE_ARG_ARITY
+      end
       if n == 0 and type(reply) == "table" and getmetatable(reply) == nil then
         -- The common reply: no policy asked for, a decision (or CHECKALL's list), no error.
         if self.engines[where] ~= "module" then self:use(o, "module") end
@@ -980,7 +1016,15 @@ function Limiter:run(plan, sock, limits, keys, deadline)
             end
           end
         end
-        if M.is_error(reply) then
+        if one and M.is_error(reply)
+          and match(reply.message, "unknown algorithm '[^']* [^']*'") then
+          -- Refused as an older module refuses a spec as one argument (a failover to one): words
+          -- from now on, and this call again so.
+          self.one_arg[where] = false
+          self:once("warn", format("ratelimit: Redis %s does not take a limit spec as one "
+            .. "argument (an older module: %s): sending the words from now on", where,
+            reply.message))
+        elseif M.is_error(reply) then
           local missing = match(reply.message, "no such policy '([^']*)'")
           local retry = false
           for j = 1, #limits do

@@ -187,7 +187,7 @@ eq(header(a, "RateLimit-Policy"), '"api";q=5', "no w without a period")
 
 -- The limiter over a fake server: engine detection, the library loaded, policies, the breaker.
 local function fake(handler)
-  local log, sent = {}, {}
+  local log, sent = {}, { raw = {} } -- each command's words by spaces; sent.raw: its bytes
   local store = { values = {} }
   function store:get(name) return self.values[name] end
   function store:set(name, v) self.values[name] = v end
@@ -211,6 +211,7 @@ local function fake(handler)
       while input.buf ~= "" do
         local command = core.read_reply(input)
         sent[#sent + 1] = table.concat(command, " ")
+        sent.raw[#sent] = core.command(command)
         sock.buf = sock.buf .. handler(command)
       end
       return #data
@@ -245,6 +246,8 @@ eq(a.status, 200, "library: admitted")
 eq(a.source, "library", "library: the engine")
 eq(header(a, "RateLimit-Policy"), '"upload";q=10;w=60', "library: the fallback's fields")
 eq(sent[#sent], "FCALL ratelimit_check 1 fn:k token-bucket 10 1m COST 1", "library: the call")
+eq(sent.raw[#sent], core.command({ "FCALL", "ratelimit_check", "1", "fn:k", "token-bucket", "10",
+  "1m", "COST", "1" }), "library: the spec as words")
 eq(loaded, true, "library: loaded")
 local n = #sent
 limiter:decide({ key = "k", limit = "fixed-window 1 1s" })
@@ -268,7 +271,8 @@ end)
 a = limiter:decide({ key = "t", policy = "upload" })
 eq(header(a, "RateLimit-Policy"), '"upload";q=3;w=60', "module: the policy's period")
 eq(sent[1], "RATELIMIT.POLICY GET upload", "module: the definition first")
-eq(sent[2], "RATELIMIT.CHECK t POLICY upload COST 1", "module: then the decision")
+eq(sent[2], "COMMAND INFO RATELIMIT.CHECK", "module: its arity, once (a decision: words)")
+eq(sent[3], "RATELIMIT.CHECK t POLICY upload COST 1", "module: then the decision")
 a = limiter:decide({ limits = { { key = "a", policy = "upload" },
   { key = "b", limit = "token-bucket 5 1s", name = "sec" } }, cost = 2 })
 eq(sent[#sent], "RATELIMIT.CHECKALL 2 a b POLICY upload token-bucket 5 1s COST 2",
@@ -280,8 +284,95 @@ eq(a.body:find('"policy": "upload"', 1, true) ~= nil, true, "CHECKALL: the limit
 eq(limiter:decide({ key = nil, limit = "fixed-window 1 1s" }), nil, "no key: not limited")
 eq(limiter:decide({ key = "", limit = "fixed-window 1 1s" }), nil, "empty key: not limited")
 
--- The breaker: after a failure no call for the cool-down, then one probe.
+-- The spec as one argument where the module's arity is -3: asked once, in the first call's round
+-- trip (that call goes as words); words where it is -4, where COMMAND fails, and to the library.
+local function info(arity)
+  return arr({ arr({ bulk("ratelimit.check"), int(arity), arr({ bulk("write") }), int(1), int(1),
+    int(1) }) })
+end
+local W, O = "words", "one argument"
+local seen = {}
+for _, case in ipairs({ { -3, O }, { -4, W }, { "error", W }, { "nil", W } }) do
+  local arity, form = case[1], case[2]
+  local what = "arity " .. arity .. ": "
+  limiter, _, sent = fake(function(command)
+    if command[1] == "COMMAND" then
+      if arity == "error" then return "-NOPERM this user has no permissions\r\n" end
+      return arity == "nil" and "*1\r\n*-1\r\n" or info(arity)
+    elseif command[2] == "GET" then
+      return arr({ bulk("algorithm"), bulk("token-bucket"), bulk("limit"), int(3),
+        bulk("period_ms"), int(60000) })
+    elseif command[1] == "RATELIMIT.CHECKALL" then
+      return arr({ six(0, 3, 0, 20000, 60000, 0), six(0, 3, 0, 20000, 60000, 0),
+        six(1, 5, 4, 0, 1000, 0) })
+    end
+    return six(1, 100, 99, 0, 60000, 0)
+  end)
+  -- The option's text normalised: single spaces between its words.
+  local one = { key = "user:42", limit = "sliding-window  100\t1m" }
+  local first = limiter:decide(one)
+  eq(sent[1], "COMMAND INFO RATELIMIT.CHECK", what .. "asked first")
+  eq(sent.raw[2], core.command({ "RATELIMIT.CHECK", "user:42", "sliding-window", "100", "1m",
+    "COST", "1" }), what .. "the first call as words")
+  local second = limiter:decide(one)
+  eq(#sent, 3, what .. "asked once")
+  eq(sent.raw[3], form == O and "*5\r\n$15\r\nRATELIMIT.CHECK\r\n$7\r\nuser:42\r\n"
+    .. "$21\r\nsliding-window 100 1m\r\n$4\r\nCOST\r\n$1\r\n1\r\n" or sent.raw[2],
+    what .. "then " .. form)
+  local several = { limits = { { key = "a", policy = "upload" },
+    { key = "b", limit = "token-bucket 5 1s BURST 10", name = "sec" } }, cost = 2 }
+  limiter:decide(several)
+  local all = limiter:decide(several)
+  eq(sent.raw[#sent], core.command(form == O
+    and { "RATELIMIT.CHECKALL", "2", "a", "b", "POLICY upload", "token-bucket 5 1s BURST 10",
+      "COST", "2" }
+    or { "RATELIMIT.CHECKALL", "2", "a", "b", "POLICY", "upload", "token-bucket", "5", "1s",
+      "BURST", "10", "COST", "2" }), what .. "CHECKALL as " .. form)
+  local fields = table.concat({ first.status, second.status, header(second, "RateLimit"),
+    header(second, "RateLimit-Policy"), all.status, header(all, "RateLimit"),
+    header(all, "RateLimit-Policy"), header(all, "Retry-After"), all.body }, "|")
+  seen[#seen + 1] = fields
+  eq(fields, seen[1], what .. "the same answers either way")
+end
+
+-- A module that refuses a spec as one argument after saying -3 (a failover to an older one): the
+-- call again as words, and words from then on (said once); a failure has the arity asked again.
+local old = false
 local env, advance
+limiter, env, sent, log, advance = fake(function(command)
+  if command[1] == "COMMAND" then return info(-3) end
+  if old and command[4] == "COST" then
+    return "-ERR unknown algorithm '" .. command[3] .. "': expected token-bucket, ...\r\n"
+  end
+  return six(1, 100, 99, 0, 60000, 0)
+end)
+local opts = { key = "k", limit = "fixed-window 100 1m" }
+limiter:decide(opts)
+limiter:decide(opts)
+eq(sent[3], "RATELIMIT.CHECK k fixed-window 100 1m COST 1", "older: one argument before")
+eq(#sent.raw[3] < #sent.raw[2], true, "older: fewer bytes as one argument")
+old = true
+a = limiter:decide(opts)
+eq(a.status, 200, "older: answered")
+eq(a.source, "module", "older: by the module")
+eq(sent.raw[4], sent.raw[3], "older: one argument, refused")
+eq(sent.raw[5], sent.raw[2], "older: then words")
+limiter:decide(opts)
+eq(#sent, 6, "older: words from then on")
+eq(sent.raw[6], sent.raw[2], "older: words")
+eq(table.concat(log, "\n"):find("does not take a limit spec as one argument", 1, true) ~= nil,
+  true, "older: said")
+env.down = true
+limiter:decide(opts)
+advance(1000)
+env.down = false
+old = false
+limiter:decide(opts)
+eq(sent[7], "COMMAND INFO RATELIMIT.CHECK", "after a failure: asked again")
+limiter:decide(opts)
+eq(sent.raw[9], sent.raw[3], "after a failure: one argument again")
+
+-- The breaker: after a failure no call for the cool-down, then one probe.
 limiter, env, _, log, advance = fake(function() return six(1, 1, 0, 0, 1000, 0) end)
 env.down = true
 local calls = 0
@@ -299,6 +390,14 @@ env.down = false
 eq(limiter:decide({ key = "k", limit = "fixed-window 1 1s" }).source, "module", "probe: answered")
 eq(calls, 2, "probe: one attempt")
 eq(table.concat(log, "\n"):find("answers again", 1, true) ~= nil, true, "recovery: said")
+-- A call that finds the breaker closed reads it once (a read of NGINX's shared dict each).
+local reads, get = 0, env.store.get
+env.store.get = function(...)
+  reads = reads + 1
+  return get(...)
+end
+limiter:decide({ key = "k", limit = "fixed-window 1 1s" })
+eq(reads, 1, "closed: one read of the breaker per call")
 
 -- A server that cannot serve now (restarting: LOADING) is unavailable, not misconfigured.
 limiter, _, _, log = fake(function()

@@ -189,3 +189,8 @@ fn haproxy_keys_a_rule_by_a_function_of_the_transaction() {
         .unwrap();
     assert_eq!(keys, 2, "the keys the function returned");
 }
+
+#[test]
+fn haproxy_sends_specs_in_the_form_the_module_takes() {
+    super::spec_form_follows_the_arity::<Haproxy>();
+}

@@ -994,3 +994,162 @@ fn the_lua_core_passes_its_tests_in_lua_5_1_and_5_3() {
         );
     }
 }
+
+/// The arity `COMMAND INFO RATELIMIT.CHECK` gives (-3: the module takes a spec as one argument,
+/// -4: an older one).
+fn check_arity(client: &mut redis::Connection) -> i64 {
+    let info: redis::Value = redis::cmd("COMMAND")
+        .arg(&["INFO", "RATELIMIT.CHECK"])
+        .query(client)
+        .unwrap();
+    match info {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Array(command)) => match command.get(1) {
+                Some(redis::Value::Int(n)) => *n,
+                other => panic!("COMMAND INFO: arity {other:?}"),
+            },
+            other => panic!("COMMAND INFO: {other:?}"),
+        },
+        other => panic!("COMMAND INFO: {other:?}"),
+    }
+}
+
+/// The arguments of the RATELIMIT.CHECK and CHECKALL calls the slow log holds (everything,
+/// with slowlog-log-slower-than 0), oldest first.
+fn decisions_sent(client: &mut redis::Connection) -> Vec<Vec<String>> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg(&["GET", "-1"])
+        .query(client)
+        .unwrap();
+    let mut calls = Vec::new();
+    for entry in entries.iter().rev() {
+        let redis::Value::Array(fields) = entry else {
+            panic!("SLOWLOG entry {entry:?}")
+        };
+        let args: Vec<String> = redis::from_redis_value(&fields[3]).unwrap();
+        if args[0].starts_with("RATELIMIT.CHECK") {
+            calls.push(args);
+        }
+    }
+    calls
+}
+
+/// With the module, each spec goes as one argument where the server takes it (its arity -3),
+/// else as words (an older module, -4; a user that may not run COMMAND): the same answers either
+/// way (every status, field and body of the README's limits, `t` and Retry-After aside), and the
+/// form sent as the slow log records it.
+pub fn spec_form_follows_the_arity<G: Gateway>() {
+    if !G::available() {
+        return;
+    }
+    let mut runs = Vec::new();
+    for may_ask in [true, false] {
+        let server = Server::start();
+        let mut client = server.client();
+        let one = may_ask && check_arity(&mut client) == -3;
+        for (name, value) in [
+            ("slowlog-log-slower-than", "0"),
+            ("slowlog-max-len", "10000"),
+        ] {
+            common::config_set(&mut client, name, value).unwrap();
+        }
+        if !may_ask {
+            let _: () = redis::cmd("ACL")
+                .arg(&["SETUSER", "default", "-command"])
+                .query(&mut client)
+                .unwrap();
+        }
+        let _: () = redis::cmd("RATELIMIT.POLICY")
+            .arg(&["SET", "upload", "token-bucket", "3", "1m"])
+            .query(&mut client)
+            .unwrap();
+        let proxy = G::start(server.port(), &[CALM]);
+        let mut answers = Vec::new();
+        let requests = [
+            ("/api/x", ("X-API-Key", "alice"), 102),
+            // One: its remaining a token per 200 ms can change between two.
+            ("/search", ("X-Other", "x"), 1),
+            ("/upload", ("X-Tenant", "acme"), 4),
+        ];
+        for (path, header, times) in requests {
+            for n in 0..times {
+                let r = proxy.get(path, &[header]);
+                let without_t = |field: Option<&str>| {
+                    field.map(|f| {
+                        f.split(", ")
+                            .map(|item| item.split(";t=").next().unwrap().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    })
+                };
+                let body: Option<serde_json::Value> = serde_json::from_str(&r.body).ok();
+                answers.push(format!(
+                    "{path} {n}: {} {:?} {:?} {} {:?}",
+                    r.status,
+                    r.header("RateLimit-Policy"),
+                    without_t(r.header("RateLimit")),
+                    r.header("Retry-After").is_some(),
+                    body.map(|b| b["policy"].clone())
+                ));
+            }
+        }
+        let calls = decisions_sent(&mut client);
+        assert_eq!(calls.len(), 102 + 1 + 4, "{calls:?}\n{}", proxy.log());
+        // Each worker's (or thread's) first call goes as words: it asks the arity meanwhile.
+        let workers = thread::available_parallelism().map_or(1, |n| n.get());
+        let mut as_words = 0;
+        for args in &calls {
+            let spaced = args.iter().filter(|a| a.contains(' ')).count();
+            let specs = if args[0] == "RATELIMIT.CHECKALL" {
+                2
+            } else {
+                1
+            };
+            if spaced == 0 {
+                as_words += 1;
+            } else {
+                assert_eq!(spaced, specs, "{args:?}");
+            }
+        }
+        let first_calls = if one {
+            workers.min(calls.len())
+        } else {
+            calls.len()
+        };
+        assert!(
+            as_words <= first_calls && (one || as_words == calls.len()),
+            "one argument {one}: {as_words} of {} calls as words: {calls:?}",
+            calls.len()
+        );
+        let want = if one {
+            [
+                "RATELIMIT.CHECK|api:alice|sliding-window 100 1m|COST|1",
+                "|token-bucket 5 1s|token-bucket 1000 1h|COST|1",
+                "RATELIMIT.CHECK|upload:acme|POLICY upload|COST|1",
+            ]
+        } else {
+            [
+                "RATELIMIT.CHECK|api:alice|sliding-window|100|1m|COST|1",
+                "|token-bucket|5|1s|token-bucket|1000|1h|COST|1",
+                "RATELIMIT.CHECK|upload:acme|POLICY|upload|COST|1",
+            ]
+        };
+        for ((path, _, _), sent) in requests.iter().zip(want) {
+            let name = if *path == "/search" {
+                "RATELIMIT.CHECKALL"
+            } else {
+                "RATELIMIT.CHECK"
+            };
+            let key = sent.split('|').nth(1).unwrap();
+            let last = calls
+                .iter()
+                .rev()
+                .find(|a| a[0] == name && (name == "RATELIMIT.CHECKALL" || a[1] == key))
+                .unwrap_or_else(|| panic!("no call of {path} in {calls:?}"))
+                .join("|");
+            assert!(last.ends_with(sent), "{path}: {last} is not …{sent}");
+        }
+        runs.push(answers);
+    }
+    assert_eq!(runs[0], runs[1], "one argument or words: the same answers");
+}

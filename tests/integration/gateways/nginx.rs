@@ -249,3 +249,8 @@ fn nginx_ends_the_calls_queued_in_an_exiting_worker() {
         }
     }
 }
+
+#[test]
+fn nginx_sends_specs_in_the_form_the_module_takes() {
+    super::spec_form_follows_the_arity::<Nginx>();
+}
