@@ -38,6 +38,7 @@ class Script:
 
     def __init__(self, arity=-3, policies=None, module=True):
         self.arity = arity
+        self.old = False  # True: the server refuses specs as one argument (an older module)
         self.policies = policies or {}
         self.module = module
         self.sent = []
@@ -63,6 +64,9 @@ class Script:
         name = args[0]
         if name.startswith("RATELIMIT.") and not self.module:
             raise redis.ResponseError(f"unknown command '{name}', with args beginning with: ")
+        if self.old and name in DECIDING and any(" " in str(a) for a in args):
+            joined = next(a for a in args if " " in str(a))
+            raise redis.ResponseError(f"ERR unknown algorithm '{joined}': expected token-bucket, leaky-bucket, ...")
         if args[:2] == ("RATELIMIT.POLICY", "LIST"):
             return [name.encode() for name in self.policies]
         if args[:2] == ("RATELIMIT.POLICY", "GET"):
@@ -250,6 +254,36 @@ def test_batches_and_the_denial_cache_send_the_same_form(one_arg):
     ]
 
 
+def test_a_server_that_refuses_one_argument_gets_words_from_then_on():
+    # A cluster's node not upgraded yet, or a failover to an older module, after -3 was found.
+    core, script = Core(engine="module", denial_cache=10), Script(-3)
+    drive(core.detect(), script)
+    script.old = True
+    words = ("token-bucket", "10", "1s", "BURST", "20", "BLOCK", "1m")
+    assert drive(core.decide("CHECK", "k", LIMIT, 1), script).allowed
+    assert core.one_arg is False
+    drive(core.decide("PEEK", "k", LIMIT, 1), script)
+    core.one_arg = True
+    assert drive(core.check_all([("a", LIMIT), ("b", Policy("p"))], 1), script).allowed
+    assert commands(script) == [
+        ("RATELIMIT.CHECK", "k", " ".join(words), "COST", "1"),
+        ("RATELIMIT.CHECK", "k", *words, "COST", "1"),
+        ("RATELIMIT.PEEK", "k", *words, "COST", "1"),
+        ("RATELIMIT.CHECKALL", "2", "a", "b", " ".join(words), "POLICY p", "COST", "1"),
+        ("RATELIMIT.CHECKALL", "2", "a", "b", *words, "POLICY", "p", "COST", "1"),
+    ]
+    # The direct path: its refusal sends `_request` (words); any other error reply is the caller's.
+    core.one_arg = True
+    refused = redis.ResponseError(f"ERR unknown algorithm '{' '.join(words)}': expected token-bucket, ...")
+    assert core.direct_error("CHECK", "k", LIMIT, 1, None, refused) is None and core.one_arg is False
+    core.one_arg = True
+    with pytest.raises(redis.ResponseError):
+        core.direct_error("CHECK", "k", LIMIT, 1, None, redis.ResponseError("WRONGTYPE Operation against a key"))
+    # A call in flight when another's refusal changed the form: sent again too.
+    assert core.direct_error("CHECK", "k", LIMIT, 1, None, refused) is None and core.one_arg is False
+    assert core.direct_error("CHECK", "k", LIMIT, 1, None, refused) is None and core.one_arg is False
+
+
 # -- real servers: the same sequences in both forms answer the same -----------------------------
 
 
@@ -291,7 +325,7 @@ def sequence(seed, specs):
 async def run_both(server, engine, protocol, mode, seed, specs):
     """The sequence through a limiter sending words and one sending one argument, on keys of
     their own (one per spec) at the same times: (decisions, decisions, the commands the
-    one-argument limiter sent, if recorded)."""
+    one-argument limiter sent, if recorded, and its form at the end)."""
     results, seen = [], []
     for one_arg in (False, True):
         if mode == "async":
@@ -318,7 +352,7 @@ async def run_both(server, engine, protocol, mode, seed, specs):
                 limiter.close()
         results.append(got)
         seen = getattr(limiter.client, "seen", [])
-    return results[0], results[1], seen
+    return results[0], results[1], seen, limiter._core.one_arg
 
 
 @pytest.mark.parametrize("mode", ["sync", "recorded", "async"])
@@ -328,9 +362,9 @@ def test_both_forms_answer_the_same_decisions(server, mode, protocol):
     rng = random.Random(7)
     specs = [random_limit(rng, algorithm) for algorithm in ALGORITHMS]
     plain = redis.Redis(port=server.port)
+    # An older module (arity -4) refuses the first call's one argument: words from then on.
+    older = engine == "module" and server_arity(server) != -3
     if engine == "module":
-        if server_arity(server) != -3:
-            pytest.skip(f"the module at {server.module} takes specs as words only (arity {server_arity(server)})")
         plain.execute_command("RATELIMIT.POLICY", "SET", "form-api", "token-bucket", 5, "1s", "BURST", 7)
         plain.execute_command("RATELIMIT.POLICY", "SET", "form-dark", "fixed-window", 3, "1s", "SHADOW")
         specs += [Policy("form-api"), Policy("form-dark"), Policy("form-gone", fallback=Limit("gcra", 4, "1s"))]
@@ -339,14 +373,17 @@ def test_both_forms_answer_the_same_decisions(server, mode, protocol):
         specs += [Policy("form-api", fallback=Limit("token-bucket", 5, "1s", burst=7))]
     plain.close()
     for seed in range(2):
-        words, one, seen = asyncio.run(run_both(server, engine, protocol, mode, seed, specs))
+        words, one, seen, one_arg = asyncio.run(run_both(server, engine, protocol, mode, seed, specs))
         assert len(words) == len(one) == 60
         for i, (a, b) in enumerate(zip(words, one)):
             assert a == b, f"{engine} RESP{protocol} {mode} seed {seed} step {i}"
             assert a[2].source == engine
+        assert engine == "library" or one_arg is not older
         if mode == "recorded":
             joined = [args for args in seen if any(" " in a for a in args)]
-            if engine == "module":
+            if older:
+                assert len(joined) == 1 and seen[0] == joined[0], "refused once, then words"
+            elif engine == "module":
                 assert len(joined) == len(seen), "the module got every spec as one argument"
             else:
                 assert seen and not joined, "the library got words"

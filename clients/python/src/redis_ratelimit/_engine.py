@@ -50,6 +50,7 @@ from ._wire import (
     duration_word,
     library_code,
     library_functions,
+    one_arg_refused,
     pack,
     pack_parts,
     parse_decision,
@@ -363,6 +364,22 @@ class Core:
             reply = None
         self.one_arg = command_arity(reply) == ONE_ARG_ARITY
 
+    def _one_arg_refused(self, error: BaseException) -> bool:
+        """A call sent with its specs as one argument was refused as an older module refuses them
+        (a cluster's node not upgraded yet, a failover to one): words from now on (said once),
+        and the call is sent again so (so too for calls in flight when the form changed: no spec
+        sent as words is refused so). False for any other error."""
+        if not one_arg_refused(error):
+            return False
+        if self.one_arg:
+            log.warning(
+                "redis_ratelimit: a server does not take a limit spec as one argument (an older module: %s): "
+                "sending the words from now on",
+                error,
+            )
+        self.one_arg = False
+        return True
+
     def _call(
         self,
         module: Optional[Tuple[Any, ...]],
@@ -518,6 +535,8 @@ class Core:
                     yield from self._spec_form()
                 return parse_decision(reply, source, period, False, cost, take)
             except redis.ResponseError as error:
+                if self._one_arg_refused(error):
+                    return (yield from self.decide(verb, key, spec, cost, at, late))
                 if attempt or not self._forget(error, [spec]):
                     raise
 
@@ -569,6 +588,8 @@ class Core:
                     yield from self._spec_form()
                 return parse_multi(reply, source, periods, (), cost)
             except redis.ResponseError as error:
+                if self._one_arg_refused(error):
+                    return (yield from self.check_all(pairs, cost, at))
                 if attempt or not self._forget(error, specs):
                     raise
 
@@ -779,7 +800,8 @@ class Core:
     ) -> Optional[Decision]:
         """`_direct`'s outcome of a failed command: Redis unavailable gives `on_error`'s decision
         (or raises `RateLimitUnavailable`); None: the module is gone, ask `_request` (engine
-        "auto"); any other error reply is the caller's and is raised."""
+        "auto"), or it refused the spec as one argument (`_one_arg_refused`: `_request` sends
+        words); any other error reply is the caller's and is raised."""
         if unavailable(error):
             self.breaker.failure()
             decision: Decision = self._fail(
@@ -788,8 +810,8 @@ class Core:
             self._count(decision.source)
             return decision
         self.breaker.success()  # Redis answered
-        if self.mode == "auto" and unknown_command(error):
-            return None  # the module is gone (unloaded, another server): find the engine again
+        if (self.mode == "auto" and unknown_command(error)) or self._one_arg_refused(error):
+            return None  # the module is gone (unloaded, another server), or older: ask `_request`
         raise error
 
     def _direct(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Plan:

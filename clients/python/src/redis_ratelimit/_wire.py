@@ -200,6 +200,16 @@ def spec_args(words: Sequence[str], one_arg: Optional[bool]) -> Tuple[str, ...]:
     return one_argument(words) if one_arg else tuple(words)
 
 
+#: An older module's reply to a spec sent as one argument (it reads the whole as an algorithm).
+_ONE_ARG_REFUSED = re.compile(r"unknown algorithm '[^']* [^']*'")
+
+
+def one_arg_refused(error: BaseException) -> bool:
+    """Whether `error` is a module's refusal of a spec sent as one argument: a server that does
+    not take that form (an older module: a cluster's node not upgraded yet, a failover to one)."""
+    return isinstance(error, redis.ResponseError) and _ONE_ARG_REFUSED.search(str(error)) is not None
+
+
 def command_arity(reply: Any) -> Optional[int]:
     """The arity in `COMMAND INFO name`'s raw reply (`[[name, arity, flags, ...]]`; `[nil]` where
     the server has no such command; a cluster client's {node: reply} of one node); None where it
