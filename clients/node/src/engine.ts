@@ -29,6 +29,7 @@ import {
   limitArgs,
   multiDecision,
   ONE_ARG_ARITY,
+  ONE_ARG_REFUSED,
   pairs,
   replyCost,
   SPEC_PROBE,
@@ -329,6 +330,17 @@ export class Engine {
   formFailed(error: unknown): void {
     if (error instanceof Timeout || isUnavailable(error)) this.formUnknown = true;
     else this.oneArg = false;
+  }
+
+  /** A module call failed with `error`: true when it refused a spec sent as one argument as an
+   * older module does (a cluster's node not upgraded yet, a failover to one): words from now on
+   * (said once), send the call again (so too for the calls in flight when the form changed: no
+   * spec sent as words is refused so). */
+  oneArgRefused(error: unknown): boolean {
+    if (!isReplyError(error) || !ONE_ARG_REFUSED.test(error.message)) return false;
+    if (this.oneArg) this.logger.warn(`ratelimit: a server does not take a limit spec as one argument (an older module: ${error.message}): sending the words from now on`);
+    this.oneArg = false;
+    return true;
   }
 
   /** The module answered: it serves (said once). */

@@ -301,7 +301,7 @@ export class RateLimiter {
           if (call.settled) return;
           call.settled = true;
           this.deadlines.settled();
-          if (core.moduleFailed(error)) {
+          if (core.oneArgRefused(error) || core.moduleFailed(error)) {
             this.checkAny(key, lim, { cost, at }).then(resolve, reject);
             return;
           }
@@ -647,7 +647,7 @@ export class RateLimiter {
       return this.transport.send(args, key, command === 'peek').then(
         (reply) => this.core.read(command, reply, 'module', spec.periodMs, cost),
         (error) => {
-          if (!this.core.moduleFailed(error)) throw error;
+          if (!this.core.oneArgRefused(error) && !this.core.moduleFailed(error)) throw error;
           return this.requestResolved(command, key, spec, cost, atMs);
         },
       );
@@ -719,6 +719,11 @@ export class RateLimiter {
         core.moduleAnswered();
         return { ...result, source: 'module' };
       } catch (error) {
+        if (core.oneArgRefused(error)) {
+          const result = await onModule(); // (its specs as words now)
+          core.moduleAnswered();
+          return { ...result, source: 'module' };
+        }
         if (!core.moduleFailed(error)) throw error;
       }
     }

@@ -32,6 +32,9 @@ export function specWords(words: string[], oneArg: boolean): string[] {
   return oneArg ? [words.join(' ')] : words;
 }
 
+/** An older module's reply to a spec sent as one argument (it reads the whole as an algorithm). */
+export const ONE_ARG_REFUSED = /unknown algorithm '[^']* [^']*'/;
+
 /** The arity in `COMMAND INFO name`'s reply (`[[name, arity, flags, ...]]`; `[null]` where the
  * server has no such command); null where it says none. */
 export function commandArity(reply: unknown): number | null {
