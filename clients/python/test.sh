@@ -92,5 +92,6 @@ RATELIMIT_WHEEL_VENV=$venv nice "$venv/bin/python" -m pytest tests -rs -p no:cac
 echo "== redis-py $("$venv5/bin/python" -c 'import redis; print(redis.__version__)'): the limiters' suites"
 RATELIMIT_WHEEL_VENV=$venv5 nice "$venv5/bin/python" -m pytest tests/test_limiter.py tests/test_equivalence.py \
     tests/test_failures.py tests/test_wheel.py tests/test_take.py tests/test_local.py tests/test_fallback.py \
-    tests/test_denial_cache.py tests/test_batches.py tests/test_late_grants.py tests/test_fast_path.py -rs -p no:cacheprovider ${PYTEST_ARGS:-} || status=$?
+    tests/test_denial_cache.py tests/test_batches.py tests/test_late_grants.py tests/test_fast_path.py \
+    tests/test_spec_form.py -rs -p no:cacheprovider ${PYTEST_ARGS:-} || status=$?
 exit $status

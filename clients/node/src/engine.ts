@@ -20,7 +20,22 @@ import {
   type PolicyDefinition,
   type Source,
 } from './types.js';
-import { amountArgs, COMMANDS, decision, libraryArgs, limitArgs, multiDecision, pairs, replyCost, type Command } from './wire.js';
+import {
+  amountArgs,
+  commandArity,
+  COMMANDS,
+  decision,
+  libraryArgs,
+  limitArgs,
+  multiDecision,
+  ONE_ARG_ARITY,
+  ONE_ARG_REFUSED,
+  pairs,
+  replyCost,
+  SPEC_PROBE,
+  specWords,
+  type Command,
+} from './wire.js';
 
 /** The default bound on every call: a limiter in front of a request must not add more. */
 export const DEFAULT_TIMEOUT_MS = 100;
@@ -258,6 +273,11 @@ export class Engine {
   private readonly local = new LocalLimiter({ maxKeys: LOCAL_KEYS });
   private readonly scaledLimits = new WeakMap<Limit, Limit>();
   private readonly limitArgsCache = new WeakMap<Limit, string[]>();
+  private readonly oneArgCache = new WeakMap<Limit, string[]>();
+  /** Whether the module's specs go as one argument (`formFound`): words until it is known. */
+  oneArg = false;
+  /** Whether how the module takes a spec is still to be asked (`formToAsk`). */
+  formUnknown = true;
   private readonly warned = new Set<string>();
   private down = false;
   private libraryAnnounced = false;
@@ -287,6 +307,40 @@ export class Engine {
     }
     if (noSuchPolicy(error)) this.policies.clear();
     return false;
+  }
+
+  /** `COMMAND INFO RATELIMIT.CHECK`'s arguments where how the module takes a spec is still to
+   * be asked and the module may serve (never for the library: words, a server's library may be
+   * older), now marked as asked; else null. Sent once, beside the first module call (no round
+   * trip of its own): that call and those before the answer go as words. */
+  formToAsk(): string[] | null {
+    if (!this.formUnknown || this.choice === 'library' || this.inUse === 'library') return null;
+    this.formUnknown = false;
+    return [...SPEC_PROBE];
+  }
+
+  /** COMMAND INFO answered: arity -3, specs as one argument from now on; any other, or none (no
+   * such command), words. */
+  formFound(reply: unknown): void {
+    this.oneArg = commandArity(reply) === ONE_ARG_ARITY;
+  }
+
+  /** COMMAND INFO failed: Redis unavailable, asked again beside a later call; an error reply (no
+   * permission...), words. */
+  formFailed(error: unknown): void {
+    if (error instanceof Timeout || isUnavailable(error)) this.formUnknown = true;
+    else this.oneArg = false;
+  }
+
+  /** A module call failed with `error`: true when it refused a spec sent as one argument as an
+   * older module does (a cluster's node not upgraded yet, a failover to one): words from now on
+   * (said once), send the call again (so too for the calls in flight when the form changed: no
+   * spec sent as words is refused so). */
+  oneArgRefused(error: unknown): boolean {
+    if (!isReplyError(error) || !ONE_ARG_REFUSED.test(error.message)) return false;
+    if (this.oneArg) this.logger.warn(`ratelimit: a server does not take a limit spec as one argument (an older module: ${error.message}): sending the words from now on`);
+    this.oneArg = false;
+    return true;
   }
 
   /** The module answered: it serves (said once). */
@@ -357,18 +411,18 @@ export class Engine {
   /** A spec's module arguments with the policy's definition known (`definition`; only read for
    * a policy): inline as given; a policy by name, with its period and a shadow policy's limit;
    * a policy the server lacks as its fallback (warned once), else by name (the module's own
-   * error says it: ERR no such policy). */
+   * error says it: ERR no such policy); in the form the module takes (`oneArg`). */
   resolve(spec: LimitSpec, definition: PolicyDefinition | null): Resolved {
-    if (!isPolicy(spec)) return { args: limitArgs(spec), periodMs: spec.periodMs };
+    if (!isPolicy(spec)) return { args: this.argsOf(spec), periodMs: spec.periodMs };
     if (definition === null) {
       if (spec.fallback) {
         this.warnOnce(`missing:${spec.name}`, `ratelimit: the server has no policy '${spec.name}': using its fallback ${limitArgs(spec.fallback).join(' ')}`);
-        return { args: limitArgs(spec.fallback), periodMs: spec.fallback.periodMs };
+        return { args: this.argsOf(spec.fallback), periodMs: spec.fallback.periodMs };
       }
-      return { args: ['POLICY', spec.name], periodMs: 0 };
+      return { args: specWords(['POLICY', spec.name], this.oneArg), periodMs: 0 };
     }
     return {
-      args: ['POLICY', spec.name],
+      args: specWords(['POLICY', spec.name], this.oneArg),
       periodMs: definition.periodMs ?? definition.leaseMs ?? 0,
       ...(definition.mode === 'shadow' && definition.limitSpec ? { shadowAs: definition.limitSpec } : {}),
     };
@@ -404,12 +458,15 @@ export class Engine {
 
   // ---- what each call sends ----
 
-  /** An inline limit's module arguments (`algorithm limit period [BURST c] [BLOCK d]`), made once. */
+  /** An inline limit's module arguments (`algorithm limit period [BURST c] [BLOCK d]`, as words
+   * or as one argument: `oneArg`), made once per form. */
   argsOf(lim: Limit): string[] {
-    let args = this.limitArgsCache.get(lim);
+    const oneArg = this.oneArg;
+    const cache = oneArg ? this.oneArgCache : this.limitArgsCache;
+    let args = cache.get(lim);
     if (args === undefined) {
-      args = limitArgs(lim);
-      this.limitArgsCache.set(lim, args);
+      args = specWords(limitArgs(lim), oneArg);
+      cache.set(lim, args);
     }
     return args;
   }
@@ -429,7 +486,7 @@ export class Engine {
     return {
       args: [COMMANDS[command], key, ...resolved.args, ...amountArgs(command, cost), ...at],
       readonly: command === 'peek',
-      peek: resolved.shadowAs && command !== 'refund' ? ['RATELIMIT.PEEK', key, ...limitArgs(resolved.shadowAs), 'COST', String(cost), ...at] : null,
+      peek: resolved.shadowAs && command !== 'refund' ? ['RATELIMIT.PEEK', key, ...this.argsOf(resolved.shadowAs), 'COST', String(cost), ...at] : null,
       periodMs: resolved.periodMs,
     };
   }
@@ -454,7 +511,7 @@ export class Engine {
   moduleCheckAll(keys: string[], resolved: Resolved[], cost: number, at: string[]): { args: string[]; peeks: Array<string[] | null> } {
     return {
       args: ['RATELIMIT.CHECKALL', String(keys.length), ...keys, ...resolved.flatMap((r) => r.args), 'COST', String(cost), ...at],
-      peeks: resolved.map((r, i) => (r.shadowAs ? ['RATELIMIT.PEEK', keys[i], ...limitArgs(r.shadowAs), 'COST', String(cost), ...at] : null)),
+      peeks: resolved.map((r, i) => (r.shadowAs ? ['RATELIMIT.PEEK', keys[i], ...this.argsOf(r.shadowAs), 'COST', String(cost), ...at] : null)),
     };
   }
 

@@ -167,6 +167,8 @@ export class RateLimiter {
   readonly timeoutMs: number;
   readonly libraryPrefix: string;
   private readonly transport: Transport;
+  /** The same, not counted: the engine's own question (how the module takes a spec). */
+  private readonly uncounted: Transport;
   private readonly core: Engine;
   private readonly now: () => number;
   private libraryReady: Promise<void> | null = null;
@@ -187,7 +189,8 @@ export class RateLimiter {
   };
 
   constructor(client: unknown, options: RateLimiterOptions = {}) {
-    this.transport = counting(transport(client), () => (this.counters.commands += 1));
+    this.uncounted = transport(client);
+    this.transport = counting(this.uncounted, () => (this.counters.commands += 1));
     const s = settings(options);
     this.onError = s.onError;
     this.localShare = s.localShare;
@@ -248,6 +251,7 @@ export class RateLimiter {
         fallBack(new RateLimitUnavailable('Redis unavailable: the breaker is open (recent calls failed)'));
         return;
       }
+      if (core.formUnknown) this.askForm();
       let sent: Promise<unknown>;
       try {
         sent = this.transport.send(args, key, false);
@@ -297,7 +301,7 @@ export class RateLimiter {
           if (call.settled) return;
           call.settled = true;
           this.deadlines.settled();
-          if (core.moduleFailed(error)) {
+          if (core.oneArgRefused(error) || core.moduleFailed(error)) {
             this.checkAny(key, lim, { cost, at }).then(resolve, reject);
             return;
           }
@@ -638,11 +642,12 @@ export class RateLimiter {
     if (this.core.inUse === 'module' && !isPolicy(spec)) {
       // The module serves and the limit is inline: the command straight away, its arguments from
       // the limit's cached ones (the general path below resolves, in more steps, to the same).
+      if (this.core.formUnknown) this.askForm();
       const args = this.core.inlineArgs(command, key, spec, cost, atMs);
       return this.transport.send(args, key, command === 'peek').then(
         (reply) => this.core.read(command, reply, 'module', spec.periodMs, cost),
         (error) => {
-          if (!this.core.moduleFailed(error)) throw error;
+          if (!this.core.oneArgRefused(error) && !this.core.moduleFailed(error)) throw error;
           return this.requestResolved(command, key, spec, cost, atMs);
         },
       );
@@ -708,11 +713,17 @@ export class RateLimiter {
   private async run<T extends object>(onModule: () => Promise<T>, onLibrary: () => Promise<T>): Promise<T & { source: Source }> {
     const core = this.core;
     if (core.inUse !== 'library') {
+      if (core.formUnknown) this.askForm();
       try {
         const result = await onModule();
         core.moduleAnswered();
         return { ...result, source: 'module' };
       } catch (error) {
+        if (core.oneArgRefused(error)) {
+          const result = await onModule(); // (its specs as words now)
+          core.moduleAnswered();
+          return { ...result, source: 'module' };
+        }
         if (!core.moduleFailed(error)) throw error;
       }
     }
@@ -726,6 +737,23 @@ export class RateLimiter {
       this.libraryReady = null;
       await this.ensureLibrary();
       return { ...(await onLibrary()), source: 'library' };
+    }
+  }
+
+  /** Asks how the module takes a limit spec (`COMMAND INFO`, any node of a cluster), once, beside
+   * the module call about to be sent (pipelined: no round trip of its own; not in `stats`): the
+   * calls after its answer send the form it says. */
+  private askForm(): void {
+    const core = this.core;
+    const args = core.formToAsk();
+    if (args === null) return;
+    try {
+      this.uncounted.send(args, undefined, true).then(
+        (reply) => core.formFound(reply),
+        (error: unknown) => core.formFailed(error),
+      );
+    } catch (error) {
+      core.formFailed(error);
     }
   }
 

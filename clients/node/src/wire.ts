@@ -19,6 +19,31 @@ export function limitArgs(lim: Limit, withBlock = true): string[] {
   return args;
 }
 
+/** The command whose arity (`COMMAND INFO`) says how the module takes a limit spec: -3, as one
+ * argument too (`'token-bucket 10 1s BURST 20'`); an older module's -4, only as words. */
+export const SPEC_PROBE = ['COMMAND', 'INFO', 'RATELIMIT.CHECK'];
+export const ONE_ARG_ARITY = -3;
+
+/** A limit spec's words (`algorithm limit period [BURST c] [BLOCK d]`, `POLICY name`) as the
+ * module's CHECK, PEEK, TAKE, REFUND and CHECKALL take them: one argument, the words joined by
+ * single spaces (`oneArg`: the module takes that, the same call in fewer arguments), else the
+ * words. No word holds a space (a period is digits and a unit, a policy name has none). */
+export function specWords(words: string[], oneArg: boolean): string[] {
+  return oneArg ? [words.join(' ')] : words;
+}
+
+/** An older module's reply to a spec sent as one argument (it reads the whole as an algorithm). */
+export const ONE_ARG_REFUSED = /unknown algorithm '[^']* [^']*'/;
+
+/** The arity in `COMMAND INFO name`'s reply (`[[name, arity, flags, ...]]`; `[null]` where the
+ * server has no such command); null where it says none. */
+export function commandArity(reply: unknown): number | null {
+  if (!Array.isArray(reply) || !Array.isArray(reply[0])) return null;
+  const arity: unknown = (reply[0] as unknown[])[1];
+  const n = typeof arity === 'number' || typeof arity === 'bigint' || typeof arity === 'string' ? Number(arity) : NaN;
+  return Number.isInteger(n) ? n : null;
+}
+
 /** The calls on one limit. */
 export type Command = 'check' | 'peek' | 'refund' | 'take';
 /** The module's command of each call on one limit. */

@@ -5,6 +5,7 @@ import { after, before, describe, test } from 'node:test';
 
 import { LIBRARY, RateLimiter, limit, policy } from 'redis-ratelimit-client';
 import { slot } from '../dist/esm/connection.js';
+import { commandArity } from '../dist/esm/wire.js';
 
 import { CLUSTER_CLIENTS, NO_MODULE, closeClient, memoryLogger, raw, startCluster } from './helpers.mjs';
 
@@ -53,6 +54,11 @@ for (const engine of ['module', 'library']) {
           assert.equal(await rl.reset(`{c${c}}:sec`, `{c${c}}:hour`), 2);
           assert.equal((await rl.acquire(`c${c}:jobs`, 1, '10s', { id: 'a' })).allowed, true);
           assert.equal(await rl.release(`c${c}:jobs`, 'a'), 1);
+          // How the module takes a spec, asked of any node: what a node answers itself.
+          const arity = commandArity(await nodes[0].call('COMMAND', 'INFO', 'RATELIMIT.CHECK'));
+          assert.equal(arity === null, engine === 'library');
+          assert.equal(commandArity(await rl.uncounted.send(['COMMAND', 'INFO', 'RATELIMIT.CHECK'], undefined, true)), arity);
+          assert.deepEqual([rl.core.formUnknown, rl.core.oneArg], [false, arity === -3]);
           if (engine === 'module') {
             await rl.policies.set(`p${c}`, limit('fixed-window', 5, '1m'));
             for (const n of nodes) assert.notEqual(await n.call('RATELIMIT.POLICY', 'GET', `p${c}`), null);

@@ -17,6 +17,8 @@ import redis.asyncio
 
 from conftest import MODULE, Server, _started
 from redis_ratelimit import AsyncRateLimiter, Limit, RateLimiter
+from redis_ratelimit._engine import CommandInfo
+from redis_ratelimit._wire import command_arity
 
 LIMIT = Limit("token-bucket", 5, "1h")  # long: nothing expires while the test runs
 
@@ -97,6 +99,11 @@ def test_a_cluster_client_is_served_by_either_engine(cluster):
     if engine == "library":  # loaded on every primary
         for node in nodes:
             assert node.client().execute_command("FUNCTION", "LIST", "LIBRARYNAME", "ratelimit")
+    # How the module takes a spec, asked of any node: what a node answers itself.
+    arity = command_arity(nodes[0].client().execute_command("COMMAND INFO", "RATELIMIT.CHECK"))
+    assert (arity is None) == (engine == "library")
+    assert command_arity(rl._perform(CommandInfo("RATELIMIT.CHECK"))) == arity
+    assert rl._core.one_arg is (None if engine == "library" else arity == -3)
     rl.client.close()
 
 
@@ -109,6 +116,9 @@ def test_an_async_cluster_client(cluster):
             assert (await arl.check(f"async:{i}", LIMIT)).source == engine
         multi = await arl.check_all([("{bob}:a", LIMIT), ("{bob}:b", LIMIT)])
         assert multi.allowed
+        arity = command_arity(nodes[0].client().execute_command("COMMAND INFO", "RATELIMIT.CHECK"))
+        assert command_arity(await arl._perform(CommandInfo("RATELIMIT.CHECK"))) == arity
+        assert arl._core.one_arg is (None if engine == "library" else arity == -3)
         await arl.aclose()
 
     asyncio.run(main())

@@ -39,19 +39,24 @@ from ._wire import (
     FUNCTIONS,
     LIBRARY_NAME,
     NO_SUCH_POLICY,
+    ONE_ARG_ARITY,
+    SPEC_PROBE,
     Definition,
     as_text,
     check_at,
     check_key,
     check_lease_id,
+    command_arity,
     duration_word,
     library_code,
     library_functions,
+    one_arg_refused,
     pack,
     pack_parts,
     parse_decision,
     parse_multi,
     reply_fields,
+    spec_args,
     spec_period,
     unavailable,
     unknown_command,
@@ -100,6 +105,14 @@ class LoadLibrary:
 
 
 @dataclass(frozen=True)
+class CommandInfo:
+    """`COMMAND INFO name` on one server (any node of a cluster): its raw reply. Asked once per
+    limiter, with the engine's detection; not counted in `stats["commands"]` (the calls' own)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class Join:
     """Waits for a batch's TAKE in flight (sent by another caller of this limiter); the reply
     is whether it ended in time."""
@@ -107,7 +120,7 @@ class Join:
     flight: Flight
 
 
-Op = Union[Call, Transaction, ListLibrary, LoadLibrary, Join]
+Op = Union[Call, Transaction, ListLibrary, LoadLibrary, CommandInfo, Join]
 Plan = Generator[Op, Any, Any]
 
 
@@ -220,6 +233,8 @@ class Core:
         self.clock = clock
         #: "module" or "library" once known.
         self.engine: Optional[str] = "module" if engine == "module" else None
+        #: Whether the module takes a limit spec as one argument (`_spec_form`); None until asked.
+        self.one_arg: Optional[bool] = None
         self._library_ready = False
         self._policies: Dict[str, Tuple[float, Optional[Definition]]] = {}
         self._warned: Set[Union[str, Tuple[str, str]]] = set()
@@ -329,7 +344,41 @@ class Core:
             self._use("library")
         else:
             self._use("module")
+            yield from self._spec_form()
         return self.engine
+
+    def _spec_form(self) -> Plan:
+        """How the module takes a limit spec, asked once (by `detect`, else right after the first
+        call the module answered, whose decision it then returns: a server that does not answer
+        is not asked), never where the library serves (words: a server's library may be older):
+        `COMMAND INFO RATELIMIT.CHECK`'s arity -3, as one argument (`one_arg`); any other arity,
+        none (no such command) or an error reply, as words. Redis unavailable: words, and asked
+        again after the next call (the call's own outcome stands either way)."""
+        if self.one_arg is not None or self.engine == "library" or self.mode == "library":
+            return
+        try:
+            reply = yield CommandInfo(SPEC_PROBE)
+        except Exception as error:  # noqa: BLE001 - an error reply (no permission...), a reply not read: the words
+            if unavailable(error):
+                return
+            reply = None
+        self.one_arg = command_arity(reply) == ONE_ARG_ARITY
+
+    def _one_arg_refused(self, error: BaseException) -> bool:
+        """A call sent with its specs as one argument was refused as an older module refuses them
+        (a cluster's node not upgraded yet, a failover to one): words from now on (said once),
+        and the call is sent again so (so too for calls in flight when the form changed: no spec
+        sent as words is refused so). False for any other error."""
+        if not one_arg_refused(error):
+            return False
+        if self.one_arg:
+            log.warning(
+                "redis_ratelimit: a server does not take a limit spec as one argument (an older module: %s): "
+                "sending the words from now on",
+                error,
+            )
+        self.one_arg = False
+        return True
 
     def _call(
         self,
@@ -397,9 +446,11 @@ class Core:
         return definition
 
     def _resolve(self, spec: LimitSpec) -> Plan:
-        """(module args, library args or None, period ms, shadow definition or None)."""
+        """(module args, library args or None, period ms, shadow definition or None). The module's
+        spec is in the form `_spec_form` found (words until then); the library's, words."""
+        one_arg = self.one_arg
         if isinstance(spec, Limit):
-            return spec.args(), spec.args(), spec.period_ms, None
+            return spec._spec if one_arg else spec._words, spec.args(), spec.period_ms, None
         fallback = spec.fallback.args() if spec.fallback else None
         fallback_period = spec.fallback.period_ms if spec.fallback else 0
         definition = yield from self._definition(spec)
@@ -407,10 +458,11 @@ class Core:
             return None, fallback, fallback_period, None
         if definition is None:
             if spec.fallback is None:
-                return spec.args(), None, 0, None  # the server says "no such policy"
+                return spec_args(spec.args(), one_arg), None, 0, None  # the server says "no such policy"
             self._warn_fallback(spec)
-            return fallback, fallback, fallback_period, None
-        return spec.args(), fallback, definition.period_ms, definition if definition.shadow else None
+            return spec_args(fallback or (), one_arg), fallback, fallback_period, None
+        shadow = definition if definition.shadow else None
+        return spec_args(spec.args(), one_arg), fallback, definition.period_ms, shadow
 
     def _warn_fallback(self, policy: Policy) -> None:
         if ("fallback", policy.name) not in self._warned:
@@ -462,9 +514,10 @@ class Core:
             try:
                 if shadow is not None and verb in ("CHECK", "TAKE"):
                     # What enforcement answers, in the same round trip (one MULTI).
-                    peek = ("RATELIMIT.PEEK", key, *shadow.inline(), "COST", str(cost), *cost_args[2:])
+                    peek = ("RATELIMIT.PEEK", key, *self._inline(shadow), "COST", str(cost), *cost_args[2:])
                     check = (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
                     enforced, answered = yield Transaction((peek, check))
+                    yield from self._spec_form()
                     enforcement = parse_decision(enforced, "module")
                     decision = parse_decision(answered, "module", period, not enforcement.allowed, cost, take)
                     if decision.shadow_rejected:
@@ -478,10 +531,18 @@ class Core:
                 module = None if module_args is None else (f"RATELIMIT.{verb}", key, *module_args, *cost_args)
                 library = None if library_args is None else [*library_args, *cost_args]
                 reply, source = yield from self._call(module, function, [key], library, verb == "PEEK", late)
+                if source == "module" and late is None:  # (not where a grant must not be lost meanwhile)
+                    yield from self._spec_form()
                 return parse_decision(reply, source, period, False, cost, take)
             except redis.ResponseError as error:
+                if self._one_arg_refused(error):
+                    return (yield from self.decide(verb, key, spec, cost, at, late))
                 if attempt or not self._forget(error, [spec]):
                     raise
+
+    def _inline(self, shadow: Definition) -> Tuple[str, ...]:
+        """A shadow policy's limit inline, as the module takes a spec (its enforcement's PEEK)."""
+        return spec_args(shadow.inline(), self.one_arg)
 
     def check_all(self, pairs: Sequence[Tuple[str, LimitSpec]], cost: int, at: Optional[int] = None) -> Plan:
         pairs = list(pairs)
@@ -513,17 +574,22 @@ class Core:
                 shadows = [r[3] for r in resolved]
                 if module is not None and any(shadows):
                     peeks = tuple(
-                        ("RATELIMIT.PEEK", key, *s.inline(), *cost_args)
+                        ("RATELIMIT.PEEK", key, *self._inline(s), *cost_args)
                         for key, s in zip(keys, shadows)
                         if s is not None
                     )
                     replies = yield Transaction((*peeks, module))
+                    yield from self._spec_form()
                     verdicts = iter(not parse_decision(r, "module").allowed for r in replies[:-1])
                     flags = [next(verdicts) if s is not None else False for s in shadows]
                     return parse_multi(replies[-1], "module", periods, flags, cost)
                 reply, source = yield from self._call(module, "ratelimit_checkall", keys, library)
+                if source == "module":
+                    yield from self._spec_form()
                 return parse_multi(reply, source, periods, (), cost)
             except redis.ResponseError as error:
+                if self._one_arg_refused(error):
+                    return (yield from self.check_all(pairs, cost, at))
                 if attempt or not self._forget(error, specs):
                     raise
 
@@ -660,11 +726,12 @@ class Core:
 
     def direct_ok(self, verb: str, spec: LimitSpec) -> bool:
         """Whether `request` is `_direct`'s one module command: an inline limit, the module known
-        to serve, no denial cache, no batch, no hold ending."""
+        to serve and how it takes a spec, no denial cache, no batch, no hold ending."""
         return (
             type(spec) is Limit
             and self.engine == "module"
             and self.mode != "library"
+            and self.one_arg is not None
             and self.cache is None
             and (spec.batch is None or verb != "CHECK")
             and not self.batches.pending()
@@ -680,7 +747,8 @@ class Core:
             _amount(cost, "max", 1) if take else check_cost(cost)
         if at is not None:
             check_at(at)
-        args = (COMMANDS[verb], key, *limit._words, "MAX" if take else "COST", str(cost))
+        spec = limit._spec if self.one_arg else limit._words
+        args = (COMMANDS[verb], key, *spec, "MAX" if take else "COST", str(cost))
         if at is not None:
             args += ("AT", str(at))
         return args
@@ -690,22 +758,25 @@ class Core:
     ) -> bytes:
         """`direct_args`' command, checked the same, RESP-encoded as redis-py's `send_command`
         would send it (the key by the client's `encoding`): all but the key is packed once per
-        limit, verb and cost (a runner's fast path sends it with `send_packed_command`)."""
+        limit, verb, cost and spec form (a runner's fast path sends it with `send_packed_command`)."""
         if type(key) is not str or not key:
             check_key(key)
         take = verb == "TAKE"
         if type(cost) is not int or not (take <= cost <= MAX_AMOUNT):
             _amount(cost, "max", 1) if take else check_cost(cost)
+        one_arg = self.one_arg is True
         if at is None:
             packed = limit._packed
-            parts = packed.get((verb, cost))
+            parts = packed.get((verb, cost, one_arg))
             if parts is None:
-                parts = pack_parts(COMMANDS[verb], (*limit._words, "MAX" if take else "COST", str(cost)))
+                spec = limit._spec if one_arg else limit._words
+                parts = pack_parts(COMMANDS[verb], (*spec, "MAX" if take else "COST", str(cost)))
                 if len(packed) < 64:  # (costs that vary widely are packed each time)
-                    packed[(verb, cost)] = parts
+                    packed[(verb, cost, one_arg)] = parts
         else:
             check_at(at)
-            words = (*limit._words, "MAX" if take else "COST", str(cost), "AT", str(at))
+            spec = limit._spec if one_arg else limit._words
+            words = (*spec, "MAX" if take else "COST", str(cost), "AT", str(at))
             parts = pack_parts(COMMANDS[verb], words)
         return pack(parts, key.encode(*encoding))
 
@@ -729,7 +800,8 @@ class Core:
     ) -> Optional[Decision]:
         """`_direct`'s outcome of a failed command: Redis unavailable gives `on_error`'s decision
         (or raises `RateLimitUnavailable`); None: the module is gone, ask `_request` (engine
-        "auto"); any other error reply is the caller's and is raised."""
+        "auto"), or it refused the spec as one argument (`_one_arg_refused`: `_request` sends
+        words); any other error reply is the caller's and is raised."""
         if unavailable(error):
             self.breaker.failure()
             decision: Decision = self._fail(
@@ -738,8 +810,8 @@ class Core:
             self._count(decision.source)
             return decision
         self.breaker.success()  # Redis answered
-        if self.mode == "auto" and unknown_command(error):
-            return None  # the module is gone (unloaded, another server): find the engine again
+        if (self.mode == "auto" and unknown_command(error)) or self._one_arg_refused(error):
+            return None  # the module is gone (unloaded, another server), or older: ask `_request`
         raise error
 
     def _direct(self, verb: str, key: str, limit: Limit, cost: int, at: Optional[int]) -> Plan:

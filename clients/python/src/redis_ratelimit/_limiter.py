@@ -31,7 +31,7 @@ from typing import (
 import redis
 import redis.asyncio
 
-from ._engine import Call, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
+from ._engine import Call, CommandInfo, Core, Join, ListLibrary, LoadLibrary, Plan, Transaction
 from ._types import Decision, Limit, LimitSpec, MultiDecision, Period, RateLimited, RateLimitUnavailable
 
 log = logging.getLogger("redis_ratelimit")
@@ -347,6 +347,9 @@ class RateLimiter(_Common):
                 pool.release(conn)
         if isinstance(op, Join):
             return op.flight.event.wait(2 * self.timeout)
+        if isinstance(op, CommandInfo):
+            args, options = _command_info(self._sender, op.name)
+            return self._sender.execute_command(*args, **options)
         self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
         sender = self._sender
         if isinstance(op, Transaction):
@@ -614,6 +617,9 @@ class AsyncRateLimiter(_Common):
             op.flight.futures.append(future)
             await future  # bounded by the call's timeout (a redis.TimeoutError: ask for itself)
             return True
+        if isinstance(op, CommandInfo):
+            args, options = _command_info(self.client, op.name)
+            return await self.client.execute_command(*args, **options)
         self._core._count("commands", len(op.calls) + 2 if isinstance(op, Transaction) else 1)
         if isinstance(op, Transaction):
             pipe = self.client.pipeline(transaction=True)
@@ -914,6 +920,15 @@ def _encoding(pool: Any) -> Tuple[str, str]:
     """How a pool's connections encode a str argument (redis-py's `Encoder`)."""
     kwargs = getattr(pool, "connection_kwargs", None) or {}
     return kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
+
+
+def _command_info(client: Any, name: str) -> Tuple[Tuple[str, ...], Dict[str, Any]]:
+    """`COMMAND INFO name` for `client.execute_command`, its reply raw: the command's words as
+    its first argument (redis-py sends them as two words; no reply callback has that name, so
+    `[nil]` for a command the server lacks is read as it is); a cluster asks any node."""
+    if isinstance(client, (redis.RedisCluster, redis.asyncio.RedisCluster)):
+        return ("COMMAND INFO", name), {"target_nodes": client.RANDOM}
+    return ("COMMAND INFO", name), {}
 
 
 def _direct_async(client: Any) -> Any:

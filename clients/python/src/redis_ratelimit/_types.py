@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 #: The module's rate-limit algorithms (docs/commands.md), in its own order.
 ALGORITHMS = (
@@ -91,7 +91,8 @@ class Limit:
     if TYPE_CHECKING:  # set by __post_init__, not fields at run time (see there)
         _period_ms: int = field(init=False, repr=False, compare=False)
         _words: Tuple[str, ...] = field(init=False, repr=False, compare=False)
-        _packed: Dict[Tuple[str, int], Tuple[bytes, bytes]] = field(init=False, repr=False, compare=False)
+        _spec: Tuple[str] = field(init=False, repr=False, compare=False)
+        _packed: Dict[Tuple[str, int, bool], Tuple[bytes, bytes]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ALGORITHMS:
@@ -115,7 +116,11 @@ class Limit:
         # hashing and repr stay the fields').
         object.__setattr__(self, "_period_ms", period_ms(self.period))
         object.__setattr__(self, "_words", tuple(self.args()))
-        #: The direct path's commands but for their key, RESP-encoded, by (verb, cost) (`_wire.pack`).
+        #: The same words as one argument (`"token-bucket 10 1s BURST 20"`), for a module that
+        #: takes a spec so (`_wire.spec_args`).
+        object.__setattr__(self, "_spec", one_argument(self._words))
+        #: The direct path's commands but for their key, RESP-encoded, by (verb, cost, one
+        #: argument) (`_wire.pack`).
         object.__setattr__(self, "_packed", {})
 
     @property
@@ -151,6 +156,13 @@ class Limit:
         if self.block is not None:
             words += ["BLOCK", _period_word(self.block)]
         return words
+
+
+def one_argument(words: Sequence[str]) -> Tuple[str]:
+    """A limit spec's words as one argument, joined by single spaces (`"token-bucket 10 1s BURST
+    20"`), as a module whose `RATELIMIT.CHECK` has arity -3 takes it: the one place they are
+    joined. No word holds a space (a period is digits and a unit, a policy name has none)."""
+    return (" ".join(words),)
 
 
 def _period_word(value: Period) -> str:

@@ -13,7 +13,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import redis
 
-from ._types import BURST_ALGORITHMS, Decision, Limit, LimitSpec, MultiDecision, check_spec, new_decision, period_ms
+from ._types import (
+    BURST_ALGORITHMS,
+    Decision,
+    Limit,
+    LimitSpec,
+    MultiDecision,
+    check_spec,
+    new_decision,
+    one_argument,
+    period_ms,
+)
 
 FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms")
 LIBRARY_NAME = "ratelimit"
@@ -175,6 +185,46 @@ class Definition:
         if int(self.fields.get("block_ms") or 0) > 0:
             words += ["BLOCK", f"{self.fields['block_ms']}ms"]
         return words
+
+
+#: The command whose arity (`COMMAND INFO`) says how the module takes a limit spec: -3, as one
+#: argument too (`"token-bucket 10 1s BURST 20"`); an older module's -4, only as words.
+SPEC_PROBE = "RATELIMIT.CHECK"
+ONE_ARG_ARITY = -3
+
+
+def spec_args(words: Sequence[str], one_arg: Optional[bool]) -> Tuple[str, ...]:
+    """A limit spec's words (`algorithm limit period [BURST c] [BLOCK d]`, `POLICY name`) as the
+    module's CHECK, PEEK, TAKE, REFUND and CHECKALL take them: one argument (`one_arg`: the
+    module takes that, the same call in fewer arguments; `one_argument`), else the words."""
+    return one_argument(words) if one_arg else tuple(words)
+
+
+#: An older module's reply to a spec sent as one argument (it reads the whole as an algorithm).
+_ONE_ARG_REFUSED = re.compile(r"unknown algorithm '[^']* [^']*'")
+
+
+def one_arg_refused(error: BaseException) -> bool:
+    """Whether `error` is a module's refusal of a spec sent as one argument: a server that does
+    not take that form (an older module: a cluster's node not upgraded yet, a failover to one)."""
+    return isinstance(error, redis.ResponseError) and _ONE_ARG_REFUSED.search(str(error)) is not None
+
+
+def command_arity(reply: Any) -> Optional[int]:
+    """The arity in `COMMAND INFO name`'s raw reply (`[[name, arity, flags, ...]]`; `[nil]` where
+    the server has no such command; a cluster client's {node: reply} of one node); None where it
+    says none."""
+    if isinstance(reply, dict):
+        reply = next(iter(reply.values()), None)
+    if not isinstance(reply, (list, tuple)) or not reply:
+        return None
+    info = reply[0]
+    if not isinstance(info, (list, tuple)) or len(info) < 2:
+        return None
+    try:
+        return int(info[1])
+    except (TypeError, ValueError):
+        return None
 
 
 COMMANDS = {verb: f"RATELIMIT.{verb}" for verb in ("CHECK", "PEEK", "REFUND", "TAKE")}
