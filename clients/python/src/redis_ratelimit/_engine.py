@@ -764,15 +764,15 @@ class Core:
         take = verb == "TAKE"
         if type(cost) is not int or not (take <= cost <= MAX_AMOUNT):
             _amount(cost, "max", 1) if take else check_cost(cost)
-        one_arg = self.one_arg is True
+        one_arg = self.one_arg
         if at is None:
-            packed = limit._packed
-            parts = packed.get((verb, cost, one_arg))
+            packed = limit._packed_one if one_arg else limit._packed
+            parts = packed.get((verb, cost))
             if parts is None:
                 spec = limit._spec if one_arg else limit._words
                 parts = pack_parts(COMMANDS[verb], (*spec, "MAX" if take else "COST", str(cost)))
                 if len(packed) < 64:  # (costs that vary widely are packed each time)
-                    packed[(verb, cost, one_arg)] = parts
+                    packed[(verb, cost)] = parts
         else:
             check_at(at)
             spec = limit._spec if one_arg else limit._words

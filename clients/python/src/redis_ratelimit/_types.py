@@ -92,7 +92,8 @@ class Limit:
         _period_ms: int = field(init=False, repr=False, compare=False)
         _words: Tuple[str, ...] = field(init=False, repr=False, compare=False)
         _spec: Tuple[str] = field(init=False, repr=False, compare=False)
-        _packed: Dict[Tuple[str, int, bool], Tuple[bytes, bytes]] = field(init=False, repr=False, compare=False)
+        _packed: Dict[Tuple[str, int], Tuple[bytes, bytes]] = field(init=False, repr=False, compare=False)
+        _packed_one: Dict[Tuple[str, int], Tuple[bytes, bytes]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ALGORITHMS:
@@ -119,9 +120,10 @@ class Limit:
         #: The same words as one argument (`"token-bucket 10 1s BURST 20"`), for a module that
         #: takes a spec so (`_wire.spec_args`).
         object.__setattr__(self, "_spec", one_argument(self._words))
-        #: The direct path's commands but for their key, RESP-encoded, by (verb, cost, one
-        #: argument) (`_wire.pack`).
+        #: The direct path's commands but for their key, RESP-encoded, by (verb, cost) (`_wire.pack`):
+        #: the spec as words, and as one argument.
         object.__setattr__(self, "_packed", {})
+        object.__setattr__(self, "_packed_one", {})
 
     @property
     def period_ms(self) -> int:
