@@ -324,7 +324,11 @@ fn a_malformed_one_argument_spec_is_refused_and_changes_nothing() {
             args.extend(spec_args(spec, one));
             cmd(name, &args)
         });
-        assert_eq!(refused(&mut con, &[words, one]), [expected, expected], "{name}");
+        assert_eq!(
+            refused(&mut con, &[words, one]),
+            [expected, expected],
+            "{name}"
+        );
     }
     for spec in REFUSED_WORDS {
         for name in [
