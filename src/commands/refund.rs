@@ -35,7 +35,8 @@ const ARGS: [Arg; 4] = [
 pub(crate) const COMMAND: Command = Command {
     name: c"ratelimit.refund",
     flags: c"write fast",
-    arity: -5,
+    // The key and a spec of one argument; the parser names what else is missing.
+    arity: -3,
     keys: Keys::First {
         rest: false,
         flags: KEY_UPDATED,

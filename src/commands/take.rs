@@ -32,7 +32,8 @@ const ARGS: [Arg; 4] = [
 pub(crate) const COMMAND: Command = Command {
     name: c"ratelimit.take",
     flags: c"write deny-oom fast",
-    arity: -4,
+    // The key and a spec of one argument; the parser names what else is missing.
+    arity: -3,
     keys: Keys::First {
         rest: false,
         flags: KEY_UPDATED,

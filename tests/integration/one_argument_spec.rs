@@ -192,13 +192,13 @@ const MALFORMED: [(&str, &[&str], &str); 14] = [
     ),
     (
         "RATELIMIT.REFUND",
-        &["k", "POLICY api COST 1", "COST", "1"],
+        &["k", "POLICY api COST 1"],
         "ERR COST goes after the limit spec 'POLICY api COST 1' as arguments of its own, not \
          inside it",
     ),
     (
         "RATELIMIT.TAKE",
-        &["k", "gcra 10 1s MAX 3", "MAX", "3"],
+        &["k", "gcra 10 1s MAX 3"],
         "ERR MAX goes after the limit spec 'gcra 10 1s MAX 3' as arguments of its own, not \
          inside it",
     ),
@@ -254,6 +254,20 @@ const MALFORMED: [(&str, &[&str], &str); 14] = [
     ),
 ];
 
+/// Calls the grammar refuses for what is missing after the spec: the same text both ways.
+const MISSING: [(&str, &str, &str); 2] = [
+    (
+        "RATELIMIT.REFUND",
+        "fixed-window 10 1s",
+        "ERR RATELIMIT.REFUND needs COST: how much to give back",
+    ),
+    (
+        "RATELIMIT.TAKE",
+        "fixed-window 10 1s",
+        "ERR RATELIMIT.TAKE needs MAX: the most units to take",
+    ),
+];
+
 /// Specs the grammar refuses: one argument gets the error its words get.
 const REFUSED_WORDS: [&str; 10] = [
     "leaky-window 10 1s",
@@ -304,6 +318,18 @@ fn a_malformed_one_argument_spec_is_refused_and_changes_nothing() {
     for ((name, args, expected), error) in MALFORMED.iter().zip(refused(&mut con, &cmds)) {
         assert_eq!(error, *expected, "{name} {args:?}");
     }
+    for (name, spec, expected) in MISSING {
+        let [words, one] = [false, true].map(|one| {
+            let mut args = vec!["k"];
+            args.extend(spec_args(spec, one));
+            cmd(name, &args)
+        });
+        assert_eq!(
+            refused(&mut con, &[words, one]),
+            [expected, expected],
+            "{name}"
+        );
+    }
     for spec in REFUSED_WORDS {
         for name in [
             "RATELIMIT.CHECK",
@@ -344,8 +370,8 @@ fn check_and_peek_take_a_key_and_a_spec_of_one_argument() {
     for (command, arity) in [
         ("ratelimit.check", -3),
         ("ratelimit.peek", -3),
-        ("ratelimit.take", -4),
-        ("ratelimit.refund", -5),
+        ("ratelimit.take", -3),
+        ("ratelimit.refund", -3),
         ("ratelimit.checkall", -2),
     ] {
         let info: Value = cmd("COMMAND", &["INFO", command])

@@ -685,3 +685,49 @@ fn blocks_refunds_policies_and_leases() {
     run(&mut con, "RATELIMIT.RESET jobs jq pk");
     assert_alive(&server);
 }
+
+/// Limit specs given as one argument: every command, valid and malformed, and lists of words
+/// past their inline room (a spec of 30 words; a CHECKALL of 10 keys with 7-word specs).
+#[test]
+fn specs_of_one_argument_valid_malformed_and_past_the_inline_room() {
+    let server = Server::start();
+    let mut con = server.client();
+    run_ok(&mut con, "RATELIMIT.POLICY SET api gcra 5 1s");
+    let call = |name: &str, args: &[&str]| {
+        let mut cmd = redis::cmd(name);
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd
+    };
+    let spec = "token-bucket 10 1s BURST 20 BLOCK 1m";
+    let long = format!("{spec}{}", " BURST 2".repeat(12));
+    let mut cmds = vec![
+        call("RATELIMIT.CHECK", &["o:1", spec, "COST", "2"]),
+        call("RATELIMIT.PEEK", &["o:1", spec]),
+        call("RATELIMIT.TAKE", &["o:1", spec, "MAX", "3"]),
+        call("RATELIMIT.REFUND", &["o:1", spec, "COST", "1"]),
+        call("RATELIMIT.CHECK", &["o:2", "POLICY api"]),
+        call("RATELIMIT.CHECK", &["o:3", &long]),
+        call("RATELIMIT.CHECK", &["o:3", " fixed-window 1 1s"]),
+        call("RATELIMIT.CHECK", &["o:3", "fixed-window\t1 1s"]),
+        call("RATELIMIT.CHECK", &["o:3", "fixed-window 1 1s COST 1"]),
+        call("RATELIMIT.TAKE", &["o:3", "fixed-window 1"]),
+    ];
+    let keys: Vec<String> = (0..10).map(|i| format!("{{o}}:{i}")).collect();
+    let mut checkall = vec!["10".to_string()];
+    checkall.extend(keys.iter().cloned());
+    checkall.extend((0..10).map(|_| spec.to_string()));
+    let args: Vec<&str> = checkall.iter().map(String::as_str).collect();
+    cmds.push(call("RATELIMIT.CHECKALL", &args));
+    let mut bad = args.clone();
+    bad[14] = "token-bucket 10 1s BURST";
+    cmds.push(call("RATELIMIT.CHECKALL", &bad));
+    let replies = send(&mut con, &cmds);
+    for (i, reply) in replies.iter().enumerate() {
+        let refused = matches!(i, 5..=9 | 11);
+        assert_eq!(is_error(reply), refused, "{i}: {reply:?}");
+    }
+    checkall_decision(&replies[10], 10);
+    assert_alive(&server);
+}
