@@ -474,8 +474,9 @@ impl Engine {
 /// - a CHECKALL of several keys counts fewer specs: `ERR 2 keys need 2 limit specs (one per
 ///   key, in order); found 1`.
 ///
-/// In a MULTI a short command aborts the EXEC (`EXECABORT`, naming no command): its caller knows
-/// whether that call's specs went as one argument.
+/// In a MULTI a short command aborts the EXEC: redis-rs's multiplexed connection answers that
+/// command's error (above); one answering `EXECABORT` alone names none, and the MULTI's caller
+/// knows whether its specs went as one argument (the limiter's `aborted_as_one`).
 pub fn refuses_one_argument(text: &str) -> bool {
     let algorithm = text
         .split("unknown algorithm '")

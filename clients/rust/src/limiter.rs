@@ -1934,13 +1934,16 @@ mod tests {
     }
 
     fn sent(cmd: &Cmd) -> String {
+        args(cmd).join(" ")
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|arg| match arg {
                 redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
                 redis::Arg::Cursor => "<cursor>".into(),
             })
-            .collect::<Vec<_>>()
-            .join(" ")
+            .collect()
     }
 
     #[test]
@@ -2092,13 +2095,7 @@ mod tests {
         fn answer(&self, cmd: &Cmd) -> redis::RedisResult<Value> {
             let line = sent(cmd);
             lock(&self.sent).push(line.clone());
-            let args: Vec<String> = cmd
-                .args_iter()
-                .map(|arg| match arg {
-                    redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                    redis::Arg::Cursor => String::new(),
-                })
-                .collect();
+            let args = args(cmd);
             let error = |detail: String| {
                 Err(RedisError::from((
                     redis::ErrorKind::ResponseError,
@@ -2116,6 +2113,22 @@ mod tests {
             }
             if let Some(detail) = lock(&self.refuse).clone() {
                 return error(detail);
+            }
+            if args[0] == "RATELIMIT.POLICY" {
+                let fields = [
+                    "algorithm",
+                    "fixed-window",
+                    "limit",
+                    "2",
+                    "period_ms",
+                    "1000",
+                ];
+                let mut fields: Vec<Value> = fields
+                    .iter()
+                    .map(|f| Value::BulkString(f.as_bytes().to_vec()))
+                    .collect();
+                fields.extend(["mode", "shadow"].map(|f| Value::BulkString(f.into())));
+                return Ok(Value::Array(fields));
             }
             let joined = args.iter().find(|a| a.contains(' '));
             match (self.old.load(Ordering::Relaxed), joined) {
@@ -2148,12 +2161,26 @@ mod tests {
             Box::pin(async move { reply })
         }
 
+        /// A MULTI: aborted where the older module finds a command short of its arity.
         fn send_transaction<'a>(
             &'a mut self,
-            _pipe: &'a redis::Pipeline,
+            pipe: &'a redis::Pipeline,
             _key: Option<&'a str>,
         ) -> redis::RedisFuture<'a, Value> {
-            Box::pin(async { Ok(Value::Nil) })
+            let lines: Vec<String> = pipe.cmd_iter().map(|cmd| args(cmd).join("|")).collect();
+            lock(&self.sent).push(format!("MULTI {}", lines.join(" / ")));
+            let short = |cmd: &Cmd| cmd.args_iter().count() < 4;
+            let aborted = self.old.load(Ordering::Relaxed) && pipe.cmd_iter().any(short);
+            let reply = if aborted {
+                Err(RedisError::from((
+                    redis::ErrorKind::ExecAbortError,
+                    "Transaction discarded because of previous errors.",
+                )))
+            } else {
+                let decision = Value::Array([1, 2, 1, 0, 100, 0].map(Value::Int).to_vec());
+                Ok(Value::Array(vec![decision; lines.len()]))
+            };
+            Box::pin(async move { reply })
         }
     }
 
@@ -2263,6 +2290,30 @@ mod tests {
                 "RATELIMIT.CHECKALL 2 a b gcra 10 1000ms gcra 10 1000ms".to_string(),
             ]
         );
+        assert!(!limiter.inner.engine.one_argument());
+    }
+
+    #[tokio::test]
+    async fn a_shadow_policy_s_multi_aborted_as_one_argument_goes_again_as_words() {
+        let limit = Limit::new(crate::Algorithm::Gcra, 10, "1s").unwrap();
+        let dark = Policy::new("dark").unwrap();
+        let server = Scripted::default();
+        let limiter = RateLimiter::new(server.clone(), Options::default()).unwrap();
+        limiter.check("k", &limit, Call::cost(1)).await.unwrap();
+        limiter.check("d", &dark, Call::cost(1)).await.unwrap();
+        let one = "MULTI RATELIMIT.PEEK|d|fixed-window 2 1000ms / RATELIMIT.CHECK|d|POLICY dark";
+        assert_eq!(server.take_sent()[3..], [one]);
+        // The older module: CHECK key "POLICY dark" is short of its arity -4.
+        server.old.store(true, Ordering::Relaxed);
+        assert!(
+            limiter
+                .check("d", &dark, Call::cost(1))
+                .await
+                .unwrap()
+                .allowed
+        );
+        let words = "MULTI RATELIMIT.PEEK|d|fixed-window|2|1000ms / RATELIMIT.CHECK|d|POLICY|dark";
+        assert_eq!(server.take_sent(), [one, words]);
         assert!(!limiter.inner.engine.one_argument());
     }
 
