@@ -343,6 +343,29 @@ impl Engine {
         }
     }
 
+    /// A module call failed with the error reply `text`: true when it refused a spec sent as one
+    /// argument as an older module does (a cluster's node not upgraded yet, a failover to one),
+    /// and the call is to be sent again, as words. Words from now on (said once); so too for the
+    /// calls in flight when the form changed (no spec sent as words is refused so). A refused call
+    /// changed nothing on the server: the retry consumes once. False for any other error.
+    pub fn one_argument_refused(&self, text: &str) -> bool {
+        if !refuses_one_argument(text) {
+            return false;
+        }
+        self.words_from_now_on(text);
+        true
+    }
+
+    /// Specs go as words from now on: a server refused them as one argument (`why`, said once).
+    pub fn words_from_now_on(&self, why: &str) {
+        if self.one_argument.swap(false, Ordering::Relaxed) {
+            log::warn!(
+                "redis_ratelimit: a server does not take a limit spec as one argument (an older \
+                 module: {why}): sending the words from now on"
+            );
+        }
+    }
+
     /// The module's words of a spec: as they are, or as one argument where the module takes it.
     pub fn module_words<'a>(&self, words: Cow<'a, [String]>) -> Cow<'a, [String]> {
         if self.one_argument() && words.len() > 1 {
@@ -440,6 +463,28 @@ impl Engine {
             log::warn!("redis_ratelimit: {warning}");
         }
     }
+}
+
+/// Whether the error reply `text` is an older module's refusal of a spec sent as one argument
+/// (none of these answers a call of words):
+/// - it read the whole as an algorithm: `ERR unknown algorithm 'gcra 10 1s': ...` (as the Python
+///   and Node clients match it: a quoted word holding a space);
+/// - a CHECK or PEEK of `COST 1` (left out: the key and the spec alone) or a CHECKALL of one key
+///   is short of its arity: `ERR wrong number of arguments for 'ratelimit.check' command`;
+/// - a CHECKALL of several keys counts fewer specs: `ERR 2 keys need 2 limit specs (one per
+///   key, in order); found 1`.
+///
+/// In a MULTI a short command aborts the EXEC: redis-rs's multiplexed connection answers that
+/// command's error (above); one answering `EXECABORT` alone names none, and the MULTI's caller
+/// knows whether its specs went as one argument (the limiter's `aborted_as_one`).
+pub fn refuses_one_argument(text: &str) -> bool {
+    let algorithm = text
+        .split("unknown algorithm '")
+        .skip(1)
+        .any(|rest| rest.find('\'').is_some_and(|end| rest[..end].contains(' ')));
+    algorithm
+        || text.contains("wrong number of arguments for 'ratelimit.")
+        || (text.contains(" limit specs (one per key, in order); found "))
 }
 
 /// How a spec is sent: the module's words for the limit, the library's (`None`: no library

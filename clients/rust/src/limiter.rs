@@ -743,13 +743,35 @@ impl<C: Connection> Inner<C> {
             cost,
             at,
         };
-        match spec {
+        let result = match spec {
             SpecRef::Limit(limit) => self.decide_limit(verb, key, limit, cost, patience).await,
             // A policy's definition, its shadow and its retry: on a future of their own, so
             // that a Limit's (the common one) stays small.
             SpecRef::Policy(_) => {
                 Box::pin(self.decide_policy(verb, key, spec, cost, patience)).await
             }
+        };
+        match result {
+            // Refused as one argument (an older module): again, as words (once).
+            Err(Fail::Error(Error::Server(text))) if self.engine.one_argument_refused(&text) => {
+                Box::pin(self.decide_words(verb, key, spec, cost, patience)).await
+            }
+            other => other,
+        }
+    }
+
+    /// `decide` again after its spec was refused as one argument: words now.
+    async fn decide_words(
+        &self,
+        verb: &'static str,
+        key: &str,
+        spec: SpecRef<'_>,
+        cost: Cost,
+        patience: Option<Duration>,
+    ) -> Result<Decision, Fail> {
+        match spec {
+            SpecRef::Limit(limit) => self.decide_limit(verb, key, limit, cost, patience).await,
+            SpecRef::Policy(_) => self.decide_policy(verb, key, spec, cost, patience).await,
         }
     }
 
@@ -797,7 +819,9 @@ impl<C: Connection> Inner<C> {
         cost: Cost,
         patience: Option<Duration>,
     ) -> Result<Decision, Fail> {
-        for attempt in 0..2 {
+        // One retry after the policy was deleted since it was read, one after an abort.
+        let (mut forgot, mut aborted) = (false, false);
+        for _ in 0..3 {
             let resolved = self.resolve(spec).await?;
             let module = resolved
                 .module
@@ -830,12 +854,31 @@ impl<C: Connection> Inner<C> {
                     Err(error) => Err(error),
                 },
             };
+            // Its shadow's MULTI, its specs sent as one argument, aborted: again, as words.
+            let one = resolved
+                .shadow
+                .as_ref()
+                .is_some_and(|words| words.len() == 1);
             match result {
-                Err(error) if attempt == 0 && self.forget_policy(&error, &[spec]) => continue,
+                Err(error) if !forgot && self.forget_policy(&error, &[spec]) => forgot = true,
+                Err(error) if !aborted && self.aborted_as_one(&error, one) => aborted = true,
                 other => return other,
             }
         }
         Err(Fail::Error(Error::Protocol("no attempt left".into())))
+    }
+
+    /// A MULTI whose specs went as one argument (`one`) was aborted (`EXECABORT`): an older
+    /// module refused a command short of its arity at queueing (none sent as words is). Words
+    /// from now on; true: send it again.
+    fn aborted_as_one(&self, error: &Fail, one: bool) -> bool {
+        match error {
+            Fail::Error(Error::Server(text)) if one && text.starts_with("EXECABORT") => {
+                self.engine.words_from_now_on(text);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A shadow policy's CHECK or TAKE (`cmd`) with a PEEK of its definition (`shadow`, what
@@ -1012,6 +1055,10 @@ impl<C: Connection> Inner<C> {
             {
                 // The module went away (as call_either would): the library from now on.
                 self.engine.use_library();
+                Box::pin(self.guarded_decide(verb, key, spec, call.cost, call.at)).await
+            }
+            Err(Fail::Error(Error::Server(text))) if self.engine.one_argument_refused(&text) => {
+                // An older module refused the spec as one argument: again, as words.
                 Box::pin(self.guarded_decide(verb, key, spec, call.cost, call.at)).await
             }
             Err(Fail::Error(error)) => Err(error),
@@ -1406,7 +1453,26 @@ impl<C: Connection> Inner<C> {
         let keys: Vec<&str> = pairs.iter().map(|(k, _)| *k).collect();
         let specs: Vec<SpecRef<'_>> = pairs.iter().map(|(_, s)| *s).collect();
         let plan = async {
-            for attempt in 0..2 {
+            // One retry after a policy deleted since it was read, one after a refusal of the
+            // specs as one argument (an older module: words then).
+            let (mut forgot, mut refused) = (false, false);
+            let mut retry = |error: &Fail, one: bool| {
+                if let Fail::Error(Error::Server(text)) = error {
+                    if !refused
+                        && (self.engine.one_argument_refused(text)
+                            || self.aborted_as_one(error, one))
+                    {
+                        refused = true;
+                        return true;
+                    }
+                }
+                if !forgot && self.forget_policy(error, &specs) {
+                    forgot = true;
+                    return true;
+                }
+                false
+            };
+            for _ in 0..3 {
                 let mut resolved = Vec::with_capacity(specs.len());
                 for spec in &specs {
                     resolved.push(self.resolve(*spec).await?);
@@ -1444,6 +1510,12 @@ impl<C: Connection> Inner<C> {
                         }
                     }
                     cmds.push(cmd.clone());
+                    // Whether its specs went as one argument (an abort is then an older module's).
+                    let one = resolved.iter().any(|r| {
+                        r.module
+                            .as_ref()
+                            .is_some_and(|w| w.len() == 1 && w[0].contains(' '))
+                    });
                     match self.transaction(cmds, keys[0], None).await {
                         Ok(replies) => {
                             let mut peeks = replies[..replies.len() - 1].iter();
@@ -1472,9 +1544,7 @@ impl<C: Connection> Inner<C> {
                             self.module_answered().await;
                             return Ok(multi);
                         }
-                        Err(error) if attempt == 0 && self.forget_policy(&error, &specs) => {
-                            continue
-                        }
+                        Err(error) if retry(&error, one) => continue,
                         Err(error) => return Err(error),
                     }
                 }
@@ -1492,7 +1562,7 @@ impl<C: Connection> Inner<C> {
                     Ok((reply, source)) => {
                         return Ok(wire::multi(&reply, source, &periods, call.cost)?)
                     }
-                    Err(error) if attempt == 0 && self.forget_policy(&error, &specs) => continue,
+                    Err(error) if retry(&error, false) => continue,
                     Err(error) => return Err(error),
                 }
             }
@@ -1864,13 +1934,16 @@ mod tests {
     }
 
     fn sent(cmd: &Cmd) -> String {
+        args(cmd).join(" ")
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|arg| match arg {
                 redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
                 redis::Arg::Cursor => "<cursor>".into(),
             })
-            .collect::<Vec<_>>()
-            .join(" ")
+            .collect()
     }
 
     #[test]
@@ -2006,5 +2079,269 @@ mod tests {
             sent(&decide_command("TAKE", "k", &args, take)),
             "RATELIMIT.TAKE k fixed-window 10 1m MAX 1"
         );
+    }
+
+    /// A server that said arity -3 (`COMMAND INFO`), then, once `old` is set, refuses any spec
+    /// sent as one argument as an older module does; `refuse` answers every deciding call so (a
+    /// real bad argument). Each command sent is kept.
+    #[derive(Clone, Default)]
+    struct Scripted {
+        sent: Arc<Mutex<Vec<String>>>,
+        old: Arc<std::sync::atomic::AtomicBool>,
+        refuse: Arc<Mutex<Option<String>>>,
+    }
+
+    impl Scripted {
+        fn answer(&self, cmd: &Cmd) -> redis::RedisResult<Value> {
+            let line = sent(cmd);
+            lock(&self.sent).push(line.clone());
+            let args = args(cmd);
+            let error = |detail: String| {
+                Err(RedisError::from((
+                    redis::ErrorKind::ResponseError,
+                    "An error was signalled by the server",
+                    detail,
+                )))
+            };
+            let decision = || Value::Array([1, 10, 9, 0, 100, 0].map(Value::Int).to_vec());
+            if args[0] == "COMMAND" {
+                let info = vec![
+                    Value::BulkString(b"ratelimit.check".to_vec()),
+                    Value::Int(-3),
+                ];
+                return Ok(Value::Array(vec![Value::Array(info)]));
+            }
+            if let Some(detail) = lock(&self.refuse).clone() {
+                return error(detail);
+            }
+            if args[0] == "RATELIMIT.POLICY" {
+                let fields = [
+                    "algorithm",
+                    "fixed-window",
+                    "limit",
+                    "2",
+                    "period_ms",
+                    "1000",
+                ];
+                let mut fields: Vec<Value> = fields
+                    .iter()
+                    .map(|f| Value::BulkString(f.as_bytes().to_vec()))
+                    .collect();
+                fields.extend(["mode", "shadow"].map(|f| Value::BulkString(f.into())));
+                return Ok(Value::Array(fields));
+            }
+            let joined = args.iter().find(|a| a.contains(' '));
+            match (self.old.load(Ordering::Relaxed), joined) {
+                (true, Some(_)) if args[0] == "RATELIMIT.CHECKALL" && args[1] == "2" => {
+                    error("2 keys need 2 limit specs (one per key, in order); found 1".into())
+                }
+                (true, Some(joined)) => error(format!(
+                    "unknown algorithm '{joined}': expected token-bucket, leaky-bucket, \
+                     fixed-window, sliding-window, sliding-log or gcra"
+                )),
+                _ if args[0] == "RATELIMIT.CHECKALL" => {
+                    Ok(Value::Array(vec![decision(), decision(), decision()]))
+                }
+                _ => Ok(decision()),
+            }
+        }
+
+        fn take_sent(&self) -> Vec<String> {
+            std::mem::take(&mut *lock(&self.sent))
+        }
+    }
+
+    impl Connection for Scripted {
+        fn send<'a>(
+            &'a mut self,
+            cmd: &'a Cmd,
+            _key: Option<&'a str>,
+        ) -> redis::RedisFuture<'a, Value> {
+            let reply = self.answer(cmd);
+            Box::pin(async move { reply })
+        }
+
+        /// A MULTI: aborted where the older module finds a command short of its arity.
+        fn send_transaction<'a>(
+            &'a mut self,
+            pipe: &'a redis::Pipeline,
+            _key: Option<&'a str>,
+        ) -> redis::RedisFuture<'a, Value> {
+            let lines: Vec<String> = pipe.cmd_iter().map(|cmd| args(cmd).join("|")).collect();
+            lock(&self.sent).push(format!("MULTI {}", lines.join(" / ")));
+            let short = |cmd: &Cmd| cmd.args_iter().count() < 4;
+            let aborted = self.old.load(Ordering::Relaxed) && pipe.cmd_iter().any(short);
+            let reply = if aborted {
+                Err(RedisError::from((
+                    redis::ErrorKind::ExecAbortError,
+                    "Transaction discarded because of previous errors.",
+                )))
+            } else {
+                let decision = Value::Array([1, 2, 1, 0, 100, 0].map(Value::Int).to_vec());
+                Ok(Value::Array(vec![decision; lines.len()]))
+            };
+            Box::pin(async move { reply })
+        }
+    }
+
+    #[test]
+    fn an_older_module_s_refusals_of_one_argument_are_recognised_and_no_other_error() {
+        use crate::engine::refuses_one_argument;
+        for refused in [
+            "ERR unknown algorithm 'gcra 10 1s': expected token-bucket, leaky-bucket, \
+             fixed-window, sliding-window, sliding-log or gcra",
+            "ERR limit spec 2 (key 'b'): unknown algorithm 'POLICY api': expected token-bucket",
+            "ERR wrong number of arguments for 'ratelimit.check' command",
+            "ERR wrong number of arguments for 'ratelimit.checkall' command",
+            "ERR 2 keys need 2 limit specs (one per key, in order); found 1",
+        ] {
+            assert!(refuses_one_argument(refused), "{refused}");
+        }
+        for other in [
+            "ERR unknown algorithm 'sliding-windows': expected token-bucket, leaky-bucket",
+            "ERR limit must be at least 1, not 0",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "ERR no such policy 'api'",
+            "ERR wrong number of arguments for 'get' command",
+            "EXECABORT Transaction discarded because of previous errors.",
+        ] {
+            assert!(!refuses_one_argument(other), "{other}");
+        }
+        // A refusal of a call in flight when another's refusal changed the form: sent again too.
+        let engine = crate::engine::Engine::new(EngineChoice::Auto, "fn:".into());
+        engine.set_one_argument(Some(-3));
+        let refused = "ERR unknown algorithm 'gcra 10 1s': expected token-bucket";
+        assert!(engine.one_argument_refused(refused));
+        assert!(!engine.one_argument());
+        assert!(
+            engine.one_argument_refused(refused),
+            "in flight: again as words"
+        );
+        assert!(!engine.one_argument());
+        engine.set_one_argument(Some(-3));
+        assert!(!engine.one_argument_refused("ERR limit must be at least 1, not 0"));
+        assert!(engine.one_argument(), "another error changes nothing");
+    }
+
+    #[tokio::test]
+    async fn a_call_refused_as_one_argument_goes_again_as_words_and_words_from_then_on() {
+        let limit = Limit::new(crate::Algorithm::Gcra, 10, "1s").unwrap();
+        let words = "gcra 10 1000ms";
+        // The module's path (no cache), and `decide`'s (a denial cache): the same.
+        for denial_cache in [0, 10] {
+            let server = Scripted::default();
+            let options = Options {
+                denial_cache,
+                ..Options::default()
+            };
+            let limiter = RateLimiter::new(server.clone(), options).unwrap();
+            let check = |key: &'static str| limiter.check(key, &limit, Call::cost(1));
+            assert!(check("k").await.unwrap().allowed);
+            assert_eq!(
+                server.take_sent(),
+                [
+                    format!("RATELIMIT.CHECK k {words}"),
+                    "COMMAND INFO RATELIMIT.CHECK".into()
+                ]
+            );
+            let d = check("k").await.unwrap();
+            assert_eq!(d.source, Source::Module);
+            let spec = format!("RATELIMIT.CHECK k {}", limit.spec_arg()[0]);
+            assert_eq!(server.take_sent(), std::slice::from_ref(&spec));
+            assert!(spec.ends_with(words), "one argument: its words, spaced");
+
+            // A node of the older module: refused as one argument, sent again as words (once).
+            server.old.store(true, Ordering::Relaxed);
+            let d = check("k").await.unwrap();
+            assert!(d.allowed && d.source == Source::Module, "{d:?}");
+            let words_sent = format!("RATELIMIT.CHECK k {words}");
+            assert_eq!(server.take_sent(), [spec.clone(), words_sent.clone()]);
+            assert_eq!(
+                limiter.stats()["commands"],
+                4,
+                "1, 1, then 2 (COMMAND INFO: none)"
+            );
+            // Words from then on, whatever the verb.
+            check("k").await.unwrap();
+            limiter.take("k", &limit, Call::cost(2)).await.unwrap();
+            assert_eq!(
+                server.take_sent(),
+                [words_sent, format!("RATELIMIT.TAKE k {words} MAX 2")]
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn check_all_refused_as_one_argument_goes_again_as_words() {
+        let limit = Limit::new(crate::Algorithm::Gcra, 10, "1s").unwrap();
+        let server = Scripted::default();
+        let limiter = RateLimiter::new(server.clone(), Options::default()).unwrap();
+        limiter.check("k", &limit, Call::cost(1)).await.unwrap();
+        server.take_sent();
+        server.old.store(true, Ordering::Relaxed);
+        let pairs = [("a", limit.clone()), ("b", limit.clone())];
+        let multi = limiter.check_all(&pairs, Call::cost(1)).await.unwrap();
+        assert!(multi.overall.allowed);
+        let one = &limit.spec_arg()[0];
+        assert_eq!(
+            server.take_sent(),
+            [
+                format!("RATELIMIT.CHECKALL 2 a b {one} {one}"),
+                "RATELIMIT.CHECKALL 2 a b gcra 10 1000ms gcra 10 1000ms".to_string(),
+            ]
+        );
+        assert!(!limiter.inner.engine.one_argument());
+    }
+
+    #[tokio::test]
+    async fn a_shadow_policy_s_multi_aborted_as_one_argument_goes_again_as_words() {
+        let limit = Limit::new(crate::Algorithm::Gcra, 10, "1s").unwrap();
+        let dark = Policy::new("dark").unwrap();
+        let server = Scripted::default();
+        let limiter = RateLimiter::new(server.clone(), Options::default()).unwrap();
+        limiter.check("k", &limit, Call::cost(1)).await.unwrap();
+        limiter.check("d", &dark, Call::cost(1)).await.unwrap();
+        let one = "MULTI RATELIMIT.PEEK|d|fixed-window 2 1000ms / RATELIMIT.CHECK|d|POLICY dark";
+        assert_eq!(server.take_sent()[3..], [one]);
+        // The older module: CHECK key "POLICY dark" is short of its arity -4.
+        server.old.store(true, Ordering::Relaxed);
+        assert!(
+            limiter
+                .check("d", &dark, Call::cost(1))
+                .await
+                .unwrap()
+                .allowed
+        );
+        let words = "MULTI RATELIMIT.PEEK|d|fixed-window|2|1000ms / RATELIMIT.CHECK|d|POLICY|dark";
+        assert_eq!(server.take_sent(), [one, words]);
+        assert!(!limiter.inner.engine.one_argument());
+    }
+
+    #[tokio::test]
+    async fn another_error_is_not_sent_again_and_reaches_the_caller() {
+        let limit = Limit::new(crate::Algorithm::Gcra, 10, "1s").unwrap();
+        for denial_cache in [0, 10] {
+            let server = Scripted::default();
+            let options = Options {
+                denial_cache,
+                ..Options::default()
+            };
+            let limiter = RateLimiter::new(server.clone(), options).unwrap();
+            limiter.check("k", &limit, Call::cost(1)).await.unwrap();
+            server.take_sent();
+            for refusal in [
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                "unknown algorithm 'gcra10': expected token-bucket",
+            ] {
+                *lock(&server.refuse) = Some(refusal.into());
+                let error = limiter.check("k", &limit, Call::cost(1)).await.unwrap_err();
+                assert!(
+                    matches!(&error, Error::Server(text) if text.contains(refusal)),
+                    "{error:?}"
+                );
+                assert_eq!(server.take_sent().len(), 1, "sent once");
+                assert!(limiter.inner.engine.one_argument(), "still one argument");
+            }
+        }
     }
 }
