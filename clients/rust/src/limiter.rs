@@ -743,25 +743,17 @@ impl<C: Connection> Inner<C> {
             cost,
             at,
         };
-        let result = match spec {
-            SpecRef::Limit(limit) => self.decide_limit(verb, key, limit, cost, patience).await,
-            // A policy's definition, its shadow and its retry: on a future of their own, so
-            // that a Limit's (the common one) stays small.
-            SpecRef::Policy(_) => {
-                Box::pin(self.decide_policy(verb, key, spec, cost, patience)).await
-            }
-        };
-        match result {
-            // Refused as one argument (an older module): again, as words (once).
+        match self.decide_spec(verb, key, spec, cost, patience).await {
+            // Refused as one argument (an older module): again, as words now (once).
             Err(Fail::Error(Error::Server(text))) if self.engine.one_argument_refused(&text) => {
-                Box::pin(self.decide_words(verb, key, spec, cost, patience)).await
+                Box::pin(self.decide_spec(verb, key, spec, cost, patience)).await
             }
             other => other,
         }
     }
 
-    /// `decide` again after its spec was refused as one argument: words now.
-    async fn decide_words(
+    /// One attempt of `decide`, in the form the engine holds for specs now.
+    async fn decide_spec(
         &self,
         verb: &'static str,
         key: &str,
@@ -771,7 +763,11 @@ impl<C: Connection> Inner<C> {
     ) -> Result<Decision, Fail> {
         match spec {
             SpecRef::Limit(limit) => self.decide_limit(verb, key, limit, cost, patience).await,
-            SpecRef::Policy(_) => self.decide_policy(verb, key, spec, cost, patience).await,
+            // A policy's definition, its shadow and its retry: on a future of their own, so
+            // that a Limit's (the common one) stays small.
+            SpecRef::Policy(_) => {
+                Box::pin(self.decide_policy(verb, key, spec, cost, patience)).await
+            }
         }
     }
 
