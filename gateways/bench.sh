@@ -117,8 +117,7 @@ EOF
 cp "$ROOT/gateways/nginx/ratelimit.lua" "$LIB/ratelimit.lua"
 NGINX_PLAIN=$(free_port); NGINX_LIMITED=$(free_port); NGINX_OWN=$(free_port)
 nginx_conf "$NGINX_PLAIN" "" >"$WORK/nginx-plain.conf"
-nginx_conf "$NGINX_LIMITED" "access_by_lua_block { require(\"ratelimit\").limit{ key = \"bench\", limit = \"$LIMIT\" } }
-            header_filter_by_lua_block { require(\"ratelimit\").headers() }" >"$WORK/nginx-limited.conf"
+nginx_conf "$NGINX_LIMITED" "access_by_lua_block { require(\"ratelimit\").limit{ key = \"bench\", limit = \"$LIMIT\" } }" >"$WORK/nginx-limited.conf"
 nginx_conf "$NGINX_OWN" "limit_req zone=perip burst=1000000 nodelay;" >"$WORK/nginx-own.conf"
 for v in plain limited own; do start nginx -p "$WORK/" -c "$WORK/nginx-$v.conf"; done
 

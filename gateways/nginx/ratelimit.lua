@@ -3,8 +3,8 @@
 --
 --   require("ratelimit").limit{ key = ngx.var.http_x_api_key, limit = "sliding-window 100 1m" }
 --
--- and header_filter_by_lua_block { require("ratelimit").headers() } to put the RateLimit fields
--- on the responses it admits. gateways/nginx/README.md has the options and a complete nginx.conf.
+-- which answers a refused request there (429) and sets the RateLimit fields on an admitted one's
+-- response. gateways/nginx/README.md has the options and a complete nginx.conf.
 -- The calls go over a cosocket (non-blocking) that a background timer of each worker holds open,
 -- the worker's concurrent calls pipelined on that one connection; the breaker lives in the shared
 -- dict `lua_shared_dict ratelimit 1m`, so all workers share it.
@@ -48,31 +48,40 @@ end
 
 -- The pipeline: one connection per worker and server, held by a background timer (ngx.timer.at:
 -- a cosocket opened there lives as long as the timer, across requests). A call queues its
--- command and waits on its own semaphore; the timer takes every call queued meanwhile, sends
--- all their commands in one write, reads all the replies (whole, from as few receives as the
--- kernel hands them in) and wakes each call with its own; then it takes the calls queued during
--- that round trip. Every call waits at most until its own deadline. A round trip that fails
--- fails each of its calls, and the breaker counts it once; the connection is then closed, and
--- the next round trip opens a new one (once more at once when a connection used before turns
--- out closed: a restart).
+-- command and waits on its own semaphore. The timer's writer takes every call queued meanwhile
+-- and sends their commands in one write: a batch, sent without waiting for the replies of the
+-- batches before it (at most MAX_IN_FLIGHT of them on the wire). The timer's reader (a light
+-- thread of the timer: a cosocket reads in one thread while it writes in another) reads each
+-- batch's replies in the order they were sent (whole, from as few receives as the kernel hands
+-- them in; what a receive brings beyond a batch is the next one's) and wakes each call with its
+-- own. So Redis works on one batch while the worker reads the next requests and sends theirs.
+-- Every call waits at most until its own deadline. A batch that fails fails each of its calls,
+-- and the batches sent after it on the same connection, and the breaker counts that once; the
+-- connection is then closed, and the next batch opens a new one. Where a connection used before
+-- turns out closed (a restart), its calls go once more, at once, on a new one.
 local semaphore = require("ngx.semaphore")
 local core_parse = core.parse
 local ok_clear, clear = pcall(require, "table.clear")
 if not ok_clear then clear = function(t) for k in pairs(t) do t[k] = nil end end end
 
-local channels = {} -- core.connection_key -> { queue, next, wake, idle, running, sock, used }
+local channels = {} -- core.connection_key -> the channel (see channel_of)
 local RECEIVE_MAX = 65536
--- How long the timer waits for calls before it looks whether the worker is exiting.
+-- How long the timer's threads wait for work before they look whether the worker is exiting.
 local IDLE_WAIT_S = 1
+-- Batches sent and not yet read, at most (the writer waits for the reader beyond).
+local MAX_IN_FLIGHT = 32
 -- Jobs (each with its semaphore) of calls that ended as they should, for the next calls: a job
 -- whose call gave up at its deadline is left to the timer (it may still hold it) and not reused.
 local spare, spare_n = {}, 0
 local SPARE_MAX = 256
 
--- Reads the replies of `jobs` (job.n each) into job.replies from `sock`; true, or nil and the
--- transport's error. No closure per round trip: the buffer is refilled where a reply is cut.
-local function read_replies(sock, jobs, deadline, auth)
+-- Reads the replies of `jobs` (job.n each) into job.replies from `sock`, starting with what the
+-- channel kept of that connection's receive before (ch.buf from ch.pos) and keeping what comes
+-- after; true, or nil and the transport's error. No closure per batch: the buffer is refilled
+-- where a reply is cut.
+local function read_replies(ch, sock, jobs, deadline, auth)
   local buf, pos = "", 1
+  if ch.buf_of == sock then buf, pos = ch.buf, ch.pos end
   local auth_error, auth_pending = nil, auth
   local i, k, job = 1, 1, jobs[1]
   local replies
@@ -107,27 +116,115 @@ local function read_replies(sock, jobs, deadline, auth)
       pos = 1
     end
   end
+  ch.buf, ch.pos, ch.buf_of = buf, pos, sock
   return true
 end
 
 local AUTH = {}
 
--- Sends the jobs' payloads in one write on the channel's connection (opened first if there is
--- none) and reads their replies; true, or nil, the transport's error and whether the connection
--- had served before.
-local function attempt(ch, o, jobs, deadline)
-  local sock, used = ch.sock, ch.used
+local function latest_deadline(jobs)
+  local deadline = 0
+  for i = 1, #jobs do
+    if jobs[i].deadline > deadline then deadline = jobs[i].deadline end
+  end
+  return deadline
+end
+
+-- Wakes the calls of a failed batch: each with the error, or, the first time a connection that
+-- had served fails otherwise than by a timeout (a restart), queued again to go at once on a new
+-- one. The breaker counts a failure once: by the first call of its first batch (`counts`).
+local function fail(ch, jobs, err, used, counts)
+  local again = used and err ~= "timeout"
+  for i = 1, #jobs do
+    local job = jobs[i]
+    job.replies = nil
+    if again and not job.again and not job.gone then
+      job.again = true
+      local queue = ch.queue
+      queue[#queue + 1] = job
+    else
+      job.err = err
+      job.counted = not (counts and i == 1)
+      if not job.gone then job.sema:post(1) end
+    end
+  end
+  if again and ch.idle then
+    ch.idle = false
+    ch.wake:post(1)
+  end
+end
+
+-- Closes `sock` unless the other thread is in a call on it: that thread closes it when its call
+-- returns (it finds the channel on another connection).
+local function retire(ch, sock)
+  if ch.sock == sock then ch.sock = nil end
+  sock:close()
+end
+
+-- The reader: the replies of each batch, in the order sent.
+local function reader(ch)
+  local inflight = ch.inflight
+  while true do
+    local b = ch.first
+    local batch = inflight[b]
+    if not batch then
+      if ch.stopping then return end
+      ch.reader_idle = true
+      ch.reader_wake:wait(IDLE_WAIT_S)
+      ch.reader_idle = false
+    else
+      local sock = batch.sock
+      local ran, ok, err = pcall(read_replies, ch, sock, batch.jobs, batch.deadline, batch.auth)
+      if not ran then ok, err = nil, "internal error: " .. tostring(ok) end
+      inflight[b] = nil
+      ch.first = b + 1
+      if ok then
+        if sock == ch.sock then ch.used = true end
+        local jobs = batch.jobs
+        for i = 1, #jobs do
+          if not jobs[i].gone then jobs[i].sema:post(1) end
+        end
+        -- A connection the writer left (its send failed) is closed once its batches are read.
+        local later = inflight[b + 1]
+        if sock ~= ch.sock and not (later and later.sock == sock) then sock:close() end
+      else
+        local used = batch.used
+        retire(ch, sock)
+        fail(ch, batch.jobs, err, used, true)
+        -- The batches sent after it on the same connection fail with it.
+        local later = inflight[ch.first]
+        while later and later.sock == sock do
+          inflight[ch.first] = nil
+          ch.first = ch.first + 1
+          fail(ch, later.jobs, err, used, false)
+          later = inflight[ch.first]
+        end
+      end
+      if ch.writer_waits then
+        ch.writer_waits = false
+        ch.room:post(1)
+      end
+    end
+  end
+end
+
+-- Sends `jobs` as one batch on the channel's connection (opened first if there is none): true,
+-- or nil, the transport's error and whether the connection had served before.
+local function send(ch, jobs)
+  local deadline = latest_deadline(jobs)
+  local o = jobs[1].o
+  local sock = ch.sock
   local auth = false
   if not sock then
     sock = ngx.socket.tcp()
     local remaining = max(1, deadline - ngx.now() * 1000)
     sock:settimeouts(remaining, remaining, remaining)
     local ok, err = sock:connect(o.redis.host, o.redis.port)
-    if not ok then return nil, "connect: " .. tostring(err) end
+    if not ok then return nil, "connect: " .. tostring(err), false end
     ch.sock, ch.used = sock, false
-    used = false
     auth = o.password ~= nil
   end
+  local used = ch.used
   local payload
   local n = #jobs
   if n == 1 and not auth then
@@ -150,58 +247,45 @@ local function attempt(ch, o, jobs, deadline)
   end
   sock:settimeout(max(1, deadline - ngx.now() * 1000))
   local ok, err = sock:send(payload)
-  if ok then ok, err = read_replies(sock, jobs, deadline, auth) end
+  if ok and ch.sock ~= sock then
+    -- The reader failed this connection while the batch was going out: it fails with it.
+    ok, err = nil, "closed"
+  end
   if not ok then
-    sock:close()
-    ch.sock = nil
+    retire(ch, sock)
     return nil, err, used
   end
-  ch.used = true
+  ch.last = ch.last + 1
+  ch.inflight[ch.last] = { jobs = jobs, sock = sock, deadline = deadline, auth = auth,
+    used = used }
+  if ch.reader_idle then
+    ch.reader_idle = false
+    ch.reader_wake:post(1)
+  end
   return true
 end
 
--- One round trip for `jobs`, each woken with its replies or the error.
-local function flush(ch, jobs)
-  local deadline = 0
-  for i = 1, #jobs do
-    if jobs[i].deadline > deadline then deadline = jobs[i].deadline end
-  end
-  local o = jobs[1].o
-  local ran, ok, err, used = pcall(attempt, ch, o, jobs, deadline)
-  if ran and not ok and used and err ~= "timeout" then
-    ran, ok, err = pcall(attempt, ch, o, jobs, deadline)
-  end
-  if not ran then
-    ok, err = nil, "internal error: " .. tostring(ok)
-    if ch.sock then ch.sock:close() end
-    ch.sock = nil
-  end
-  for i = 1, #jobs do
-    local job = jobs[i]
-    if not ok then
-      job.replies = nil
-      job.err = err
-      -- The breaker counts a round trip once: by its first call.
-      job.counted = i > 1
-    end
-    if not job.gone then job.sema:post(1) end
-  end
-end
-
--- The timer: round trips as long as there are calls, until the worker exits. The calls queue
--- into ch.queue; a round trip takes that table and leaves ch.next (emptied) in its place.
+-- The timer: the writer (this thread) and the reader, as long as there are calls, until the
+-- worker exits. The calls queue into ch.queue; a batch takes that table and leaves ch.next
+-- (emptied) in its place.
 local function run(premature, ch)
   if not premature then
-    local jobs = {}
+    ch.inflight, ch.first, ch.last = {}, 1, 0
+    ch.buf, ch.pos, ch.buf_of, ch.stopping = "", 1, nil, false
+    local thread = ngx.thread.spawn(reader, ch)
     while not ngx.worker.exiting() do
       local queue = ch.queue
       if queue[1] == nil then
         ch.idle = true
         ch.wake:wait(IDLE_WAIT_S)
         ch.idle = false
+      elseif ch.last - ch.first + 1 >= MAX_IN_FLIGHT then
+        ch.writer_waits = true
+        ch.room:wait(IDLE_WAIT_S)
+        ch.writer_waits = false
       else
         ch.queue, ch.next = ch.next, queue
-        local n = 0
+        local jobs, n = {}, 0
         for i = 1, #queue do
           local job = queue[i]
           if not job.gone then
@@ -210,10 +294,23 @@ local function run(premature, ch)
           end
         end
         clear(queue)
-        if n > 0 then flush(ch, jobs) end
-        clear(jobs)
+        if n > 0 then
+          local ran, ok, err, used = pcall(send, ch, jobs)
+          if not ran then
+            ok, err, used = nil, "internal error: " .. tostring(ok), false
+            if ch.sock then retire(ch, ch.sock) end
+          end
+          if not ok then fail(ch, jobs, err, used, true) end
+        end
       end
     end
+    -- The batches on the wire are read (each within its calls' deadlines), then the reader ends.
+    ch.stopping = true
+    if ch.reader_idle then
+      ch.reader_idle = false
+      ch.reader_wake:post(1)
+    end
+    ngx.thread.wait(thread)
   end
   ch.running = false
   if ch.sock then ch.sock:close() end
@@ -239,7 +336,8 @@ local function pipe_of(o)
   local ch = channels[where]
   if not ch then
     ch = { queue = {}, next = {}, parts = {}, wake = semaphore.new(), idle = false,
-      running = false }
+      running = false, reader_wake = semaphore.new(), reader_idle = false,
+      room = semaphore.new(), writer_waits = false }
     channels[where] = ch
   end
   pipe = setmetatable({ o = o, ch = ch }, Pipe)
@@ -263,7 +361,7 @@ function Pipe:exchange(payload, n, deadline)
     job = { sema = semaphore.new() }
   end
   job.payload, job.n, job.deadline, job.o = payload, n, deadline, self.o
-  job.replies, job.err, job.counted = nil, nil, nil
+  job.replies, job.err, job.counted, job.again = nil, nil, nil, nil
   local queue = ch.queue
   queue[#queue + 1] = job
   if ch.idle then
@@ -325,7 +423,7 @@ function M.configure(opts)
   if limiter then limiter.defaults = defaults end
 end
 
---- Limits this request (access phase). Admitted: returns, the fields kept for headers(). Refused:
+--- Limits this request (access phase). Admitted: returns, the fields set on its response. Refused:
 --- 429 with Retry-After, RateLimit-Policy, RateLimit and a JSON body. Redis unavailable:
 --- on_error "open" admits without fields, "closed" answers 503. A mistake in the options: 500,
 --- and the error log says which option.
@@ -333,7 +431,10 @@ function M.limit(opts)
   local result = the_limiter():decide(opts)
   if not result then return nil end
   if result.status == 200 then
-    if result.headers[1] then ngx.ctx.ratelimit_headers = result.headers end
+    -- Set now, they go out with whatever answers the request (proxy_pass, static files, after an
+    -- internal redirect too); an upstream's own fields of the same names follow them.
+    local headers = result.headers
+    for i = 1, #headers do ngx.header[headers[i][1]] = headers[i][2] end
     return result
   end
   for _, h in ipairs(result.headers) do ngx.header[h[1]] = h[2] end
@@ -342,13 +443,6 @@ function M.limit(opts)
   ngx.header["Content-Length"] = #result.body
   ngx.print(result.body)
   return ngx.exit(ngx.HTTP_OK)
-end
-
---- The RateLimit fields on an admitted response (header_filter_by_lua_block).
-function M.headers()
-  local headers = ngx.ctx.ratelimit_headers
-  if not headers then return end
-  for i = 1, #headers do ngx.header[headers[i][1]] = headers[i][2] end
 end
 
 return M

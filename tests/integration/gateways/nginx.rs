@@ -254,3 +254,193 @@ fn nginx_ends_the_calls_queued_in_an_exiting_worker() {
 fn nginx_sends_specs_in_the_form_the_module_takes() {
     super::spec_form_follows_the_arity::<Nginx>();
 }
+
+/// The commands (each a list of its words) read from `conn` into `buf`, waiting until there are
+/// `want` in all or `within` has passed: the commands complete so far.
+fn commands_read(
+    conn: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    want: usize,
+    within: Duration,
+) -> Vec<Vec<String>> {
+    use std::io::Read;
+    let deadline = Instant::now() + within;
+    conn.set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("a read timeout");
+    loop {
+        let commands = resp_commands(buf);
+        if commands.len() >= want || Instant::now() >= deadline {
+            return commands;
+        }
+        let mut chunk = [0u8; 4096];
+        match conn.read(&mut chunk) {
+            Ok(0) => return commands,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => panic!("reading the proxy's commands: {e}"),
+        }
+    }
+}
+
+/// The complete RESP commands (arrays of bulk strings) at the start of `buf`.
+fn resp_commands(buf: &[u8]) -> Vec<Vec<String>> {
+    fn line(buf: &[u8], at: usize) -> Option<(&str, usize)> {
+        let end = buf[at..].windows(2).position(|w| w == b"\r\n")? + at;
+        Some((
+            std::str::from_utf8(&buf[at..end]).expect("RESP text"),
+            end + 2,
+        ))
+    }
+    let mut out = Vec::new();
+    let mut at = 0;
+    'commands: while at < buf.len() {
+        let Some((head, mut next)) = line(buf, at) else {
+            break;
+        };
+        let n: usize = head
+            .strip_prefix('*')
+            .expect("a RESP array")
+            .parse()
+            .expect("its size");
+        let mut words = Vec::new();
+        for _ in 0..n {
+            let Some((len, from)) = line(buf, next) else {
+                break 'commands;
+            };
+            let len: usize = len
+                .strip_prefix('$')
+                .expect("a bulk")
+                .parse()
+                .expect("its size");
+            if buf.len() < from + len + 2 {
+                break 'commands;
+            }
+            words.push(String::from_utf8(buf[from..from + len].to_vec()).expect("a word"));
+            next = from + len + 2;
+        }
+        out.push(words);
+        at = next;
+    }
+    out
+}
+
+/// A CHECK's reply admitting with `remaining` left of 100, as good as new in 600 ms.
+fn admitted(remaining: u32) -> String {
+    format!("*6\r\n:1\r\n:100\r\n:{remaining}\r\n:-1\r\n:600\r\n:0\r\n")
+}
+
+/// A worker sends a batch of calls while the replies of the batch before it are still due (one
+/// connection, the batches pipelined), and finds each batch's replies wherever the receives cut
+/// them: a fake Redis holds the first call's replies until the second call's command has come on
+/// the same connection, then answers both in one write. Each request gets its own decision.
+#[test]
+fn nginx_sends_a_batch_before_the_replies_of_the_one_before() {
+    if !Nginx::available() {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a fake Redis");
+    listener.set_nonblocking(true).expect("non-blocking accept");
+    let redis_port = listener.local_addr().expect("its address").port();
+    let proxy = Nginx::start(
+        redis_port,
+        &[
+            ("worker_processes auto;", "worker_processes 1;"),
+            ("timeout_ms = 50", "timeout_ms = 20000"),
+        ],
+    );
+    let port = proxy.port;
+    let first = thread::spawn(move || get(port, "/api/x", &[("X-API-Key", "ann")]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut conn = loop {
+        match listener.accept() {
+            Ok((conn, _)) => break conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    Instant::now() < deadline,
+                    "nginx never connected:\n{}",
+                    proxy.log()
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    conn.set_nonblocking(false).expect("a blocking connection");
+    let mut buf = Vec::new();
+    // The first call's batch: the arity asked (the engine's first call), then its CHECK.
+    let batch = commands_read(&mut conn, &mut buf, 2, Duration::from_secs(10));
+    assert_eq!(
+        batch.len(),
+        2,
+        "the first batch: {batch:?}\n{}",
+        proxy.log()
+    );
+    assert_eq!(batch[0][..2], ["COMMAND", "INFO"], "{batch:?}");
+    assert_eq!(batch[1][..2], ["RATELIMIT.CHECK", "api:ann"], "{batch:?}");
+    let second = thread::spawn(move || get(port, "/api/x", &[("X-API-Key", "bob")]));
+    // The second's: its CHECK (after the arity asked again: no reply has said it yet).
+    let batches = commands_read(&mut conn, &mut buf, 4, Duration::from_secs(10));
+    assert!(
+        batches.len() == 4 && batches[3][..2] == ["RATELIMIT.CHECK", "api:bob"],
+        "the second call's batch did not come before the first's replies: {batches:?}"
+    );
+    // All the replies in one write, each command's in order: COMMAND INFO's (no such command:
+    // the words go on), the decisions.
+    let replies: String = batches
+        .iter()
+        .map(|c| match c[..2] {
+            [ref a, _] if a == "COMMAND" => "*1\r\n*-1\r\n".to_string(),
+            [_, ref key] if key == "api:ann" => admitted(99),
+            _ => admitted(42),
+        })
+        .collect();
+    std::io::Write::write_all(&mut conn, replies.as_bytes()).expect("the replies");
+    for (call, name, remaining) in [(first, "ann", 99), (second, "bob", 42)] {
+        let r = call.join().expect("a client thread");
+        assert_eq!(r.status, 200, "{name}: {r:?}\n{}", proxy.log());
+        assert_eq!(
+            r.header("RateLimit"),
+            Some(format!("\"default\";r={remaining};t=1").as_str()),
+            "{name}: its own decision: {r:?}"
+        );
+    }
+}
+
+/// An admitted request's fields go out with the upstream's response, and RateLimit fields the
+/// upstream sends of its own follow ours (the fields are lists: a client reads both limits).
+#[test]
+fn nginx_puts_the_fields_before_an_upstreams_own() {
+    if !Nginx::available() {
+        return;
+    }
+    let server = Server::start();
+    let proxy = Nginx::start(
+        server.port(),
+        &[
+            super::CALM,
+            (
+                "return 200 \"hello from the app\\n\";",
+                "add_header RateLimit '\"app\";r=7;t=3'; return 200 \"hello from the app\\n\";",
+            ),
+        ],
+    );
+    let r = proxy.get("/api/x", &[("X-API-Key", "carol")]);
+    assert_eq!(r.status, 200, "{r:?}\n{}", proxy.log());
+    assert_eq!(r.body, "hello from the app\n", "{r:?}");
+    let fields: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("RateLimit"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert!(
+        fields.len() == 2
+            && fields[0].starts_with("\"default\";r=99;t=")
+            && fields[1] == "\"app\";r=7;t=3",
+        "ours, then the upstream's: {r:?}"
+    );
+}
