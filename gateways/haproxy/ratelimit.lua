@@ -58,7 +58,22 @@ local pools = {}
 -- A connection is HAProxy's socket itself (a Lua table: the core's receive and send go straight
 -- to HAProxy's), with the fields the core and the pool need: rl_uses, rl_where, and
 -- settimeout_ms and reused as functions.
-local function settimeout_ms(sock, ms) sock:settimeout(ms / 1000) end
+-- From HAProxy 2.8 a socket's read times out at its last read plus its timeout (2.6: at each
+-- wait plus its timeout), and 3.0 aborts (SIGILL, a BUG_ON in sc_notify) on a socket whose
+-- expiry has passed when it sends: a pooled socket idle longer than a call's timeout, given
+-- that timeout, kills HAProxy. There the first timeout of a call on a connection counts from
+-- the connection's last read (rl_read_at, set when it is given back), so that it ends at the
+-- call's deadline as on 2.6.
+local major, minor = string.match(core.get_info().Version or "", "^(%d+)%.(%d+)")
+local FROM_LAST_READ = major ~= nil and (tonumber(major) * 100 + tonumber(minor)) >= 208
+local function settimeout_ms(sock, ms)
+  local at = sock.rl_read_at
+  if at then
+    sock.rl_read_at = nil
+    ms = ms + now_ms() - at + 1
+  end
+  sock:settimeout(ms / 1000)
+end
 local function reused(sock) return sock.rl_uses end
 
 local env = {
@@ -91,6 +106,7 @@ local env = {
     end
     if #pool < POOL_SIZE then
       sock:settimeout(IDLE_S)
+      if FROM_LAST_READ then sock.rl_read_at = now_ms() end
       pool[#pool + 1] = sock
     else
       sock:close()

@@ -65,6 +65,47 @@ fn command(cfg: &Path) -> Command {
     command
 }
 
+/// The trixie root tests/debian13.sh makes (target/debian13/root, or $DEBIAN13_ROOT), where
+/// Debian 13's haproxy (3.0) is installed in it.
+fn debian13_root() -> Option<PathBuf> {
+    let root = std::env::var_os("DEBIAN13_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_file("target/debian13/root"));
+    root.join("usr/sbin/haproxy").is_file().then_some(root)
+}
+
+/// Debian 13's haproxy run on this machine through the root's own loader and libraries (as
+/// tests/debian13.sh runs its servers): the loader runs it in its own process, so the proxy
+/// keeps the pid the harness signals.
+fn command_30(cfg: &Path) -> Command {
+    let root = debian13_root().expect("the Debian 13 root");
+    let libs = ["usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu"]
+        .map(|l| root.join(l).display().to_string())
+        .join(":");
+    let mut command = Command::new(root.join("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"));
+    command
+        .arg("--library-path")
+        .arg(libs)
+        .arg(root.join("usr/sbin/haproxy"))
+        .arg("-db")
+        .arg("-f")
+        .arg(cfg);
+    command
+}
+
+fn check_with(
+    command: fn(&Path) -> Command,
+    redis_port: u16,
+    edit: &[(&str, &str)],
+) -> (bool, String) {
+    let (dir, cfg, _) = prepare(redis_port, edit);
+    let output = command(&cfg).arg("-c").output().expect("haproxy -c");
+    common::remove_dir(&dir);
+    let text = String::from_utf8_lossy(&output.stderr).into_owned()
+        + &String::from_utf8_lossy(&output.stdout);
+    (output.status.success(), text)
+}
+
 impl Gateway for Haproxy {
     const LIMITS_AT_START: bool = true;
 
@@ -79,12 +120,35 @@ impl Gateway for Haproxy {
     }
 
     fn check(redis_port: u16, edit: &[(&str, &str)]) -> (bool, String) {
-        let (dir, cfg, _) = prepare(redis_port, edit);
-        let output = command(&cfg).arg("-c").output().expect("haproxy -c");
-        common::remove_dir(&dir);
-        let text = String::from_utf8_lossy(&output.stderr).into_owned()
-            + &String::from_utf8_lossy(&output.stdout);
-        (output.status.success(), text)
+        check_with(command, redis_port, edit)
+    }
+}
+
+/// The same configuration in Debian 13's HAProxy 3.0 (where the root is: else a recorded skip).
+pub struct Haproxy30;
+
+impl Gateway for Haproxy30 {
+    const LIMITS_AT_START: bool = true;
+
+    fn available() -> bool {
+        if debian13_root().is_some() {
+            return true;
+        }
+        common::skip(
+            "no Debian 13 root with haproxy (target/debian13/root or $DEBIAN13_ROOT, \
+             usr/sbin/haproxy in it): HAProxy 3.0 not tested",
+        );
+        false
+    }
+
+    fn start(redis_port: u16, edit: &[(&str, &str)]) -> Proxy {
+        let (dir, cfg, port) = prepare(redis_port, edit);
+        let log = dir.join("stdio.log");
+        Proxy::spawn("haproxy", command_30(&cfg), dir, log, port)
+    }
+
+    fn check(redis_port: u16, edit: &[(&str, &str)]) -> (bool, String) {
+        check_with(command_30, redis_port, edit)
     }
 }
 
@@ -193,4 +257,58 @@ fn haproxy_keys_a_rule_by_a_function_of_the_transaction() {
 #[test]
 fn haproxy_sends_specs_in_the_form_the_module_takes() {
     super::spec_form_follows_the_arity::<Haproxy>();
+}
+
+/// A pooled connection idle for longer than a call's timeout (50 ms here), then used again: from
+/// HAProxy 2.8 a socket's read times out at its last read plus its timeout, and 3.0 aborts
+/// (SIGILL, a BUG_ON in sc_notify) on a socket whose expiry has passed; the module sets the
+/// first timeout of a call on a pooled connection from its last read, so that both end at the
+/// call's deadline.
+fn idle_pooled_connection_is_used_again<G: Gateway>() {
+    if !G::available() {
+        return;
+    }
+    let server = Server::start();
+    let proxy = G::start(server.port(), &[]);
+    for n in 1..=3u64 {
+        let r = proxy.get("/api/", &[("X-API-Key", "alice")]);
+        assert_eq!(r.status, 200, "request {n}: {r:?}\n{}", proxy.log());
+        let field = r.header("RateLimit").expect("RateLimit");
+        assert!(
+            field.starts_with(&format!("\"default\";r={};", 100 - n)),
+            "request {n}: {field}"
+        );
+        // Idle: six times the call's timeout.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn haproxy_uses_a_pooled_connection_again_after_an_idle_time() {
+    idle_pooled_connection_is_used_again::<Haproxy>();
+}
+
+#[test]
+fn haproxy30_uses_a_pooled_connection_again_after_an_idle_time() {
+    idle_pooled_connection_is_used_again::<Haproxy30>();
+}
+
+#[test]
+fn haproxy30_answers_200s_then_429s_with_the_fields() {
+    super::answers_200s_then_429s::<Haproxy30>();
+}
+
+#[test]
+fn haproxy30_bounds_requests_through_a_stall_and_a_kill_of_redis() {
+    super::stall_and_kill_of_redis::<Haproxy30>();
+}
+
+#[test]
+fn haproxy30_decides_at_once_after_a_restart_of_redis() {
+    super::decides_at_once_after_a_restart_of_redis::<Haproxy30>();
+}
+
+#[test]
+fn haproxy30_gives_concurrent_requests_their_own_decisions() {
+    super::concurrent_requests_get_their_own_decisions::<Haproxy30>();
 }
