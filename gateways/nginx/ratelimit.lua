@@ -64,7 +64,7 @@ local core_parse = core.parse
 local ok_clear, clear = pcall(require, "table.clear")
 if not ok_clear then clear = function(t) for k in pairs(t) do t[k] = nil end end end
 
-local channels = {} -- core.connection_key -> the channel (see channel_of)
+local channels = {} -- core.connection_key -> the channel (made in pipe_of)
 local RECEIVE_MAX = 65536
 -- How long the timer's threads wait for work before they look whether the worker is exiting.
 local IDLE_WAIT_S = 1
@@ -430,14 +430,11 @@ end
 function M.limit(opts)
   local result = the_limiter():decide(opts)
   if not result then return nil end
-  if result.status == 200 then
-    -- Set now, they go out with whatever answers the request (proxy_pass, static files, after an
-    -- internal redirect too); an upstream's own fields of the same names follow them.
-    local headers = result.headers
-    for i = 1, #headers do ngx.header[headers[i][1]] = headers[i][2] end
-    return result
-  end
-  for _, h in ipairs(result.headers) do ngx.header[h[1]] = h[2] end
+  -- Set now, an admitted request's go out with whatever answers it (proxy_pass, static files);
+  -- an upstream's own fields of the same names follow them.
+  local headers = result.headers
+  for i = 1, #headers do ngx.header[headers[i][1]] = headers[i][2] end
+  if result.status == 200 then return result end
   ngx.status = result.status
   ngx.header["Content-Type"] = "application/json"
   ngx.header["Content-Length"] = #result.body

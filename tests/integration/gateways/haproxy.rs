@@ -93,6 +93,14 @@ fn command_30(cfg: &Path) -> Command {
     command
 }
 
+/// The configuration with `edit` for a server on `redis_port`, run by `command` until the test
+/// drops it.
+fn start_with(command: fn(&Path) -> Command, redis_port: u16, edit: &[(&str, &str)]) -> Proxy {
+    let (dir, cfg, port) = prepare(redis_port, edit);
+    let log = dir.join("stdio.log");
+    Proxy::spawn("haproxy", command(&cfg), dir, log, port)
+}
+
 fn check_with(
     command: fn(&Path) -> Command,
     redis_port: u16,
@@ -114,9 +122,7 @@ impl Gateway for Haproxy {
     }
 
     fn start(redis_port: u16, edit: &[(&str, &str)]) -> Proxy {
-        let (dir, cfg, port) = prepare(redis_port, edit);
-        let log = dir.join("stdio.log");
-        Proxy::spawn("haproxy", command(&cfg), dir, log, port)
+        start_with(command, redis_port, edit)
     }
 
     fn check(redis_port: u16, edit: &[(&str, &str)]) -> (bool, String) {
@@ -142,9 +148,7 @@ impl Gateway for Haproxy30 {
     }
 
     fn start(redis_port: u16, edit: &[(&str, &str)]) -> Proxy {
-        let (dir, cfg, port) = prepare(redis_port, edit);
-        let log = dir.join("stdio.log");
-        Proxy::spawn("haproxy", command_30(&cfg), dir, log, port)
+        start_with(command_30, redis_port, edit)
     }
 
     fn check(redis_port: u16, edit: &[(&str, &str)]) -> (bool, String) {
